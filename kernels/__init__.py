@@ -1,0 +1,20 @@
+"""DDTree tree kernels: pure functions over tensors, importable as ``ddtree_kernels``.
+
+The directory is ``kernels/`` (design card); the import name is not the bare word
+``kernels``, which is a PyPI package that sglang depends on.
+
+Data flow of one cycle: ``build_tree`` -> ``compile_tree`` -> (target verify) ->
+``accept`` -> ``compact_kv``. Each kernel has an independent reference in
+``ddtree_kernels.oracles`` used by the parity tests; backend choice (torch or
+SGLang's Triton kernel) happens only in ``ddtree_kernels.dispatch``.
+"""
+from ddtree_kernels.accept import Accepted, accept_walk
+from ddtree_kernels.dispatch import BACKENDS, accept, check_backend
+from ddtree_kernels.kv_compact import compact_kv
+from ddtree_kernels.tree_build import Tree, build_tree, chain_tree
+from ddtree_kernels.tree_compile import CompiledTree, compile_tree
+
+__all__ = [
+    "Accepted", "BACKENDS", "CompiledTree", "Tree", "accept", "accept_walk", "build_tree", "chain_tree",
+    "check_backend", "compact_kv", "compile_tree",
+]

@@ -1,0 +1,146 @@
+"""Parity of the tree kernels against their independent oracles, on random inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_kernels import accept, build_tree, chain_tree, compact_kv, compile_tree
+from ddtree_kernels.oracles import accept_walk_python, ancestors_python, build_tree_heap, compact_kv_loop
+
+
+def random_logprobs(seed: int, bs: int, D: int, V: int, ties: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bs, D, V, generator=g) * 3
+    if ties:  # coarse values make many exactly equal log-probs: exercises the tie rule
+        logits = (logits * 2).round() / 2
+    return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("budget", [1, 2, 7, 32, 100])
+@pytest.mark.parametrize("ties", [False, True])
+def test_vectorized_build_equals_heap_oracle(seed, budget, ties):
+    D, V, bs = 5, 12, 3
+    lp = random_logprobs(seed, bs, D, V, ties)
+    roots = torch.arange(bs)
+    tree = build_tree(lp, roots, budget)
+    for b in range(bs):
+        ref = build_tree_heap(lp[b], int(roots[b]), budget)
+        assert tree.tokens[b].tolist() == ref["tokens"]
+        assert tree.parents[b].tolist() == ref["parents"]
+        assert tree.depth[b].tolist() == ref["depth"]
+        assert tree.rank[b].tolist() == ref["rank"]
+        assert tree.score[b].tolist() == pytest.approx(ref["score"], abs=0)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_width_limits_children_and_width_one_is_the_argmax_chain(width):
+    lp = random_logprobs(1, 2, 6, 20)
+    tree = build_tree(lp, torch.tensor([3, 4]), budget=50, width=width)
+    for b in range(2):
+        ref = build_tree_heap(lp[b], 0, 50, width=width)
+        assert tree.parents[b].tolist() == ref["parents"]
+        assert int(tree.rank[b].max()) < width
+    chain = build_tree(lp, torch.tensor([3, 4]), budget=6, width=1)
+    expect = chain_tree(lp.argmax(-1), torch.tensor([3, 4]), lp)
+    for field in ("tokens", "parents", "depth", "rank"):
+        assert torch.equal(getattr(chain, field), getattr(expect, field)), field
+    assert torch.allclose(chain.score, expect.score)
+
+
+def test_tree_is_prefix_closed_sorted_and_siblings_distinct():
+    lp = random_logprobs(7, 4, 8, 50)
+    tree = build_tree(lp, torch.zeros(4, dtype=torch.long), budget=64)
+    assert tree.n == 65
+    for b in range(4):
+        par = tree.parents[b].tolist()
+        assert all(par[i] < i for i in range(1, len(par)))
+        assert torch.all(tree.score[b, 1:-1] >= tree.score[b, 2:])  # best-first order
+        seen = set()
+        for i in range(1, len(par)):
+            key = (par[i], int(tree.tokens[b, i]))
+            assert key not in seen
+            seen.add(key)
+            assert tree.depth[b, i] == tree.depth[b, par[i]] + 1
+
+
+def test_budget_larger_than_all_prefixes_keeps_them_all():
+    lp = random_logprobs(0, 1, 2, 3)
+    tree = build_tree(lp, torch.tensor([0]), budget=100)
+    assert tree.n == 1 + 3 + 9
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_compile_matches_python_ancestry_and_retrieve_arrays(seed):
+    lp = random_logprobs(seed, 2, 6, 10)
+    tree = build_tree(lp, torch.tensor([1, 2]), budget=40)
+    ct = compile_tree(tree, start=torch.tensor([5, 9]), max_depth=6)
+    for b in range(2):
+        par = tree.parents[b].tolist()
+        anc = ancestors_python(par)
+        n = len(par)
+        for i in range(n):
+            assert {j for j in range(n) if ct.visibility[b, i, j]} == anc[i]
+        assert ct.positions[b].tolist() == [(5, 9)[b] + d for d in tree.depth[b].tolist()]
+        assert ct.retrieve_index[b].tolist() == [b * n + i for i in range(n)]
+        for i in range(n):
+            kids = [j for j in range(n) if par[j] == i]
+            assert ct.retrieve_next_token[b, i] == (kids[0] if kids else -1)
+            if i:
+                sibs = [j for j in range(n) if par[j] == par[i] and j > i]
+                assert ct.retrieve_next_sibling[b, i] == (sibs[0] if sibs else -1)
+
+
+def random_choice_along_tree(tree, seed, p_follow=0.7):
+    """Target choices that follow some child with probability p_follow, else a random token."""
+    g = torch.Generator().manual_seed(seed)
+    bs, n = tree.tokens.shape
+    choice = torch.randint(0, 50, (bs, n), generator=g)
+    for b in range(bs):
+        for i in range(n):
+            kids = [j for j in range(n) if int(tree.parents[b, j]) == i]
+            if kids and torch.rand(1, generator=g).item() < p_follow:
+                choice[b, i] = tree.tokens[b, kids[int(torch.randint(len(kids), (1,), generator=g))]]
+    return choice
+
+
+@pytest.mark.parametrize("backend", ["torch", "sglang"])
+@pytest.mark.parametrize("seed", range(8))
+def test_accept_backends_equal_python_walk(backend, seed):
+    if backend == "sglang":
+        pytest.importorskip("sglang", reason="sglang kernels are installed by the README set-up")
+    D = 6
+    lp = random_logprobs(seed, 3, D, 50)
+    tree = build_tree(lp, torch.tensor([1, 2, 3]), budget=30)
+    ct = compile_tree(tree, start=0, max_depth=D)
+    choice = random_choice_along_tree(tree, seed)
+    got = accept(backend, tree, ct, choice, D)
+    for b in range(3):
+        path, bonus = accept_walk_python(tree.tokens[b].tolist(), tree.parents[b].tolist(), choice[b].tolist())
+        assert got.index[b, : len(path)].tolist() == path
+        assert torch.all(got.index[b, len(path):] == -1)
+        assert int(got.length[b]) == len(path) - 1
+        assert int(got.bonus[b]) == bonus
+
+
+def test_sglang_kernel_is_really_run():
+    """The wrapper that silently does nothing on CPU must not be what we call."""
+    pytest.importorskip("sglang", reason="sglang kernels are installed by the README set-up")
+    from ddtree_kernels.sglang_backend import verify_tree_greedy
+
+    tree = chain_tree(torch.tensor([[5, 6, 7]]), torch.tensor([4]))
+    ct = compile_tree(tree, 0, 3)
+    choice = torch.tensor([[5, 6, 9, 9]])
+    index, num, predicts = verify_tree_greedy(tree.tokens, ct.retrieve_index, ct.retrieve_next_token,
+                                              ct.retrieve_next_sibling, choice, 3)
+    assert num.tolist() == [2]
+    assert index.tolist() == [[0, 1, 2, -1]]
+    assert int(predicts[2]) == 9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compact_kv_equals_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(1, 2, 7 + 9, 4, generator=g)
+    accepted = torch.tensor([0, 3, 5, 8])
+    assert torch.equal(compact_kv(kv, 7, accepted), compact_kv_loop(kv, 7, accepted.tolist()))

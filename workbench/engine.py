@@ -1,0 +1,293 @@
+"""The engine (loaded models) and its sessions (one generation each, stepped a cycle at a time)."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from transformers import DynamicCache
+
+from ddtree_kernels import check_backend
+from workbench import stages
+from workbench.cycle import Cycle, Trace
+from workbench.forward import ForwardMode, run_target
+from workbench.loading import Models, load_models
+from workbench.policies import AR, DDTree, Policy, as_policy
+from workbench.sampling import Sampling, target_choice
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+class SessionFinished(RuntimeError):
+    """``step()`` was called on a session that has already ended."""
+
+
+def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backend: str = "torch",
+         threads: int | None = None) -> "Engine":
+    """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
+
+    ``wb.load(target=DIR, draft=DIR, device="cuda", dtype="bfloat16")`` for real checkpoints.
+    """
+    check_backend(kernel_backend)
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(threads or min(os.cpu_count() or 1, 8))
+    return Engine(load_models(target, draft, device, dtype), kernel_backend)
+
+
+class Engine:
+    """Loaded models; holds no generation state, so its sessions are independent."""
+
+    def __init__(self, models: Models, kernel_backend: str = "torch"):
+        check_backend(kernel_backend)
+        self.models = models
+        self.kernel_backend = kernel_backend
+
+    @property
+    def tokenizer(self):
+        return self.models.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.models.device
+
+    def __repr__(self) -> str:
+        t = self.models.target.config
+        return (f"Engine(target={self.models.target_dir.name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
+                f"draft block {self.models.block_size}, layers {self.models.target_layer_ids}; "
+                f"device={self.device}, dtype={str(self.models.dtype).replace('torch.', '')}, "
+                f"kernel_backend={self.kernel_backend!r})")
+
+    def session(self, prompt: str, policy: Policy = DDTree(32), temperature: float = 0.0, top_p: float = 1.0,
+                top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                kernel_backend: str | None = None, record_topk: int = 8, capture=None) -> "Session":
+        """Start a generation from ``prompt`` (runs the prefill now)."""
+        return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
+                       max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
+
+    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = 64, **kw) -> Trace:
+        """Run a whole session and return its trace."""
+        s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
+        return s.run()
+
+
+class Session:
+    """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
+
+    def __init__(self, engine: Engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
+                 max_new_tokens: int, kernel_backend: str, record_topk: int, capture):
+        m = engine.models
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
+        check_backend(kernel_backend)
+        self._check_max_new(max_new_tokens)
+        self.engine, self.models = engine, m
+        self._policy, self.sampling = policy, sampling
+        self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
+        self.max_new_tokens = max_new_tokens
+        self.prompt = prompt
+        ids = m.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"prompt={prompt!r} encodes to no tokens")
+        if len(ids) >= m.max_positions:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens but the target has {m.max_positions} positions; shorten the prompt"
+            )
+        self.prompt_ids: list[int] = ids
+        self.generator = torch.Generator(device=m.device).manual_seed(seed)
+        self.seed = seed
+        self.generated: list[int] = []
+        self.finish_reason: str | None = None
+        self.trace = Trace(meta={
+            "prompt": prompt, "prompt_ids": ids, "policy": str(policy), "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "kernel_backend": kernel_backend,
+            "target": str(m.target_dir), "draft": str(m.draft_dir), "device": str(m.device),
+            "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,
+        })
+        self._prefill()
+
+    # ---------------------------------------------------------------- settings for the next cycle
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, p) -> None:
+        self._policy = as_policy(p)
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
+
+    @temperature.setter
+    def temperature(self, t: float) -> None:
+        self.sampling = Sampling(t, self.sampling.top_p, self.sampling.top_k)
+
+    @staticmethod
+    def _check_max_new(n) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"max_new_tokens={n!r} must be a positive integer")
+
+    # ---------------------------------------------------------------- state
+    @property
+    def start(self) -> int:
+        """Position of the pending bonus token (= tokens in the target cache)."""
+        return len(self.prompt_ids) + len(self.generated) - 1
+
+    @property
+    def bonus(self) -> int:
+        return self.generated[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def cycles(self) -> list[Cycle]:
+        return self.trace.cycles
+
+    @property
+    def tokens(self) -> list[int]:
+        """Generated token ids (the pending bonus included)."""
+        return list(self.generated)
+
+    @property
+    def text(self) -> str:
+        """The generated text so far (without the prompt)."""
+        return self.models.tokenizer.decode(self.generated)
+
+    @property
+    def full_text(self) -> str:
+        return self.prompt + self.text
+
+    def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The target cache as (keys, values) per layer, [1, kv_heads, start, head_dim] each."""
+        return [(layer.keys, layer.values) for layer in self._target_cache.layers]
+
+    def __repr__(self) -> str:
+        state = f"finished: {self.finish_reason}" if self.finished else "running"
+        return (f"Session({self.policy}, T={self.sampling.temperature}, {len(self.cycles)} cycles, "
+                f"{len(self.generated)} new tokens, {state})")
+
+    # ---------------------------------------------------------------- running
+    def _clock(self) -> float:
+        if self.models.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        m = self.models
+        t0 = self._clock()
+        self._target_cache = DynamicCache(config=m.target.config)
+        self._draft_cache = DynamicCache(config=m.draft.config)
+        ids = torch.tensor([self.prompt_ids], device=m.device)
+        pos = torch.arange(len(self.prompt_ids), device=m.device)[None]
+        out = run_target(m.target, ids, pos, self._target_cache, ForwardMode.EXTEND, m.target_layer_ids,
+                         capture=self.capture)
+        choice, _ = target_choice(out.logits[:, -1:], self.sampling, self.generator)
+        self._context = out.features  # [1, P, F]: drafter context not yet in its cache
+        self.trace.prefill = out.record
+        self.trace.prefill_seconds = self._clock() - t0
+        self._append([int(choice[0, 0])])
+
+    def _append(self, toks: list[int]) -> int:
+        """Extend the output, stopping at end-of-text or the token limit. -> tokens kept."""
+        kept = 0
+        for t in toks:
+            if len(self.generated) >= self.max_new_tokens:
+                self.finish_reason = f"reached max_new_tokens={self.max_new_tokens}"
+                break
+            self.generated.append(t)
+            kept += 1
+            if t in self.models.eos_token_ids:
+                self.finish_reason = "end of text"
+                break
+        if self.finish_reason is None:
+            if len(self.generated) >= self.max_new_tokens:
+                self.finish_reason = f"reached max_new_tokens={self.max_new_tokens}"
+            elif self.start >= self.models.max_positions - 1:
+                self.finish_reason = f"reached the target's {self.models.max_positions} positions"
+        self.trace.finish_reason = self.finish_reason
+        self.trace.new_tokens = len(self.generated)
+        return kept
+
+    @torch.inference_mode()
+    def step(self) -> Cycle:
+        """Run one draft/verify cycle and return its record."""
+        if self.finished:
+            raise SessionFinished(
+                f"session finished ({self.finish_reason}) after {len(self.generated)} new tokens in "
+                f"{len(self.cycles)} cycles; start a new session, or run(max_new_tokens=N) with a larger N"
+            )
+        m, policy, start, root = self.models, self.policy, self.start, self.bonus
+        # Never draft past the token limit or the model's positions.
+        depth = min(m.block_size - 1, self.max_new_tokens - len(self.generated) - 1, m.max_positions - 1 - start)
+        uses_draft = not isinstance(policy, AR) and depth > 0
+        times: dict[str, float] = {}
+
+        t = self._clock()
+        drafted = None
+        if uses_draft:
+            drafted = stages.draft(m, self._draft_cache, root, start, self._context, depth, self.capture)
+            self._context = self._context[:, :0]
+        times["draft"] = (t1 := self._clock()) - t
+        tree = stages.tree_build(policy, drafted, root, m.device)
+        times["tree_build"] = (t2 := self._clock()) - t1
+        compiled = stages.tree_compile(tree, start, depth)
+        times["tree_compile"] = (t3 := self._clock()) - t2
+        mode = ForwardMode.DECODE if isinstance(policy, AR) else ForwardMode.TARGET_VERIFY
+        verified = stages.verify(m, self._target_cache, tree, compiled, start, mode, self.sampling,
+                                 self.generator, True, self.capture)
+        times["verify"] = (t4 := self._clock()) - t3
+        accepted = stages.accept(self.kernel_backend, tree, compiled, verified, depth)
+        times["accept"] = (t5 := self._clock()) - t4
+        committed = stages.commit(self._target_cache, tree, accepted, verified.features, start)
+        self._context = torch.cat([self._context, committed.context], dim=1)
+        kept = self._append(committed.tokens)
+        times["commit"] = (t6 := self._clock()) - t5
+
+        cycle = self._record(policy, start, root, drafted, tree, compiled, verified, committed, kept, times)
+        self.trace.cycles.append(cycle)
+        # Record keeping is part of the cycle's cost; it is counted with commit.
+        cycle.stage_seconds["commit"] += self._clock() - t6
+        return cycle
+
+    def _record(self, policy, start, root, drafted, tree, compiled, verified, committed, kept, times) -> Cycle:
+        cpu = torch.device("cpu")
+        k = self.record_topk
+        if drafted is not None:
+            top = torch.topk(drafted.logprobs[0], min(k, drafted.logprobs.shape[-1]), dim=-1)
+            topv, topi = top.values.to(cpu), top.indices.to(cpu)
+        else:
+            topv, topi = torch.zeros(0, k), torch.zeros(0, k, dtype=torch.long)
+        nodes = committed.nodes.to(cpu)
+        tokens = tree.tokens[0].to(cpu)
+        return Cycle(
+            index=len(self.trace.cycles), policy=str(policy), start=start, root_token=root,
+            draft_topk_tokens=topi, draft_topk_logprobs=topv,
+            tokens=tokens, parents=tree.parents[0].to(cpu), depth=tree.depth[0].to(cpu),
+            rank=tree.rank[0].to(cpu), score=tree.score[0].float().to(cpu),
+            position_ids=compiled.positions[0].to(cpu), visibility=compiled.visibility[0].to(cpu),
+            retrieve_next_token=compiled.retrieve_next_token[0].to(cpu),
+            retrieve_next_sibling=compiled.retrieve_next_sibling[0].to(cpu),
+            target_choice=verified.choice[0].to(cpu), target_prob=verified.choice_prob[0].float().to(cpu),
+            accepted_nodes=nodes, accepted_tokens=tokens[nodes], bonus=committed.bonus, committed=kept,
+            stage_seconds=times,
+            forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
+            temperature=self.sampling.temperature,
+        )
+
+    def run(self, max_new_tokens: int | None = None) -> Trace:
+        """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default)."""
+        if max_new_tokens is not None:
+            self._check_max_new(max_new_tokens)
+            self.max_new_tokens = max_new_tokens
+            if self.finish_reason and self.finish_reason.startswith("reached max_new_tokens") \
+                    and len(self.generated) < max_new_tokens:
+                self.finish_reason = None  # a larger limit lets a finished session go on
+            elif len(self.generated) >= max_new_tokens and not self.finished:
+                self.finish_reason = f"reached max_new_tokens={max_new_tokens}"
+                self.trace.finish_reason = self.finish_reason
+        while not self.finished:
+            self.step()
+        return self.trace

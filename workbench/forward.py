@@ -1,0 +1,118 @@
+"""Forward passes, labelled the way SGLang labels them, each leaving a ForwardRecord.
+
+- target prefill: EXTEND
+- plain decoding (AR): DECODE
+- target verify of a chain or a tree: TARGET_VERIFY
+- the DFlash drafter's block forward: TARGET_VERIFY on the draft model (as SGLang's
+  DFlash worker runs it; ``supports_target_verify_for_draft()``)
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+class ForwardMode(str, enum.Enum):
+    """The subset of ``sglang...forward_batch_info.ForwardMode`` this engine runs (same names)."""
+
+    EXTEND = "EXTEND"
+    DECODE = "DECODE"
+    TARGET_VERIFY = "TARGET_VERIFY"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def shape_of(x) -> dict:
+    return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}
+
+
+@dataclass(frozen=True)
+class ForwardRecord:
+    """What one forward saw and returned: shapes and dtypes only, never tensor copies."""
+
+    model: str  # "target" or "draft"
+    mode: ForwardMode
+    inputs: dict = field(default_factory=dict)  # name -> {"shape": [...], "dtype": str}
+    outputs: dict = field(default_factory=dict)
+    kv_before: int = 0
+    kv_after: int = 0
+    modules: tuple = ()  # per-module shapes, filled only while a shape capture is on
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "mode": self.mode.value, "inputs": self.inputs, "outputs": self.outputs,
+                "kv_before": self.kv_before, "kv_after": self.kv_after, "modules": [dict(m) for m in self.modules]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ForwardRecord":
+        return cls(d["model"], ForwardMode(d["mode"]), d["inputs"], d["outputs"], d["kv_before"], d["kv_after"],
+                   tuple(d.get("modules", ())))
+
+
+@dataclass
+class TargetOutput:
+    logits: Tensor  # [bs, n, V]
+    features: Tensor | None  # [bs, n, len(layer_ids) * H]: the drafter's context
+    record: ForwardRecord
+
+
+def cache_length(cache) -> int:
+    return int(cache.get_seq_length()) if cache is not None else 0
+
+
+def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode, layer_ids: list[int] | None,
+               mask: Tensor | None = None, capture=None) -> TargetOutput:
+    """One target forward. ids/positions [bs, n]; mask bool [bs, 1, n, past + n] or None (causal)."""
+    from dflash.model import extract_context_feature
+
+    before = cache_length(cache)
+    with capture.forward("target", mode) if capture else _nullctx():
+        out = target(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                     use_cache=True, output_hidden_states=layer_ids is not None)
+    feats = extract_context_feature(out.hidden_states, layer_ids) if layer_ids is not None else None
+    inputs = {"input_ids": shape_of(ids), "positions": shape_of(positions)}
+    if mask is not None:
+        inputs["attention_mask"] = shape_of(mask)
+    outputs = {"logits": shape_of(out.logits)}
+    if feats is not None:
+        outputs["hidden_states"] = {"shape": [len(out.hidden_states)] + list(out.hidden_states[0].shape),
+                                    "dtype": str(out.hidden_states[0].dtype).replace("torch.", "")}
+        outputs["draft_context"] = shape_of(feats)
+    rec = ForwardRecord("target", mode, inputs, outputs, before, cache_length(cache),
+                        capture.take() if capture else ())
+    return TargetOutput(out.logits, feats, rec)
+
+
+def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tensor, cache, capture=None):
+    """The drafter's block forward. block_ids [bs, B]; positions [bs, ctx + B]; context [bs, ctx, F].
+
+    -> (logits [bs, B-1, V] for the masked slots, ForwardRecord)
+    """
+    from dflash.model import _draft_value
+
+    before = cache_length(cache)
+    emb = target.get_input_embeddings()
+    scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
+    with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else _nullctx():
+        noise = emb(block_ids) * scale
+        hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
+                       past_key_values=cache, use_cache=True)
+        logits = draft.compute_logits(hidden[:, 1:], target.lm_head)
+    rec = ForwardRecord(
+        "draft", ForwardMode.TARGET_VERIFY,
+        {"input_ids": shape_of(block_ids), "positions": shape_of(positions), "target_hidden": shape_of(context)},
+        {"logits": shape_of(logits), "hidden_states": shape_of(hidden)},
+        before, cache_length(cache), capture.take() if capture else (),
+    )
+    return logits, rec
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,44 @@
+"""Evaluation prompts: the shipped held-out set, or a user's file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench.loading import ASSETS
+
+EVAL_PROMPTS = ASSETS / "eval_prompts.jsonl"
+
+
+class PromptFileError(ValueError):
+    pass
+
+
+def load_prompts(path) -> list[dict]:
+    """JSON lines with ``id`` and ``prompt``, or plain text with one prompt per line. -> [{id, prompt}]"""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"prompts file '{path}' does not exist")
+    lines = path.read_text().splitlines()
+    items = []
+    is_json = any(line.lstrip().startswith("{") for line in lines if line.strip())
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if is_json:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptFileError(f"{path}:{no}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+                raise PromptFileError(f"{path}:{no}: each JSON line needs a non-empty string 'prompt'")
+            items.append({"id": str(obj.get("id", f"line-{no}")), "prompt": obj["prompt"]})
+        else:
+            items.append({"id": f"line-{no}", "prompt": line})
+    if not items:
+        raise PromptFileError(f"prompts file '{path}' has no prompts")
+    return items
+
+
+def eval_prompts() -> list[dict]:
+    """The shipped evaluation prompts: held-out standard-library files, never trained on."""
+    return load_prompts(EVAL_PROMPTS)
