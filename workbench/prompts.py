@@ -31,7 +31,7 @@ def load_prompts(path) -> list[dict]:
                 raise PromptFileError(f"{path}:{no}: not valid JSON ({e.msg})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
                 raise PromptFileError(f"{path}:{no}: each JSON line needs a non-empty string 'prompt'")
-            items.append({"id": str(obj.get("id", f"line-{no}")), "prompt": obj["prompt"]})
+            items.append({**obj, "id": str(obj.get("id", f"line-{no}")), "prompt": obj["prompt"]})
         else:
             items.append({"id": f"line-{no}", "prompt": line})
     if not items:

@@ -1,0 +1,109 @@
+"""Loading: one code path for the embedded pair and real checkpoints, with clear validation errors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import workbench as wb
+from workbench.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+def test_default_load_uses_the_shipped_directories(engine):
+    m = engine.models
+    assert m.target_dir == DEFAULT_TARGET and m.draft_dir == DEFAULT_DRAFT
+    assert type(m.draft).__name__ == "DFlashDraftModel"
+    assert m.target.config.model_type == "qwen3"
+    n = sum(p.numel() for p in m.target.parameters())
+    assert n <= 8.5e6
+    assert len(m.target_layer_ids) >= 2
+    assert m.tokenizer.convert_ids_to_tokens(m.mask_token_id) == "<|mask|>"
+
+
+def test_shipped_weights_are_small():
+    total = sum(f.stat().st_size for d in (DEFAULT_TARGET, DEFAULT_DRAFT) for f in d.iterdir())
+    assert total < 40e6
+
+
+def copy_pair(tmp_path):
+    t, d = tmp_path / "t", tmp_path / "d"
+    shutil.copytree(DEFAULT_TARGET, t)
+    shutil.copytree(DEFAULT_DRAFT, d)
+    return t, d
+
+
+def edit(path, fn):
+    cfg = json.loads((path / "config.json").read_text())
+    fn(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_not_a_model_directory(tmp_path):
+    with pytest.raises(wb.ModelPairError, match=r"target path '.*nowhere' is not a directory"):
+        wb.load(target=tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(wb.ModelPairError, match=r"draft path '.*empty' is not a model directory: it has no config.json"):
+        wb.load(draft=tmp_path / "empty")
+
+
+@pytest.mark.parametrize("which,change,match", [
+    ("d", lambda c: c.__setitem__("vocab_size", c["vocab_size"] + 8), r"vocab size differs: target \d+ .* vs draft \d+"),
+    ("d", lambda c: c.__setitem__("hidden_size", 128), r"hidden size differs: target 256 .* vs draft 128"),
+    ("d", lambda c: c["dflash_config"].__setitem__("target_layer_ids", [1, 9]),
+     r"target_layer_ids \[1, 9\] out of range for a target with 6 layers \(bad: \[9\]\)"),
+    ("d", lambda c: c["dflash_config"].pop("mask_token_id"), "no 'mask_token_id'"),
+    ("d", lambda c: c.pop("dflash_config"), "has no 'dflash_config'"),
+    ("t", lambda c: c.__setitem__("num_hidden_layers", 4), r"out of range for a target with 4 layers"),
+])
+def test_pair_validation_errors(tmp_path, which, change, match):
+    t, d = copy_pair(tmp_path)
+    edit(t if which == "t" else d, change)
+    with pytest.raises(wb.ModelPairError, match=match):
+        wb.load(target=t, draft=d)
+
+
+def test_tokenizer_without_the_mask_token(tmp_path):
+    from conftest import make_tokenizer
+
+    t, d = copy_pair(tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (t / f).unlink()
+    small = make_tokenizer(100)  # ids 0..99 only; the drafter's mask id is beyond
+    small.save_pretrained(t)
+    edit(d, lambda c: c["dflash_config"].__setitem__("mask_token_id", c["vocab_size"] - 1))
+    with pytest.raises(wb.ModelPairError, match=r"tokenizer in '.*' has no token for the drafter's mask_token_id"):
+        wb.load(target=t, draft=d)
+
+
+def test_bad_device_and_dtype():
+    with pytest.raises(ValueError, match="dtype='float8'"):
+        wb.load(dtype="float8")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            wb.load(device="cuda")
+
+
+def test_never_downloads(monkeypatch, tmp_path):
+    """A hub-style name is not a local directory: refused before any network code runs."""
+    with pytest.raises(wb.ModelPairError, match="not a directory"):
+        wb.load(target="Qwen/Qwen3-8B")
+
+
+def test_dflash_generate_is_an_independent_oracle_for_linear_dflash(engine, eval_prompts):
+    """The official dflash_generate and our DFlash policy both equal the target's greedy output."""
+    import torch
+    from dflash.model import dflash_generate
+
+    m = engine.models
+    for item in eval_prompts[:4]:
+        ids = torch.tensor([m.tokenizer(item["prompt"], add_special_tokens=False)["input_ids"]])
+        official = dflash_generate(m.draft, m.target, ids, 48, None)[0, ids.shape[1]:].tolist()
+        ours = engine.session(item["prompt"], policy=wb.DFlash(), max_new_tokens=48)
+        ours.run()
+        ar = engine.session(item["prompt"], policy=wb.AR(), max_new_tokens=48)
+        ar.run()
+        assert ours.tokens == ar.tokens
+        assert official[: len(ar.tokens)] == ar.tokens
