@@ -12,9 +12,12 @@ from workbench.engine import Engine, Session, SessionFinished, load
 from workbench.forward import ForwardMode, ForwardRecord
 from workbench.loading import ModelPairError, load_models
 from workbench.policies import AR, DDTree, DFlash, parse_policy
+from workbench import shapes, views  # after the engine: both read its records
+from workbench.views import Stepper
 
 __all__ = [
     "AR", "Cycle", "DDTree", "DFlash", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError", "Session",
-    "SessionFinished", "Summary", "Trace", "TraceFileError", "load", "load_models", "parse_policy",
+    "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError", "load", "load_models", "parse_policy",
+    "shapes", "views",
 ]
 __version__ = "0.1.0"

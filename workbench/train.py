@@ -285,12 +285,16 @@ def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int):
     return ids, block_ids, labels, mask, position_ids
 
 
-def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int):
+def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, resume: bool = False):
     from dflash.model import DFlashDraftModel, extract_context_feature
 
     torch.manual_seed(seed + 2)
-    cfg = draft_config(recipe, target.config, tokenizer)
-    draft = DFlashDraftModel(cfg)
+    if resume:  # continue from the drafter already in --out (a second, lower-LR phase)
+        draft = DFlashDraftModel.from_pretrained(out / "draft")
+        cfg = draft.config
+    else:
+        cfg = draft_config(recipe, target.config, tokenizer)
+        draft = DFlashDraftModel(cfg)
     target.requires_grad_(False)
     emb = target.get_input_embeddings()
     head = target.lm_head
@@ -356,16 +360,21 @@ def report(target, draft, tokenizer, held_ids, prompts, recipe: Recipe, new_toke
     # dflash_generate's stats path calls torch.cuda.synchronize(); on CPU a plain clock is right.
     if not torch.cuda.is_available():
         dm._cuda_time = time.perf_counter
-    taus, distinct = [], []
+    taus, distinct, accepted, cycles = [], [], 0, 0
     for item in prompts:
         x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
         r = dm.dflash_generate(draft, target, x, new_tokens, [tokenizer.eos_token_id], return_stats=True)
         gen = r.output_ids[0, x.shape[1]:].tolist()
         distinct.append(len(set(gen)) / max(1, len(gen)))
         taus.append(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
+        accepted += sum(r.acceptance_lengths)
+        cycles += len(r.acceptance_lengths)
     return {
         "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
-        "dflash_tau_mean": sum(taus) / len(taus),
+        # Pooled = all accepted tokens / all cycles (Spec-Bench, SGLang); the per-prompt mean is
+        # inflated by prompts where the target loops and every draft is accepted.
+        "dflash_tau": accepted / cycles,
+        "dflash_tau_mean_of_prompts": sum(taus) / len(taus),
         "distinct_token_share": sum(distinct) / len(distinct),
         "new_tokens": new_tokens,
         "prompts": len(prompts),
@@ -384,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-steps", type=int)
     ap.add_argument("--draft-steps", type=int)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--resume-draft", action="store_true", help="with --stage draft: continue the drafter in --out")
+    ap.add_argument("--draft-lr", type=float)
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -392,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         recipe.target_steps = args.target_steps
     if args.draft_steps is not None:
         recipe.draft_steps = args.draft_steps
+    if args.draft_lr is not None:
+        recipe.draft_lr = args.draft_lr
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     random.seed(args.seed)
@@ -413,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage in ("all", "draft"):
         seqs = distill(recipe, target, tokenizer, train_files, out, args.seed)
-        draft = train_draft(recipe, target, tokenizer, seqs, out, args.seed)
+        draft = train_draft(recipe, target, tokenizer, seqs, out, args.seed, resume=args.resume_draft)
         (out / "distill.pt").unlink(missing_ok=True)
     else:
         from dflash.model import DFlashDraftModel

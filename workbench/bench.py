@@ -1,0 +1,435 @@
+"""Benchmarks people can compare: policies side by side in one run, with the field's metrics.
+
+Importable from a notebook::
+
+    from workbench.bench import bench, parse_policies
+    res = bench(engine, parse_policies("ar,dflash,ddtree:32"), prompts, max_new_tokens=128)
+    res.summary["DDTree(32)"]["speedup_vs_ar"]
+
+Definitions (the conventions of Spec-Bench, vLLM and SGLang):
+
+* ``tau``: mean accepted length per cycle, counting the bonus token (AR = 1); pooled over
+  every cycle of every prompt (= committed tokens / verify forwards, SGLang's ``spec_accept_length``).
+* ``tokens_per_s``: new tokens / wall time of the whole generation (prefill included, as
+  Spec-Bench's ``wall_time``), summed over prompts; each prompt's wall time is the median
+  over repeats. ``speedup_vs_ar`` is the ratio of these, measured in the same run.
+* ``decode_tokens_per_s``: tokens committed by cycles / time in cycles (prefill excluded);
+  ``decode_speedup_vs_ar`` is its ratio to AR's.
+* ``accept_rate``: accepted drafted tokens / proposed drafted tokens. A tree proposes many
+  branches but at most one root-to-leaf path can be accepted, so a cycle *proposes* the
+  tokens of its deepest path (the tree's maximum depth; for DFlash the drafted block).
+  ``None`` for AR, which drafts nothing.
+* ``ceiling_speedup``: ``tau * t_decode / t_cycle`` with ``t_decode`` = AR's verify
+  (one-token decode) forward time per cycle, and ``t_cycle`` = the policy's draft +
+  tree build + tree compile + verify + accept time per cycle (the physical ceiling of
+  the reference: what the speedup would be if nothing else cost time).
+  ``ceiling_ratio`` = ``decode_speedup_vs_ar / ceiling_speedup``: the share of the
+  ceiling the engine reaches (1.0 = no time lost outside those stages).
+* ``lossless``: every greedy output (every repeat) equals AR's on the same prompt (``None``
+  when not checked: no AR run, or sampling).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.cycle import STAGES
+from workbench.policies import AR, DFlash, Policy, parse_policy
+
+# Stages inside the reference's physical ceiling (the commit/record-keeping is not).
+CEILING_STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept")
+
+
+def parse_policies(text: str) -> list[Policy]:
+    """'ar,dflash,ddtree:32' -> policies, in order. Raises ValueError (one line) on bad input."""
+    names = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not names:
+        raise ValueError(f"--policies {text!r} names no policy; e.g. 'ar,dflash,ddtree:32'")
+    out: list[Policy] = []
+    for n in names:
+        p = parse_policy(n)
+        if p in out:
+            raise ValueError(f"policy {n!r} is listed twice in {text!r}")
+        out.append(p)
+    return out
+
+
+@dataclass
+class Run:
+    """One generation: what a bench row is made of."""
+
+    policy: str
+    tokens: list[int]
+    text: str
+    wall_time: float
+    prefill_seconds: float
+    accept_lengths: list[int]
+    committed: int  # tokens committed by cycles (new_tokens minus the prefill's token)
+    proposed: int  # drafted tokens on the deepest path of each cycle's tree, summed
+    stage_seconds: dict
+    finish_reason: str | None
+
+
+def _clock(engine) -> float:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def run_one(engine, policy: Policy, prompt: str, max_new_tokens: int, temperature: float = 0.0,
+            seed: int = 0) -> Run:
+    """Generate once and time it (wall time = prefill + all cycles, as Spec-Bench's)."""
+    t0 = _clock(engine)
+    s = engine.session(prompt, policy=policy, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                       record_topk=1)
+    trace = s.run()
+    wall = _clock(engine) - t0
+    return Run(
+        policy=str(policy), tokens=s.tokens, text=s.text, wall_time=wall, prefill_seconds=trace.prefill_seconds,
+        accept_lengths=trace.accept_lengths, committed=sum(c.committed for c in trace.cycles),
+        proposed=sum(int(c.depth.max()) if c.depth.numel() else 0 for c in trace.cycles),
+        stage_seconds=trace.stage_seconds(), finish_reason=trace.finish_reason,
+    )
+
+
+@dataclass
+class LosslessFailure:
+    question_id: str
+    policy: str
+    position: int  # first differing generated-token index
+    expected: int | None  # AR's token there (None: AR's output ended)
+    got: int | None
+
+    def __str__(self) -> str:
+        return (f"lossless check failed: {self.policy} differs from AR on prompt {self.question_id!r} at generated "
+                f"token {self.position} (AR: {self.expected}, {self.policy}: {self.got})")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict]  # one per (prompt, policy): Spec-Bench fields plus ours
+    summary: dict  # {policy label: {tau, tokens_per_s, speedup_vs_ar, ...}}
+    failures: list[LosslessFailure] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def lossless(self) -> bool:
+        return not self.failures
+
+
+def _median_run(runs: list[Run]) -> dict:
+    """Median over repeats: wall time and stage times; counts come from the first run (greedy is deterministic)."""
+    first = runs[0]
+    return {
+        "wall_time": statistics.median(r.wall_time for r in runs),
+        "wall_times": [r.wall_time for r in runs],
+        "prefill_seconds": statistics.median(r.prefill_seconds for r in runs),
+        "stage_seconds": {s: statistics.median(r.stage_seconds.get(s, 0.0) for r in runs) for s in STAGES},
+        "first": first,
+    }
+
+
+def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1, check_lossless: bool = False,
+          progress=None, warmup: bool = True, temperature: float = 0.0) -> BenchResult:
+    """Run every policy on every prompt, interleaved prompt by prompt (A B C A B C ...), after a warm-up.
+
+    policies: Policy objects or strings ('ar', 'ddtree:32'); prompts: [{id, prompt}] (see
+    workbench.prompts). With ``check_lossless`` AR is added when missing (it is the reference).
+    progress: True / False, or None for a tqdm bar on stderr only when stderr is a terminal.
+    """
+    pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
+    if not pols:
+        raise ValueError("bench needs at least one policy")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be a positive integer")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("bench needs at least one prompt")
+    if check_lossless and temperature != 0.0:
+        raise ValueError("the lossless check compares greedy outputs; use temperature=0")
+    for item in prompts:  # fail before the run, not in the middle of it
+        n = len(engine.tokenizer(item["prompt"], add_special_tokens=False)["input_ids"])
+        if not 0 < n < engine.models.max_positions:
+            raise ValueError(f"prompt {item['id']!r} is {n} tokens; the target takes 1 to "
+                             f"{engine.models.max_positions - 1}")
+    if check_lossless and AR() not in pols:
+        pols = [AR(), *pols]
+    labels = [str(p) for p in pols]
+
+    from tqdm.auto import tqdm
+
+    if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
+        for p in pols:
+            run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
+
+    bar = tqdm(total=len(prompts) * repeats * len(pols), desc="bench", unit="gen", leave=False,
+               disable=(None if progress is None else not progress))
+    runs: dict[tuple[int, str], list[Run]] = {}  # (prompt index, policy label): ids need not be unique
+    try:
+        for i, item in enumerate(prompts):
+            for _ in range(repeats):
+                for p in pols:
+                    bar.set_postfix_str(f"{item['id']} {p}", refresh=False)
+                    r = run_one(engine, p, item["prompt"], max_new_tokens, temperature)
+                    runs.setdefault((i, str(p)), []).append(r)
+                    bar.update(1)
+    finally:
+        bar.close()
+
+    rows = []
+    med: dict[tuple[int, str], dict] = {}
+    for i, item in enumerate(prompts):
+        for label in labels:
+            m = med[i, label] = _median_run(runs[i, label])
+            f: Run = m["first"]
+            decode_s = sum(m["stage_seconds"].values())
+            rows.append({
+                # Spec-Bench fields
+                "question_id": item["id"], "new_tokens": len(f.tokens), "wall_time": m["wall_time"],
+                "accept_lengths": f.accept_lengths, "decoding_steps": len(f.accept_lengths),
+                # ours
+                "policy": label,
+                "tau": sum(f.accept_lengths) / len(f.accept_lengths) if f.accept_lengths else 0.0,
+                "tokens_per_s": len(f.tokens) / m["wall_time"] if m["wall_time"] > 0 else 0.0,
+                "decode_tokens_per_s": f.committed / decode_s if decode_s > 0 else 0.0,
+                "stage_seconds": m["stage_seconds"], "prefill_seconds": m["prefill_seconds"],
+                "wall_times": m["wall_times"], "finish_reason": f.finish_reason, "text": f.text,
+            })
+
+    failures: list[LosslessFailure] = []
+    can_check = temperature == 0.0 and "AR" in labels
+    if can_check:  # every run (repeats too) against AR's first
+        for i, item in enumerate(prompts):
+            ref = runs[i, "AR"][0].tokens
+            for label in labels:
+                for r in runs[i, label]:
+                    pos = first_difference(ref, r.tokens)
+                    if pos is not None:
+                        failures.append(LosslessFailure(item["id"], label, pos, ref[pos] if pos < len(ref) else None,
+                                                        r.tokens[pos] if pos < len(r.tokens) else None))
+                        break
+
+    summary = summarize(med, prompts, labels, failures if can_check else None)
+    settings = {"policies": labels, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
+                "temperature": temperature, "device": str(engine.device), "threads": torch.get_num_threads(),
+                "kernel_backend": engine.kernel_backend}
+    return BenchResult(rows, summary, failures, settings)
+
+
+def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> dict:
+    """Pool per-prompt medians into one line per policy (see the module docstring for definitions)."""
+    out: dict[str, dict] = {}
+    for label in labels:
+        ms = [med[i, label] for i in range(len(prompts))]
+        firsts: list[Run] = [m["first"] for m in ms]
+        cycles = sum(len(f.accept_lengths) for f in firsts)
+        new_tokens = sum(len(f.tokens) for f in firsts)
+        committed = sum(f.committed for f in firsts)
+        wall = sum(m["wall_time"] for m in ms)
+        stages = {s: sum(m["stage_seconds"][s] for m in ms) for s in STAGES}
+        decode_s = sum(stages.values())
+        proposed = sum(f.proposed for f in firsts)
+        accepted = sum(sum(f.accept_lengths) - len(f.accept_lengths) for f in firsts)
+        out[label] = {
+            "tau": sum(sum(f.accept_lengths) for f in firsts) / cycles if cycles else 0.0,
+            "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+            "decode_tokens_per_s": committed / decode_s if decode_s > 0 else 0.0,
+            "accept_rate": (accepted / proposed if proposed else 0.0) if label != "AR" else None,
+            "lossless": None if failures is None else not any(x.policy == label for x in failures),
+            "stage_seconds": stages,
+            "stage_seconds_per_cycle": {s: v / cycles if cycles else 0.0 for s, v in stages.items()},
+            "cycles": cycles, "new_tokens": new_tokens, "wall_time": wall,
+        }
+    ar = out.get("AR")
+    dflash = out.get(str(DFlash()))
+    t_decode = ar["stage_seconds_per_cycle"]["verify"] if ar else None
+    for label, s in out.items():
+        s["speedup_vs_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
+                                     if ar and ar["decode_tokens_per_s"] else None)
+        s["speedup_vs_dflash"] = (s["tokens_per_s"] / dflash["tokens_per_s"]
+                                  if dflash and dflash["tokens_per_s"] else None)
+        t_cycle = sum(s["stage_seconds_per_cycle"][k] for k in CEILING_STAGES)
+        s["ceiling_speedup"] = s["tau"] * t_decode / t_cycle if t_decode and t_cycle else None
+        s["ceiling_ratio"] = (s["decode_speedup_vs_ar"] / s["ceiling_speedup"]
+                              if s["ceiling_speedup"] and s["decode_speedup_vs_ar"] is not None else None)
+    return out
+
+
+SUMMARY_KEYS = ("tau", "tokens_per_s", "speedup_vs_ar", "accept_rate", "lossless", "stage_seconds",
+                "ceiling_speedup")
+
+
+def summary_table(summary: dict) -> str:
+    """A plain-text table of the summary (one line per policy)."""
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    head = (f"{'policy':<16}{'tau':>7}{'tok/s':>9}{'vs AR':>8}{'vs DFlash':>10}{'accept':>8}{'decode x':>9}"
+            f"{'ceiling':>9}{'of ceil':>8}{'lossless':>9}  ms/cycle: draft tree verify accept commit")
+    lines = [head]
+    for label, s in summary.items():
+        pc = s["stage_seconds_per_cycle"]
+        tree = pc["tree_build"] + pc["tree_compile"]
+        lossless = "-" if s["lossless"] is None else ("yes" if s["lossless"] else "NO")
+        lines.append(
+            f"{label:<16}{s['tau']:>7.2f}{s['tokens_per_s']:>9.1f}{f(s['speedup_vs_ar'], '.2f'):>8}"
+            f"{f(s['speedup_vs_dflash'], '.2f'):>10}{f(s['accept_rate'], '.2f'):>8}"
+            f"{f(s['decode_speedup_vs_ar'], '.2f'):>9}{f(s['ceiling_speedup'], '.2f'):>9}"
+            f"{f(s['ceiling_ratio'], '.0%'):>8}{lossless:>9}  "
+            f"{1e3 * pc['draft']:.2f} {1e3 * tree:.2f} {1e3 * pc['verify']:.2f} {1e3 * pc['accept']:.2f} "
+            f"{1e3 * pc['commit']:.2f}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+KERNEL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _time(fn, repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _path_choice(tree) -> torch.Tensor:
+    """A target 'choice' per node that accepts the tree's deepest root-to-leaf path (the longest walk)."""
+    n = tree.n
+    parents = tree.parents[0].tolist()
+    tokens = tree.tokens[0].tolist()
+    depth = tree.depth[0].tolist()
+    choice = torch.full((1, n), -1, dtype=torch.long)  # no node carries token -1: the walk stops there
+    node = depth.index(max(depth))
+    while parents[node] >= 0:
+        choice[0, parents[node]] = tokens[node]
+        node = parents[node]
+    return choice
+
+
+def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth: int = 15, vocab: int = 4096,
+                 backends=("torch", "sglang"), seed: int = 0, progress=None) -> dict:
+    """Micro-benchmarks of the tree kernels, medians side by side in one run.
+
+    tree_build: vectorized ``build_tree`` vs the heap oracle on random log-probs [1, depth, vocab];
+    accept: the accept walk through each backend on that tree (torch vs SGLang's Triton kernel,
+    under Triton's interpreter on a CPU); kv_compact: ``compact_kv`` vs the per-row loop oracle.
+    Unavailable backends are reported with an ``error`` instead of a time.
+    """
+    from tqdm.auto import tqdm
+
+    from ddtree_kernels import accept, build_tree, check_backend, compact_kv, compile_tree
+    from ddtree_kernels.oracles import build_tree_heap, compact_kv_loop
+    from workbench.loading import resolve_device
+
+    dev = resolve_device(device)
+    budgets = [int(b) for b in budgets]
+    for b in budgets:
+        if b < 1:
+            raise ValueError(f"budget {b} must be a positive integer")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be a positive integer")
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(1, depth, vocab, generator=g) * 3, dim=-1).to(dev)
+    root = torch.tensor([1], device=dev)
+    heap_repeats = max(1, min(repeats, 5))  # the oracle is slow; a few calls give a stable median
+    heads, head_dim, prefix = 8, 64, 512
+
+    available = {}
+    for b in backends:
+        try:
+            check_backend(b)
+            available[b] = None
+        except (ValueError, RuntimeError) as e:
+            available[b] = str(e)
+
+    out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
+           "repeats": repeats, "tree_build": [], "accept": [], "kv_compact": []}
+    bar = tqdm(total=len(budgets), desc="kernels", unit="budget", leave=False,
+               disable=(None if progress is None else not progress))
+    for b in budgets:
+        vec = _time(lambda: build_tree(lp, root, b), repeats, dev)
+        heap = _time(lambda: build_tree_heap(lp[0], 1, b), heap_repeats, dev)
+        row = {"budget": b, "vectorized_s": vec, "heap_s": heap, "heap_over_vectorized": heap / vec}
+        if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
+            try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
+                torch.cuda.set_sync_debug_mode("error")
+                build_tree(lp, root, b)
+                row["host_sync_free"] = True
+            except RuntimeError:
+                row["host_sync_free"] = False
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        out["tree_build"].append(row)
+
+        tree = build_tree(lp, root, b)
+        ct = compile_tree(tree, prefix, depth)
+        choice = _path_choice(tree).to(dev)
+        arow = {"budget": b, "nodes": tree.n}
+        for name, err in available.items():
+            if err is not None:
+                arow[f"{name}_s"], arow[f"{name}_error"] = None, err
+                continue
+            arow[f"{name}_s"] = _time(lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
+        if arow.get("torch_s") and arow.get("sglang_s"):
+            arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
+        out["accept"].append(arow)
+
+        acc = accept("torch", tree, ct, choice, depth)
+        nodes = acc.index[0, : int(acc.length[0]) + 1]
+        kv = torch.randn(1, heads, prefix + tree.n, head_dim, generator=g).to(dev)
+        fast = _time(lambda: compact_kv(kv, prefix, nodes), repeats, dev)
+        loop = _time(lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
+        out["kv_compact"].append({"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape),
+                                  "compact_kv_s": fast, "loop_s": loop, "loop_over_compact": loop / fast})
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def kernel_table(res: dict) -> str:
+    def us(v):
+        return "n/a" if v is None else f"{1e6 * v:.0f}"
+
+    lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}, "
+             f"median of {res['repeats']} (microseconds)",
+             "", "tree build       budget  vectorized      heap  heap/vec" +
+             ("  sync-free" if res["tree_build"] and "host_sync_free" in res["tree_build"][0] else "")]
+    for r in res["tree_build"]:
+        sync = f"  {r['host_sync_free']!s:>9}" if "host_sync_free" in r else ""
+        lines.append(f"{'':16}{r['budget']:>7}{us(r['vectorized_s']):>12}{us(r['heap_s']):>10}"
+                     f"{r['heap_over_vectorized']:>10.1f}{sync}")
+    lines += ["", "accept walk      budget   nodes     torch    sglang  sglang/torch"]
+    for r in res["accept"]:
+        ratio = f"{r['sglang_over_torch']:.1f}" if "sglang_over_torch" in r else "-"
+        lines.append(f"{'':16}{r['budget']:>7}{r['nodes']:>8}{us(r.get('torch_s')):>10}{us(r.get('sglang_s')):>10}"
+                     f"{ratio:>14}")
+    errs = {k: v for r in res["accept"] for k, v in r.items() if k.endswith("_error")}
+    for k, v in errs.items():
+        lines.append(f"{'':16}{k[:-6]}: {v}")
+    lines += ["", "kv compaction    budget  accepted  compact_kv      loop  loop/compact"]
+    for r in res["kv_compact"]:
+        lines.append(f"{'':16}{r['budget']:>7}{r['accepted']:>10}{us(r['compact_kv_s']):>12}{us(r['loop_s']):>10}"
+                     f"{r['loop_over_compact']:>14.1f}")
+    return "\n".join(lines)

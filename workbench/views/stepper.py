@@ -1,0 +1,216 @@
+"""``Stepper``: step a session a cycle at a time in a notebook and watch the tree, the text and the stats.
+
+The widget only wires controls to the pure figure functions; all of its logic is
+callable from Python (``step()``, ``run(n)``, ``reset()``, ``show_cycle(i)``), and
+the figures are ``go.FigureWidget`` objects updated in place (no re-creation).
+"""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from workbench.engine import SessionFinished
+from workbench.policies import AR, DDTree, DFlash
+from workbench.views.figures import empty_figure, token_stream, tree_figure
+
+
+def _policy_parts(p) -> tuple[str, int]:
+    if isinstance(p, DDTree):
+        return "ddtree", p.budget
+    return ("ar" if isinstance(p, AR) else "dflash"), 32
+
+
+class Stepper:
+    """A notebook widget over a ``Session``: Step, Run N, Reset, a slider over past cycles, and the
+    budget / temperature for the next cycle. Display it as the last expression of a cell."""
+
+    def __init__(self, session, tokenizer=None, max_nodes: int | None = 512):
+        self.session = session
+        self.tokenizer = tokenizer if tokenizer is not None else session.engine.tokenizer
+        self.max_nodes = max_nodes
+        kind, budget = _policy_parts(session.policy)
+        self.step_button = W.Button(description="Step", button_style="primary", tooltip="run one cycle")
+        self.run_button = W.Button(description="Run N", tooltip="run N cycles")
+        self.run_n = W.BoundedIntText(value=10, min=1, max=100000, description="N", layout=W.Layout(width="130px"))
+        self.reset_button = W.Button(description="Reset", button_style="warning",
+                                     tooltip="a new session with the same prompt and the settings shown")
+        self.policy_kind = W.Dropdown(options=[("DDTree", "ddtree"), ("DFlash", "dflash"), ("AR", "ar")], value=kind,
+                                      description="policy", layout=W.Layout(width="180px"))
+        self.budget = W.BoundedIntText(value=budget, min=1, max=4096, description="budget",
+                                       layout=W.Layout(width="160px"))
+        self.temperature = W.BoundedFloatText(value=float(session.temperature), min=0.0, max=10.0, step=0.1,
+                                              description="temp", layout=W.Layout(width="150px"))
+        self.slider = W.IntSlider(value=0, min=0, max=0, description="cycle", disabled=True, continuous_update=False,
+                                  layout=W.Layout(width="520px"))
+        self.status = W.HTML()
+        self.stats = W.HTML()
+        self.tree = go.FigureWidget(empty_figure("no cycles yet: press Step"))
+        self.stream = go.FigureWidget(empty_figure("no cycles yet", height=160))
+        self._shown: int | None = None
+
+        self.step_button.on_click(lambda _b: self._guard(self.step))
+        self.run_button.on_click(lambda _b: self._guard(lambda: self.run(self.run_n.value)))
+        self.reset_button.on_click(lambda _b: self._guard(self.reset))
+        self.slider.observe(self._on_slider, names="value")
+        for w in (self.policy_kind, self.budget):
+            w.observe(lambda _c: self._guard(self._apply_settings), names="value")
+        self.temperature.observe(lambda _c: self._guard(self._apply_settings), names="value")
+
+        controls = W.HBox([self.step_button, self.run_button, self.run_n, self.reset_button])
+        settings = W.HBox([self.policy_kind, self.budget, self.temperature])
+        self.widget = W.VBox([controls, settings, self.slider, self.status, self.tree, self.stream, self.stats])
+        self._refresh(show=len(session.cycles) - 1 if session.cycles else None)
+
+    # ------------------------------------------------------------------ actions (callable from Python)
+    def step(self):
+        """Run one cycle with the current settings and show it. Returns the Cycle (None if finished)."""
+        self._apply_settings()
+        try:
+            c = self.session.step()
+        except SessionFinished as e:
+            self._say(str(e), error=True)
+            self._sync_buttons()
+            return None
+        self._refresh(show=c.index)
+        return c
+
+    def run(self, n: int = 10) -> list:
+        """Run up to ``n`` cycles (stops at the end of the session); updates the view once at the end."""
+        self._apply_settings()
+        out = []
+        for _ in range(int(n)):
+            if self.session.finished:
+                break
+            out.append(self.session.step())
+        self._refresh(show=len(self.session.cycles) - 1 if self.session.cycles else None)
+        return out
+
+    def reset(self):
+        """Start a new session with the same prompt, seed and limits, and the policy / temperature shown."""
+        s = self.session
+        self.session = s.engine.session(
+            s.prompt, policy=self._policy(), temperature=float(self.temperature.value),
+            top_p=s.sampling.top_p, top_k=s.sampling.top_k, seed=s.seed, max_new_tokens=s.max_new_tokens,
+            kernel_backend=s.kernel_backend, record_topk=s.record_topk, capture=s.capture,
+        )
+        self._shown = None
+        self._refresh(show=None)
+        return self.session
+
+    def show_cycle(self, i: int) -> None:
+        """Show past cycle ``i`` (negative counts from the end) in the tree figure."""
+        n = len(self.session.cycles)
+        if not n:
+            raise IndexError("no cycles yet; call step() first")
+        if not -n <= i < n:
+            raise IndexError(f"cycle {i} out of range: the session has {n} cycles")
+        i %= n
+        if self.slider.value != i:
+            self.slider.value = i  # the observer draws it
+        else:
+            self._draw_tree(i)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def shown_cycle(self) -> int | None:
+        return self._shown
+
+    def _policy(self):
+        kind = self.policy_kind.value
+        if kind == "ddtree":
+            return DDTree(int(self.budget.value))
+        return DFlash() if kind == "dflash" else AR()
+
+    def _apply_settings(self) -> None:
+        self.budget.disabled = self.policy_kind.value != "ddtree"
+        p = self._policy()
+        if p != self.session.policy:
+            self.session.policy = p
+        t = float(self.temperature.value)
+        if t != self.session.temperature:
+            self.session.temperature = t
+
+    def _guard(self, fn) -> None:
+        """Run a button action; show an error in the status line instead of losing it in a callback."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - shown to the user in the widget
+            self._say(f"{type(e).__name__}: {e}", error=True)
+
+    def _say(self, msg: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#333"
+        self.status.value = f"<span style='color:{color}'>{html.escape(msg)}</span>"
+
+    def _sync_buttons(self) -> None:
+        done = self.session.finished
+        self.step_button.disabled = done
+        self.run_button.disabled = done
+
+    # ------------------------------------------------------------------ drawing (in place)
+    @staticmethod
+    def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+        """Make ``fw`` show ``fig``: same trace types in the same order -> update them in place."""
+        new = fig.data
+        with fw.batch_update():
+            same = len(fw.data) == len(new) and all(a.type == b.type for a, b in zip(fw.data, new))
+            if same:
+                for old, tr in zip(fw.data, new):
+                    old.update(tr.to_plotly_json(), overwrite=True)
+            layout = fig.layout.to_plotly_json()
+            layout.pop("template", None)  # the same default template each time; resending it is waste
+            for key in set(fw.layout.to_plotly_json()) - set(layout) - {"template"}:
+                fw.layout[key] = None  # e.g. the "no cycles yet" annotation
+            fw.layout.update(layout, overwrite=True)
+        if not same:
+            fw.data = ()
+            fw.add_traces(list(new))
+
+    def _draw_tree(self, i: int) -> None:
+        self._replace(self.tree, tree_figure(self.session.cycles[i], self.tokenizer, max_nodes=self.max_nodes))
+        self._shown = i
+
+    def _on_slider(self, change) -> None:
+        if self.session.cycles:
+            self._guard(lambda: self._draw_tree(int(change["new"])))
+
+    def _refresh(self, show: int | None) -> None:
+        s = self.session
+        n = len(s.cycles)
+        if n:
+            self.slider.disabled = False
+            # Grow max first so the value is valid; an unchanged value does not fire the observer.
+            self.slider.max = n - 1
+            target = n - 1 if show is None else show
+            if self.slider.value != target:
+                self.slider.value = target
+            else:
+                self._draw_tree(target)
+            self._replace(self.stream, token_stream(s.trace, self.tokenizer))
+            self.stats.value = s.trace.summary()._repr_html_()
+        else:
+            self.slider.value = 0
+            self.slider.max = 0
+            self.slider.disabled = True
+            self._shown = None
+            self._replace(self.tree, empty_figure("no cycles yet: press Step"))
+            self._replace(self.stream, empty_figure("no cycles yet", height=160))
+            self.stats.value = ""
+        state = f"finished: {s.finish_reason}" if s.finished else "running"
+        self._say(f"{s.policy}, T={s.temperature}: {n} cycles, {len(s.generated)} new tokens ({state})")
+        self._sync_buttons()
+
+    # ------------------------------------------------------------------ display / export
+    def export_parts(self) -> list:
+        """The current view as page parts (for views.save_html)."""
+        s = self.session
+        parts: list = [f"<h2>{html.escape(repr(s))}</h2>", f"<p>prompt: <code>{html.escape(s.prompt)}</code></p>"]
+        parts += [go.Figure(self.tree), go.Figure(self.stream), self.stats.value]
+        return parts
+
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+    def __repr__(self) -> str:
+        return f"Stepper({self.session!r}, showing cycle {self._shown})"
