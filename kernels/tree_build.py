@@ -42,9 +42,16 @@ def sorted_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
     logprobs: [bs, D, V] -> values [bs, D, k], token ids [bs, D, k]
     """
-    # A stable descending sort keeps equal log-probs in token-id order; topk would not promise that.
-    values, ids = torch.sort(logprobs.float(), dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
+    # topk alone would not promise an order among equal log-probs, and a full stable sort of the
+    # vocabulary costs ~30x more. So rank by one unique int64 key: the float's bits made
+    # order-preserving, then the reversed token id (equal log-probs -> lower id first).
+    lp = logprobs.float() + 0.0  # -0.0 -> 0.0, so equal floats have equal bits
+    V = lp.shape[-1]
+    bits = lp.view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # monotone in the float value
+    key = ordered * V + (V - 1 - torch.arange(V, device=lp.device))
+    ids = torch.topk(key, k, dim=-1, sorted=True).indices
+    return lp.gather(-1, ids), ids
 
 
 @lru_cache(maxsize=256)

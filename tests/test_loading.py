@@ -54,7 +54,8 @@ def test_not_a_model_directory(tmp_path):
      r"target_layer_ids \[1, 9\] out of range for a target with 6 layers \(bad: \[9\]\)"),
     ("d", lambda c: c["dflash_config"].pop("mask_token_id"), "no 'mask_token_id'"),
     ("d", lambda c: c.pop("dflash_config"), "has no 'dflash_config'"),
-    ("t", lambda c: c.__setitem__("num_hidden_layers", 4), r"out of range for a target with 4 layers"),
+    ("t", lambda c: c.update(num_hidden_layers=4, layer_types=c.get("layer_types", [None] * 6)[:4]),
+     r"out of range for a target with 4 layers"),
 ])
 def test_pair_validation_errors(tmp_path, which, change, match):
     t, d = copy_pair(tmp_path)
