@@ -159,7 +159,10 @@ import ddtree_kernels as K
 engine = wb.load()
 s = engine.session("def read_config(path):\\n    ", policy=wb.DDTree(budget=12), seed=0, max_new_tokens=64)
 c = s.step()
+while c.accepted < 2:       # a cycle where the target accepted a few drafted tokens
+    c = s.step()
 tok = engine.tokenizer
+print(f"cycle {c.index}: {c.n_nodes} nodes, accepted {c.accepted} drafted tokens")
 """),
     code(IGNORE + """
 wb.views.draft_heatmap(c, tok)

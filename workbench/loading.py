@@ -147,6 +147,15 @@ def load_models(target=None, draft=None, device="cpu", dtype=None) -> Models:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
     check_pair(tcfg, dcfg, tokenizer, tdir, ddir)
-    tmodel = AutoModelForCausalLM.from_pretrained(tdir, local_files_only=True, dtype=dt).to(dev).eval()
-    dmodel = DFlashDraftModel.from_pretrained(ddir, local_files_only=True, dtype=dt).to(dev).eval()
+    from transformers.utils import logging as hf_logging
+
+    # Weight-loading progress bars are noise in a notebook (and in nbval's stored outputs).
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tmodel = AutoModelForCausalLM.from_pretrained(tdir, local_files_only=True, dtype=dt).to(dev).eval()
+        dmodel = DFlashDraftModel.from_pretrained(ddir, local_files_only=True, dtype=dt).to(dev).eval()
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return Models(tmodel, dmodel, tokenizer, tdir, ddir, dev, dt)
