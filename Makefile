@@ -10,11 +10,13 @@ STAMP  := $(VENV)/.installed
 # SGLang's tree kernels: the wheel without its dependencies (it pins another torch
 # and many CUDA wheels); its light imports are the [sglang-kernels] extra.
 SGLANG := sglang==0.5.23
+# Jupyter refuses to run as root without this flag (containers, CI machines).
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: lab test install install-sglang browser train bench clean
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.open_browser=True notebooks/01_quickstart.ipynb
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.open_browser=True $(ROOT_FLAG) notebooks/01_quickstart.ipynb
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

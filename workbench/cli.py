@@ -29,24 +29,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see: {self.prog} --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return v
+def _int_at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what} integer")
+        return v
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return v
+_positive_int = _int_at_least(1, "positive")
+_non_negative_int = _int_at_least(0, "non-negative")
 
 
 def _finite_float(text: str) -> float:
