@@ -136,7 +136,7 @@ def chi_square_pvalue(stat: float, df: int) -> float:
 
 @pytest.fixture(scope="module")
 def sampling_engine(tmp_path_factory):
-    from conftest import make_pair
+    from tiny_models import make_pair
 
     t, d = make_pair(tmp_path_factory.mktemp("vocab6"), vocab=6, hidden=16, layers=2, layer_ids=(0, 1),
                      block_size=4, init_std=0.3, seed=3, eos=False)

@@ -65,7 +65,7 @@ def test_pair_validation_errors(tmp_path, which, change, match):
 
 
 def test_tokenizer_without_the_mask_token(tmp_path):
-    from conftest import make_tokenizer
+    from tiny_models import make_tokenizer
 
     t, d = copy_pair(tmp_path)
     for f in ("tokenizer.json", "tokenizer_config.json"):

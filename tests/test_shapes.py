@@ -18,7 +18,7 @@ PROMPT = "t1 t2 t3 t4 t5"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from conftest import make_pair
+    from tiny_models import make_pair
 
     t, d = make_pair(tmp_path_factory.mktemp("shapes"), vocab=64, hidden=32, layers=4, heads=2, kv_heads=1,
                      layer_ids=(1, 2), block_size=8, seed=3)
