@@ -223,6 +223,7 @@ class Session:
         # Never draft past the token limit or the model's positions.
         depth = min(m.block_size - 1, self.max_new_tokens - len(self.generated) - 1, m.max_positions - 1 - start)
         uses_draft = not isinstance(policy, AR) and depth > 0
+        max_depth = depth if uses_draft else 0  # a root-only tree needs no ancestry work
         times: dict[str, float] = {}
 
         t = self._clock()
@@ -233,13 +234,13 @@ class Session:
         times["draft"] = (t1 := self._clock()) - t
         tree = stages.tree_build(policy, drafted, root, m.device)
         times["tree_build"] = (t2 := self._clock()) - t1
-        compiled = stages.tree_compile(tree, start, depth)
+        compiled = stages.tree_compile(tree, start, max_depth)
         times["tree_compile"] = (t3 := self._clock()) - t2
         mode = ForwardMode.DECODE if isinstance(policy, AR) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(m, self._target_cache, tree, compiled, start, mode, self.sampling,
                                  self.generator, True, self.capture)
         times["verify"] = (t4 := self._clock()) - t3
-        accepted = stages.accept(self.kernel_backend, tree, compiled, verified, depth)
+        accepted = stages.accept(self.kernel_backend, tree, compiled, verified, max_depth)
         times["accept"] = (t5 := self._clock()) - t4
         committed = stages.commit(self._target_cache, tree, accepted, verified.features, start)
         self._context = torch.cat([self._context, committed.context], dim=1)

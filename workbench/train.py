@@ -421,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(out / "target")
         held_ids = encode_files(tokenizer, held_files)
         target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
-    prompts = write_eval_prompts(held_files, recipe, out, args.seed)
+    if args.stage in ("all", "target"):
+        prompts = write_eval_prompts(held_files, recipe, out, args.seed)
+    else:  # later stages evaluate on the prompts the first stage wrote, whatever their seed
+        prompts = [json.loads(line) for line in (out / "eval_prompts.jsonl").read_text().splitlines()]
     if args.stage == "target":
         return 0
     if args.stage in ("all", "draft"):
