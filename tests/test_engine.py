@@ -10,6 +10,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import Tree
+from workbench.bench import first_difference
 
 BUDGETS = [1, 2, 8, 32, 128]
 
@@ -45,11 +46,7 @@ def test_greedy_speculative_equals_ar_on_embedded_default(engine, eval_prompts):
         ref, _ = greedy_ids(engine, item["prompt"], wb.AR(), 48)
         for policy in [wb.DFlash()] + [wb.DDTree(b) for b in BUDGETS]:
             got, s = greedy_ids(engine, item["prompt"], policy, 48)
-            assert got == ref, f"{policy} on {item['id']}: first difference at {first_diff(got, ref)}"
-
-
-def first_diff(a, b):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert got == ref, f"{policy} on {item['id']}: first difference at {first_difference(ref, got)}"
 
 
 def test_embedded_drafter_is_useful(engine, eval_prompts):

@@ -31,12 +31,12 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from workbench.cycle import STAGES
+from workbench.engine import clock
 from workbench.policies import AR, DFlash, Policy, parse_policy
 
 # Stages inside the reference's physical ceiling (the commit/record-keeping is not).
@@ -73,20 +73,14 @@ class Run:
     finish_reason: str | None
 
 
-def _clock(engine) -> float:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
 def run_one(engine, policy: Policy, prompt: str, max_new_tokens: int, temperature: float = 0.0,
             seed: int = 0) -> Run:
     """Generate once and time it (wall time = prefill + all cycles, as Spec-Bench's)."""
-    t0 = _clock(engine)
+    t0 = clock(engine.device)
     s = engine.session(prompt, policy=policy, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                        record_topk=1)
     trace = s.run()
-    wall = _clock(engine) - t0
+    wall = clock(engine.device) - t0
     return Run(
         policy=str(policy), tokens=s.tokens, text=s.text, wall_time=wall, prefill_seconds=trace.prefill_seconds,
         accept_lengths=trace.accept_lengths, committed=sum(c.committed for c in trace.cycles),
@@ -304,13 +298,9 @@ def _time(fn, repeats: int, device: torch.device) -> float:
     fn()
     ts = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock(device)
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock(device) - t0)
     return statistics.median(ts)
 
 

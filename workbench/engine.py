@@ -18,6 +18,13 @@ from workbench.sampling import Sampling, target_choice
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
+def clock(device: torch.device) -> float:
+    """Seconds, after the device's queued work is done (a CUDA kernel launch returns before it runs)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class SessionFinished(RuntimeError):
     """``step()`` was called on a session that has already ended."""
 
@@ -170,9 +177,7 @@ class Session:
 
     # ---------------------------------------------------------------- running
     def _clock(self) -> float:
-        if self.models.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        return clock(self.models.device)
 
     @torch.inference_mode()
     def _prefill(self) -> None:
