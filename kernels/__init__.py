@@ -10,11 +10,11 @@ SGLang's Triton kernel) happens only in ``ddtree_kernels.dispatch``.
 """
 from ddtree_kernels.accept import Accepted, accept_walk
 from ddtree_kernels.dispatch import BACKENDS, accept, check_backend
-from ddtree_kernels.kv_compact import compact_kv
-from ddtree_kernels.tree_build import Tree, build_tree, chain_tree
+from ddtree_kernels.kv_compact import compact_kv, compact_kv_
+from ddtree_kernels.tree_build import Tree, build_tree, build_tree_from_topk, chain_tree
 from ddtree_kernels.tree_compile import CompiledTree, compile_tree
 
 __all__ = [
-    "Accepted", "BACKENDS", "CompiledTree", "Tree", "accept", "accept_walk", "build_tree", "chain_tree",
-    "check_backend", "compact_kv", "compile_tree",
+    "Accepted", "BACKENDS", "CompiledTree", "Tree", "accept", "accept_walk", "build_tree", "build_tree_from_topk",
+    "chain_tree", "check_backend", "compact_kv", "compact_kv_", "compile_tree",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,27 +45,161 @@ def sorted_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """
     # topk alone would not promise an order among equal log-probs, and a full stable sort of the
     # vocabulary costs ~30x more. So rank by one unique int64 key: the float's bits made
-    # order-preserving, then the reversed token id (equal log-probs -> lower id first).
-    lp = logprobs.float() + 0.0  # -0.0 -> 0.0, so equal floats have equal bits
+    # order-preserving (flip the magnitude bits of negatives), then the reversed token id. -0.0 ranks
+    # just below +0.0; a log-prob row cannot hold both (two tokens of probability 1).
+    lp = logprobs.float()
     V = lp.shape[-1]
     bits = lp.view(torch.int32)
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # monotone in the float value
-    key = ordered * V + (V - 1 - torch.arange(V, device=lp.device))
+    ordered = bits ^ (bits >> 31).bitwise_and_(0x7FFFFFFF)  # [bs, D, V] int32, monotone in the value
+    key = torch.add(_reversed_ids(V, lp.device), ordered, alpha=V)  # int64: the value, then the lower id
     ids = torch.topk(key, k, dim=-1, sorted=True).indices
     return lp.gather(-1, ids), ids
 
 
+@lru_cache(maxsize=64)
+def _reversed_ids(V: int, device: torch.device) -> Tensor:
+    return torch.arange(V - 1, -1, -1, device=device)
+
+
+def _pair_count(beam: int, k: int, budget: int) -> int:
+    return sum(min(k, budget // (p + 1)) for p in range(beam))
+
+
 @lru_cache(maxsize=256)
-def _pairs(beam: int, k: int, budget: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def beam_sizes(D: int, k: int, budget: int) -> tuple[int, ...]:
+    """Entries kept per depth: the k tokens of slot 0, then at most ``budget`` (no more than exist)."""
+    sizes = [k]
+    for _ in range(1, D):
+        sizes.append(min(budget, _pair_count(sizes[-1], k, budget)))
+    return tuple(sizes)
+
+
+class _TorchOps:
+    """The few array operations the build needs, on torch tensors: any device, no host sync."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def arange(self, *args) -> Tensor:
+        return torch.arange(*args, device=self.device)
+
+    @staticmethod
+    def top_desc(x: Tensor, m: int) -> Tensor:
+        """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
+        return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
+
+    @staticmethod
+    def take(x: Tensor, idx: Tensor) -> Tensor:
+        return x.gather(1, idx)
+
+    @staticmethod
+    def cat(xs: list) -> Tensor:
+        return torch.cat(xs, dim=1)
+
+    def repeat(self, counts: Tensor, total: int) -> Tensor:
+        return torch.repeat_interleave(self.arange(counts.shape[0]), counts, output_size=total)
+
+    @staticmethod
+    def cumsum(x: Tensor) -> Tensor:
+        return x.cumsum(0)
+
+    @staticmethod
+    def minimum(x: Tensor, k: int) -> Tensor:
+        return x.clamp(max=k)
+
+    @staticmethod
+    def put(out: Tensor, idx: Tensor, values: Tensor) -> Tensor:
+        return out.scatter_(1, idx, values.expand_as(idx))
+
+    def zeros(self, shape) -> Tensor:
+        return torch.zeros(shape, dtype=torch.long, device=self.device)
+
+    def to_ops(self, x: Tensor) -> Tensor:
+        return x
+
+    @staticmethod
+    def to_tensor(x: Tensor) -> Tensor:
+        return x
+
+
+class _NumpyOps:
+    """The same operations in NumPy, for CPU tensors: the build is a chain of small steps (a few per
+    depth), and a NumPy call on a small array costs about a microsecond where a torch call costs 5-10."""
+
+    device = torch.device("cpu")
+    arange = staticmethod(np.arange)
+    cumsum = staticmethod(np.cumsum)
+    minimum = staticmethod(np.minimum)
+
+    @staticmethod
+    def top_desc(x, m: int):
+        """As ``_TorchOps.top_desc``. A unique int64 key (the float's ordered bits, then the reversed
+        index) lets a partial selection replace the full sort without breaking the tie rule."""
+        n = x.shape[1]
+        bits = x.view(np.int32).astype(np.int64)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)) * n + np.arange(n - 1, -1, -1)
+        if m >= n:
+            return np.argsort(-key, axis=1)
+        part = np.argpartition(-key, m - 1, axis=1)[:, :m]
+        return _NumpyOps.take(part, np.argsort(-_NumpyOps.take(key, part), axis=1))
+
+    @staticmethod
+    def take(x, idx):  # np.take_along_axis, without its per-call overhead
+        return x[np.arange(x.shape[0])[:, None], idx]
+
+    @staticmethod
+    def cat(xs: list):
+        return np.concatenate(xs, axis=1)
+
+    @staticmethod
+    def repeat(counts, total: int):
+        return np.repeat(np.arange(counts.shape[0]), counts)
+
+    @staticmethod
+    def put(out, idx, values):
+        out[np.arange(out.shape[0])[:, None], idx] = values
+        return out
+
+    @staticmethod
+    def zeros(shape):
+        return np.zeros(shape, dtype=np.int64)
+
+    @staticmethod
+    def to_ops(x: Tensor):
+        return x.numpy()
+
+    @staticmethod
+    def to_tensor(x) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x))
+
+
+_NUMPY = _NumpyOps()
+
+
+def torch_ops(device) -> _TorchOps:
+    """The torch implementation of the build's array operations (the one CUDA uses)."""
+    return _ops(torch.device(device), numpy_on_cpu=False)
+
+
+@lru_cache(maxsize=16)
+def _ops(device: torch.device, numpy_on_cpu: bool = True):
+    return _NUMPY if device.type == "cpu" and numpy_on_cpu else _TorchOps(device)
+
+
+@lru_cache(maxsize=256)
+def _pairs(beam: int, k: int, budget: int, ops) -> tuple:
     """Candidate (parent beam position p, token rank j) pairs, row-major, that can reach the top `budget`.
 
     (p, j) has at least (p+1)(j+1)-1 candidates ahead of it at its depth (all
-    (p' <= p, j' <= j)), so only pairs with (p+1)(j+1) <= budget can be kept.
+    (p' <= p, j' <= j)), so only pairs with (p+1)(j+1) <= budget can be kept: row p
+    holds ranks 0 .. min(k, budget // (p+1)) - 1. Computed on the device from shapes
+    known on the host, so nothing waits for the device (no boolean indexing).
     """
-    p = torch.arange(beam, device=device)[:, None].expand(beam, k)
-    j = torch.arange(k, device=device)[None, :].expand(beam, k)
-    keep = (p + 1) * (j + 1) <= budget
-    return p[keep], j[keep]
+    counts = ops.minimum(budget // (ops.arange(beam) + 1), k)  # [beam]
+    total = _pair_count(beam, k, budget)
+    p = ops.repeat(counts, total)  # [total]
+    starts = ops.cumsum(counts) - counts
+    return p, ops.arange(total) - starts[p]
 
 
 def build_tree(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | None = None) -> Tree:
@@ -74,62 +209,60 @@ def build_tree(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | 
     ``width`` caps the tokens considered per slot (``width=1`` gives the argmax chain).
     Returns a Tree with n = 1 + min(budget, number of distinct prefixes) nodes.
     """
-    bs, D, V = logprobs.shape
-    device = logprobs.device
-    k = min(budget, width or budget, V)
-    topv, topi = sorted_slots(logprobs, k)  # [bs, D, k]
+    k = min(budget, width or budget, logprobs.shape[-1])
+    return build_tree_from_topk(*sorted_slots(logprobs, k), root_tokens, budget)
 
-    # Per-depth beams, each ordered by (score desc, parent beam position asc, rank asc).
-    scores, parent_pos, ranks, tokens, sizes = [], [], [], [], []
-    beam_score = topv[:, 0, :k]  # [bs, k]
-    scores.append(beam_score)
-    parent_pos.append(torch.zeros(bs, k, dtype=torch.long, device=device))
-    ranks.append(torch.arange(k, device=device).expand(bs, k))
-    tokens.append(topi[:, 0, :k])
-    sizes.append(k)
+
+def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, ops=None) -> Tree:
+    """``build_tree`` after ``sorted_slots``: topv/topi [bs, D, k] in the documented order.
+
+    ``ops``: the array operations (NumPy for CPU tensors, torch elsewhere); tests pass ``torch_ops``
+    to run the device path on a CPU.
+    """
+    bs, D, k = topv.shape
+    ops = ops or _ops(topv.device)
+    sizes = beam_sizes(D, k, budget)
+    tv, ti = ops.to_ops(topv), ops.to_ops(topi)
+    # Per-depth beams, each ordered by (score desc, parent beam position asc, rank asc). Only the
+    # scores go through the sequential loop; the rest is gathered once after it.
+    beam = tv[:, 0]  # [bs, k]
+    rank0 = ops.arange(k)[None] + ops.zeros((bs, 1))
+    scores, parent, rank = [beam], [rank0 * 0 - 1], [rank0]  # parent: flattened beam entry, -1 = root
+    offset = 0
     for d in range(1, D):
-        p, j = _pairs(sizes[-1], k, budget, device)
-        cand = beam_score[:, p] + topv[:, d, j]  # [bs, n_pairs]
-        m = min(budget, cand.shape[1])
-        order = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :m]  # [bs, m]
-        beam_score = cand.gather(1, order)
-        rank = j[order]
-        scores.append(beam_score)
-        parent_pos.append(p[order])
-        ranks.append(rank)
-        tokens.append(topi[:, d].gather(1, rank))
-        sizes.append(m)
+        p, j = _pairs(sizes[d - 1], k, budget, ops)
+        cand = beam[:, p] + tv[:, d, j]  # [bs, n_pairs]
+        order = ops.top_desc(cand, sizes[d])  # [bs, m]
+        beam = ops.take(cand, order)
+        scores.append(beam)
+        parent.append(p[order] + offset)
+        rank.append(j[order])
+        offset += sizes[d - 1]
 
     # Global order: a stable sort over [depth 1 beam; depth 2 beam; ...] realises
     # (score desc, depth asc, within-depth order asc) == the documented tie rule.
-    all_scores = torch.cat(scores, dim=1)  # [bs, total]
+    all_scores = ops.cat(scores)  # [bs, total]
     total = all_scores.shape[1]
     n_nodes = min(budget, total)
-    sel = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :n_nodes]  # [bs, n_nodes]
-    flat_index = torch.full((bs, total), -1, dtype=torch.long, device=device)
-    flat_index.scatter_(1, sel, torch.arange(1, n_nodes + 1, device=device).expand(bs, n_nodes))
-
-    offsets = [0]
-    for s in sizes[:-1]:
-        offsets.append(offsets[-1] + s)
-    # Parent of a depth-(d+1) entry = flattened index of beam entry (offset_d + p) at depth d.
-    parent_entry = torch.cat(
-        [torch.full_like(parent_pos[0], -1)] + [parent_pos[d] + offsets[d - 1] for d in range(1, D)], dim=1
-    )  # [bs, total]
-    parent_flat = torch.where(parent_entry < 0, 0, flat_index.gather(1, parent_entry.clamp(min=0)))
-    depth = torch.cat([torch.full_like(parent_pos[d], d + 1) for d in range(D)], dim=1)
-
-    def take(x: Tensor) -> Tensor:
-        return x.gather(1, sel)
-
-    root = torch.zeros(bs, 1, dtype=torch.long, device=device)
+    sel = ops.top_desc(all_scores, n_nodes)  # [bs, n_nodes]: beam entries in node order
+    node_of = ops.put(ops.zeros((bs, total + 1)), sel + 1, ops.arange(1, n_nodes + 1)[None])  # entry+1 -> node
+    depth = _entry_depths(sizes, ops)[sel]  # [bs, n_nodes]
+    rank_sel = ops.take(ops.cat(rank), sel)
+    root = ops.zeros((bs, 1))
     return Tree(
-        tokens=torch.cat([root_tokens.reshape(bs, 1).long(), take(torch.cat(tokens, dim=1))], dim=1),
-        parents=torch.cat([root - 1, take(parent_flat)], dim=1),
-        depth=torch.cat([root, take(depth)], dim=1),
-        rank=torch.cat([root, take(torch.cat(ranks, dim=1))], dim=1),
-        score=torch.cat([root.float(), take(all_scores)], dim=1),
+        tokens=ops.to_tensor(ops.cat([ops.to_ops(root_tokens.reshape(bs, 1).long()),
+                                      ops.take(ti.reshape(bs, D * k), (depth - 1) * k + rank_sel)])),
+        parents=ops.to_tensor(ops.cat([root - 1, ops.take(node_of, ops.take(ops.cat(parent), sel) + 1)])),
+        depth=ops.to_tensor(ops.cat([root, depth])),
+        rank=ops.to_tensor(ops.cat([root, rank_sel])),
+        score=ops.to_tensor(ops.cat([root * 0.0, ops.take(all_scores, sel)])).float(),
     )
+
+
+@lru_cache(maxsize=256)
+def _entry_depths(sizes: tuple, ops):
+    """[total] the depth (1-based) of every beam entry, depth by depth."""
+    return ops.cat([ops.zeros((1, s)) + (d + 1) for d, s in enumerate(sizes)])[0]
 
 
 def chain_tree(draft_tokens: Tensor, root_tokens: Tensor, logprobs: Tensor | None = None) -> Tree:

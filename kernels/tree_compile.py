@@ -26,13 +26,12 @@ class CompiledTree:
 def ancestor_matrix(parents: Tensor, max_depth: int) -> Tensor:
     """[bs, n] parents -> bool [bs, n, n] ancestor-or-self matrix."""
     bs, n = parents.shape
-    vis = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bs, n, n).clone()
-    anc = parents.clone()
+    up = parents.clamp(min=0)  # the root's parent is the root: walking past it adds nothing new
+    hops = [torch.arange(n, device=parents.device).expand(bs, n)]  # hop h: the ancestor h levels up
     for _ in range(max_depth):
-        # The root (index 0) is every node's ancestor, so clamping -1 to 0 writes only true entries.
-        vis.scatter_(2, anc.clamp(min=0)[..., None], True)
-        anc = parents.gather(1, anc.clamp(min=0))
-    return vis
+        hops.append(up if len(hops) == 1 else up.gather(1, hops[-1]))
+    vis = torch.zeros(bs, n, n, dtype=torch.bool, device=parents.device)
+    return vis.scatter_(2, torch.stack(hops, dim=2), True)  # one write for every (node, ancestor)
 
 
 def compile_tree(tree: Tree, start: Tensor | int, max_depth: int | None = None) -> CompiledTree:
@@ -40,8 +39,8 @@ def compile_tree(tree: Tree, start: Tensor | int, max_depth: int | None = None) 
     bs, n = tree.parents.shape
     device = tree.parents.device
     max_depth = n - 1 if max_depth is None else max_depth
-    start_t = torch.as_tensor(start, device=device).reshape(-1, 1)
-    positions = start_t + tree.depth
+    # A Python start is added as a scalar: making it a device tensor would be a host-to-device copy.
+    positions = tree.depth + (start if isinstance(start, int) else start.reshape(-1, 1))
     visibility = ancestor_matrix(tree.parents, max_depth)
 
     idx = torch.arange(n, device=device).expand(bs, n)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_kernels import accept, build_tree, chain_tree, compact_kv, compile_tree
-from ddtree_kernels.oracles import accept_walk_python, ancestors_python, build_tree_heap, compact_kv_loop
+from ddtree_kernels import accept, build_tree, chain_tree, compact_kv, compact_kv_, compile_tree
+from ddtree_kernels.tree_build import build_tree_from_topk, sorted_slots, torch_ops
+from ddtree_kernels.oracles import (accept_walk_python, ancestors_python, build_tree_heap, build_tree_host_heap,
+                                   compact_kv_loop)
 
 
 def random_logprobs(seed: int, bs: int, D: int, V: int, ties: bool = False) -> torch.Tensor:
@@ -19,11 +21,15 @@ def random_logprobs(seed: int, bs: int, D: int, V: int, ties: bool = False) -> t
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("budget", [1, 2, 7, 32, 100])
 @pytest.mark.parametrize("ties", [False, True])
-def test_vectorized_build_equals_heap_oracle(seed, budget, ties):
+@pytest.mark.parametrize("ops", ["numpy", "torch"])
+def test_vectorized_build_equals_heap_oracle(seed, budget, ties, ops):
+    """Both array paths of the build (NumPy on CPU tensors, torch as on CUDA) against the heap."""
     D, V, bs = 5, 12, 3
     lp = random_logprobs(seed, bs, D, V, ties)
     roots = torch.arange(bs)
-    tree = build_tree(lp, roots, budget)
+    k = min(budget, V)
+    tree = build_tree_from_topk(*sorted_slots(lp, k), roots, budget,
+                                ops=torch_ops("cpu") if ops == "torch" else None)
     for b in range(bs):
         ref = build_tree_heap(lp[b], int(roots[b]), budget)
         assert tree.tokens[b].tolist() == ref["tokens"]
@@ -144,3 +150,25 @@ def test_compact_kv_equals_loop(seed):
     kv = torch.randn(1, 2, 7 + 9, 4, generator=g)
     accepted = torch.tensor([0, 3, 5, 8])
     assert torch.equal(compact_kv(kv, 7, accepted), compact_kv_loop(kv, 7, accepted.tolist()))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_in_place_compaction_equals_the_loop_oracle(seed):
+    g = torch.Generator().manual_seed(seed)
+    start, n = 5, 9
+    buf = torch.randn(2, 3, start + n + 4, 4, generator=g)  # spare rows past the tree, as a cache buffer has
+    nodes = torch.tensor(sorted(set(torch.randint(1, n, (4,), generator=g).tolist())))
+    nodes = torch.cat([torch.tensor([0]), nodes])
+    expect = compact_kv_loop(buf[:, :, : start + n], start, nodes.tolist())
+    got = compact_kv_(buf.clone(), start, nodes)[:, :, : start + len(nodes)]
+    assert torch.equal(got, expect)
+
+
+@pytest.mark.parametrize("budget", [16, 64, 256])
+def test_host_heap_baseline_equals_the_vectorized_build(budget):
+    """The speed baseline decodes the same trees (random log-probs have no ties)."""
+    lp = random_logprobs(budget, 2, 15, 300)
+    roots = torch.tensor([1, 2])
+    a, b = build_tree(lp, roots, budget), build_tree_host_heap(lp, roots, budget)
+    for f in ("tokens", "parents", "depth", "rank", "score"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f

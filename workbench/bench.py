@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.cycle import STAGES
+from workbench.cycle import STAGES, percentiles
 from workbench.engine import clock
 from workbench.policies import AR, DFlash, Policy, parse_policy
 
@@ -71,6 +71,8 @@ class Run:
     proposed: int  # drafted tokens on the deepest path of each cycle's tree, summed
     stage_seconds: dict
     finish_reason: str | None
+    cycle_seconds: list = field(default_factory=list)  # per cycle: stage -> seconds
+    setup_seconds: float = 0.0
 
 
 def run_one(engine, policy: Policy, prompt: str, max_new_tokens: int, temperature: float = 0.0,
@@ -86,6 +88,7 @@ def run_one(engine, policy: Policy, prompt: str, max_new_tokens: int, temperatur
         accept_lengths=trace.accept_lengths, committed=sum(c.committed for c in trace.cycles),
         proposed=sum(int(c.depth.max()) if c.depth.numel() else 0 for c in trace.cycles),
         stage_seconds=trace.stage_seconds(), finish_reason=trace.finish_reason,
+        cycle_seconds=[dict(c.stage_seconds) for c in trace.cycles], setup_seconds=trace.setup_seconds,
     )
 
 
@@ -130,6 +133,7 @@ def _median_run(runs: list[Run]) -> dict:
         "prefill_seconds": statistics.median(r.prefill_seconds for r in runs),
         "stage_seconds": {s: statistics.median(r.stage_seconds.get(s, 0.0) for r in runs) for s in STAGES},
         "first": first,
+        "runs": runs,
     }
 
 
@@ -245,6 +249,7 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
             "stage_seconds": stages,
             "stage_seconds_per_cycle": {s: v / cycles if cycles else 0.0 for s, v in stages.items()},
             "cycles": cycles, "new_tokens": new_tokens, "wall_time": wall,
+            **cycle_tails([r for m in ms for r in m["runs"]]),
         }
     ar = out.get("AR")
     dflash = out.get(str(DFlash()))
@@ -260,6 +265,38 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
         s["ceiling_ratio"] = (s["decode_speedup_vs_ar"] / s["ceiling_speedup"]
                               if s["ceiling_speedup"] and s["decode_speedup_vs_ar"] is not None else None)
     return out
+
+
+def cycle_tails(runs: list[Run]) -> dict:
+    """Per-stage p50/p90/max over the steady cycles of ``runs`` (each run's first cycle left out), and
+    the time outside them, as medians per generation: session start, prefill, the first cycle, and
+    the rest of the wall time (the run loop, Python between cycles)."""
+    steady = [c for r in runs for c in r.cycle_seconds[1:]]
+    cols = {st: [c.get(st, 0.0) for c in steady] for st in STAGES}
+    cols["cycle"] = [sum(c.values()) for c in steady]
+    firsts = [sum(r.cycle_seconds[0].values()) if r.cycle_seconds else 0.0 for r in runs]
+    rest = [r.wall_time - r.setup_seconds - r.prefill_seconds - sum(sum(c.values()) for c in r.cycle_seconds)
+            for r in runs]
+    return {
+        "stage_percentiles": {st: percentiles(v) for st, v in cols.items()},
+        "outside_cycles": {"setup": statistics.median(r.setup_seconds for r in runs),
+                           "prefill": statistics.median(r.prefill_seconds for r in runs),
+                           "first_cycle": statistics.median(firsts), "between_cycles": statistics.median(rest)},
+    }
+
+
+def percentile_table(summary: dict) -> str:
+    """Per policy: ms per steady cycle for each stage as p50 / p90 / max, then the time outside the cycles."""
+    cols = ["cycle", *STAGES]
+    lines = [f"{'policy':<16}" + "".join(f"{c:>17}" for c in cols) + "   outside: setup prefill 1st-cycle between"]
+    for label, s in summary.items():
+        pc = s["stage_percentiles"]
+        cells = "".join(f"{'/'.join(format(1e3 * pc[c][q], '.2f') for q in ('p50', 'p90', 'max')):>17}"
+                        for c in cols)
+        o = s["outside_cycles"]
+        lines.append(f"{label:<16}{cells}   {1e3 * o['setup']:.1f} {1e3 * o['prefill']:.1f} "
+                     f"{1e3 * o['first_cycle']:.1f} {1e3 * o['between_cycles']:.1f}")
+    return "ms per cycle, p50/p90/max over steady cycles (first cycle of each run left out)\n" + "\n".join(lines)
 
 
 SUMMARY_KEYS = ("tau", "tokens_per_s", "speedup_vs_ar", "accept_rate", "lossless", "stage_seconds",
@@ -322,7 +359,8 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
                  backends=("torch", "sglang"), seed: int = 0, progress=None) -> dict:
     """Micro-benchmarks of the tree kernels, medians side by side in one run.
 
-    tree_build: vectorized ``build_tree`` vs the heap oracle on random log-probs [1, depth, vocab];
+    tree_build: vectorized ``build_tree`` vs a host heap over the top-k (``build_tree_host_heap``, the
+    plain baseline) on random log-probs [1, depth, vocab], and build + compile together;
     accept: the accept walk through each backend on that tree (torch vs SGLang's Triton kernel,
     under Triton's interpreter on a CPU); kv_compact: ``compact_kv`` vs the per-row loop oracle.
     Unavailable backends are reported with an ``error`` instead of a time.
@@ -330,7 +368,7 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
     from tqdm.auto import tqdm
 
     from ddtree_kernels import accept, build_tree, check_backend, compact_kv, compile_tree
-    from ddtree_kernels.oracles import build_tree_heap, compact_kv_loop
+    from ddtree_kernels.oracles import build_tree_host_heap, compact_kv_loop
     from workbench.loading import resolve_device
 
     dev = resolve_device(device)
@@ -343,7 +381,6 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
     g = torch.Generator().manual_seed(seed)
     lp = torch.log_softmax(torch.randn(1, depth, vocab, generator=g) * 3, dim=-1).to(dev)
     root = torch.tensor([1], device=dev)
-    heap_repeats = max(1, min(repeats, 5))  # the oracle is slow; a few calls give a stable median
     heads, head_dim, prefix = 8, 64, 512
 
     available = {}
@@ -360,8 +397,10 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
                disable=(None if progress is None else not progress))
     for b in budgets:
         vec = _time(lambda: build_tree(lp, root, b), repeats, dev)
-        heap = _time(lambda: build_tree_heap(lp[0], 1, b), heap_repeats, dev)
-        row = {"budget": b, "vectorized_s": vec, "heap_s": heap, "heap_over_vectorized": heap / vec}
+        heap = _time(lambda: build_tree_host_heap(lp, root, b), repeats, dev)
+        both = _time(lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
+        row = {"budget": b, "vectorized_s": vec, "heap_s": heap, "heap_over_vectorized": heap / vec,
+               "build_compile_s": both}
         if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
             try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
                 torch.cuda.set_sync_debug_mode("error")
@@ -404,12 +443,12 @@ def kernel_table(res: dict) -> str:
 
     lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}, "
              f"median of {res['repeats']} (microseconds)",
-             "", "tree build       budget  vectorized      heap  heap/vec" +
+             "", "tree build       budget  vectorized      heap  heap/vec  build+compile" +
              ("  sync-free" if res["tree_build"] and "host_sync_free" in res["tree_build"][0] else "")]
     for r in res["tree_build"]:
         sync = f"  {r['host_sync_free']!s:>9}" if "host_sync_free" in r else ""
         lines.append(f"{'':16}{r['budget']:>7}{us(r['vectorized_s']):>12}{us(r['heap_s']):>10}"
-                     f"{r['heap_over_vectorized']:>10.1f}{sync}")
+                     f"{r['heap_over_vectorized']:>10.1f}{us(r['build_compile_s']):>15}{sync}")
     lines += ["", "accept walk      budget   nodes     torch    sglang  sglang/torch"]
     for r in res["accept"]:
         ratio = f"{r['sglang_over_torch']:.1f}" if "sglang_over_torch" in r else "-"

@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per policy")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--reference", action="store_true",
+                   help="also run each DDTree budget through a plain reference decoder, interleaved, and "
+                        "compare speed per stage (checks both decode the same trees)")
+    p.add_argument("--profile", metavar="DIR", help="after the bench, profile one generation per policy with "
+                                                    "the torch profiler; write DIR/<policy>.trace.json")
     _add_model_args(p)
 
     p = sub.add_parser("report", help="a self-contained HTML page from a trace or a bench JSONL file")
@@ -167,7 +172,7 @@ def cmd_run(args, out, err) -> int:
 
 
 def cmd_bench(args, out, err) -> int:
-    from workbench.bench import bench, parse_policies, summary_table
+    from workbench.bench import bench, parse_policies, percentile_table, summary_table
     from workbench.prompts import eval_prompts, load_prompts
 
     policies = parse_policies(args.policies)
@@ -177,6 +182,8 @@ def cmd_bench(args, out, err) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).open("a").close()  # fail now, not after the run, when the file cannot be written
+    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise ValueError(f"--profile {args.profile!r} is a file; give a directory for the trace files")
     engine = _load_engine(args)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                 check_lossless=args.check_lossless, progress=args.progress, warmup=not args.no_warmup)
@@ -191,6 +198,30 @@ def cmd_bench(args, out, err) -> int:
         print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), greedy, "
               f"{st['device']}, {st['threads']} threads", file=out)
         print(summary_table(res.summary), file=out)
+        print(percentile_table(res.summary), file=out)
+    if args.reference:
+        from workbench.policies import DDTree
+        from workbench.reference import compare_reference, reference_table
+
+        budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+        if not budgets:
+            raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
+        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, args.progress)
+        if args.json:
+            print(json.dumps({"reference": ref}), file=out)
+        else:
+            print("engine vs a plain reference decoder (x = engine / reference; tok/s > 1 and cycle < 1: "
+                  "engine faster)", file=out)
+            print(reference_table(ref), file=out)
+    if args.profile:
+        from workbench.profiling import profile_generation
+
+        for p in policies:
+            dest = Path(args.profile) / f"{str(p).replace(' ', '').replace(',', '_')}.trace.json"
+            table = profile_generation(engine, p, prompts[0]["prompt"], args.max_new_tokens, dest)
+            print(f"profile of {p} on {prompts[0]['id']!r}: {dest}", file=err if args.json else out)
+            if not args.json:
+                print(table, file=out)
     if args.check_lossless and res.failures:
         print(f"workbench: {res.failures[0]}" + (f" ({len(res.failures)} outputs differ in all)"
                                                   if len(res.failures) > 1 else ""), file=err)

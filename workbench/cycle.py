@@ -7,6 +7,7 @@ a truncated or foreign file is recognised; files are written atomically.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -20,7 +21,9 @@ from workbench.forward import ForwardRecord
 
 TRACE_FORMAT = "ddtree-workbench-trace"
 TRACE_VERSION = 1
-STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept", "commit")
+# Every second of a step() lands in one of these: the pipeline's stages, building the Cycle record,
+# and "other" (whatever step() spends outside them), so the stage times add up to the cycle time.
+STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept", "commit", "record", "other")
 
 
 class TraceFileError(ValueError):
@@ -110,6 +113,16 @@ class Cycle:
         return cls(**kw)
 
 
+def percentiles(values) -> dict:
+    """{"p50", "p90", "max"} of a list of numbers (nearest-rank; zeros for an empty list)."""
+    v = sorted(values)
+    if not v:
+        return {"p50": 0.0, "p90": 0.0, "max": 0.0}
+
+    return {"p50": v[max(0, math.ceil(0.5 * len(v)) - 1)], "p90": v[max(0, math.ceil(0.9 * len(v)) - 1)],
+            "max": v[-1]}
+
+
 @dataclass(frozen=True)
 class Summary:
     policy: str
@@ -146,6 +159,7 @@ class Trace:
     cycles: list = field(default_factory=list)
     prefill_seconds: float = 0.0
     finish_reason: str | None = None
+    setup_seconds: float = 0.0  # session start before the prefill (tokenize, checks)
     new_tokens: int = 0  # including the first token, which the prefill produced
 
     def __len__(self) -> int:
@@ -173,6 +187,19 @@ class Trace:
     def stage_seconds(self) -> dict:
         return {s: sum(c.stage_seconds.get(s, 0.0) for c in self.cycles) for s in STAGES}
 
+    def stage_percentiles(self, skip_first: bool = False) -> dict:
+        """{stage or "cycle": {"p50", "p90", "max"} seconds} over the cycles: a median hides the slow
+        cycles that decide throughput. ``skip_first`` leaves out cycle 0 (one-time costs)."""
+        cycles = self.cycles[1:] if skip_first else self.cycles
+        cols = {s: [c.stage_seconds.get(s, 0.0) for c in cycles] for s in STAGES}
+        cols["cycle"] = [c.seconds for c in cycles]
+        return {s: percentiles(v) for s, v in cols.items()}
+
+    def outside_cycles(self) -> dict:
+        """Seconds spent outside the steady cycles: session start, prefill, and the first cycle."""
+        return {"setup": self.setup_seconds, "prefill": self.prefill_seconds,
+                "first_cycle": self.cycles[0].seconds if self.cycles else 0.0}
+
     def summary(self) -> Summary:
         secs = sum(c.seconds for c in self.cycles)
         gen = sum(c.committed for c in self.cycles)
@@ -199,7 +226,8 @@ class Trace:
         path.parent.mkdir(parents=True, exist_ok=True)
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": self.meta,
                 "prefill": self.prefill.to_dict() if self.prefill else None,
-                "prefill_seconds": self.prefill_seconds, "finish_reason": self.finish_reason,
+                "prefill_seconds": self.prefill_seconds, "setup_seconds": self.setup_seconds,
+                "finish_reason": self.finish_reason,
                 "new_tokens": self.new_tokens}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -235,4 +263,5 @@ class Trace:
         cycles = [Cycle.from_dict(json.loads(line)) for line in lines[1:-1]]
         return cls(meta=head["meta"], prefill=ForwardRecord.from_dict(head["prefill"]) if head["prefill"] else None,
                    cycles=cycles, prefill_seconds=head["prefill_seconds"], finish_reason=head["finish_reason"],
+                   setup_seconds=head.get("setup_seconds", 0.0),
                    new_tokens=head["new_tokens"])

@@ -5,15 +5,16 @@ import os
 import time
 
 import torch
-from transformers import DynamicCache
 
 from ddtree_kernels import check_backend
 from workbench import stages
 from workbench.cycle import Cycle, Trace
 from workbench.forward import ForwardMode, run_target
+from workbench.kv_cache import BufferedCache
 from workbench.loading import Models, load_models
 from workbench.policies import AR, DDTree, Policy, as_policy
 from workbench.sampling import Sampling, target_choice
+from workbench.stages.verify import MaskBuffer
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -23,6 +24,39 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+class Stopwatch:
+    """Times the consecutive stages of one cycle: ``start("draft")`` ... ``start("verify")`` ... ``stop()``.
+
+    Each start closes the previous stage. While a torch profiler records, every stage is also a
+    named range in its trace (``bench --profile``), so a slow cycle can be read stage by stage.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.times: dict[str, float] = {}
+        self._name: str | None = None
+        self._t = 0.0
+        self._range = None
+        self._profiling = torch.autograd._profiler_enabled()
+
+    def start(self, name: str) -> None:
+        now = self.stop()
+        self._name, self._t = name, now
+        if self._profiling:
+            self._range = torch.profiler.record_function(name)
+            self._range.__enter__()
+
+    def stop(self) -> float:
+        now = clock(self.device)
+        if self._name is not None:
+            self.times[self._name] = self.times.get(self._name, 0.0) + now - self._t
+            if self._range is not None:
+                self._range.__exit__(None, None, None)
+                self._range = None
+            self._name = None
+        return now
 
 
 class SessionFinished(RuntimeError):
@@ -37,7 +71,9 @@ def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backen
     """
     check_backend(kernel_backend)
     if torch.device(device).type == "cpu":
-        torch.set_num_threads(threads or min(os.cpu_count() or 1, 8))
+        # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
     return Engine(load_models(target, draft, device, dtype), kernel_backend)
 
 
@@ -82,6 +118,7 @@ class Session:
 
     def __init__(self, engine: Engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture):
+        t_start = clock(engine.models.device)
         m = engine.models
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
@@ -110,6 +147,7 @@ class Session:
             "target": str(m.target_dir), "draft": str(m.draft_dir), "device": str(m.device),
             "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,
         })
+        self.trace.setup_seconds = self._clock() - t_start
         self._prefill()
 
     # ---------------------------------------------------------------- settings for the next cycle
@@ -183,8 +221,9 @@ class Session:
     def _prefill(self) -> None:
         m = self.models
         t0 = self._clock()
-        self._target_cache = DynamicCache(config=m.target.config)
-        self._draft_cache = DynamicCache(config=m.draft.config)
+        self._target_cache = BufferedCache(m.target.config)
+        self._draft_cache = BufferedCache(m.draft.config)
+        self._masks = MaskBuffer(m.dtype, m.device)
         ids = torch.tensor([self.prompt_ids], device=m.device)
         pos = torch.arange(len(self.prompt_ids), device=m.device)[None]
         out = run_target(m.target, ids, pos, self._target_cache, ForwardMode.EXTEND, m.target_layer_ids,
@@ -224,46 +263,45 @@ class Session:
                 f"session finished ({self.finish_reason}) after {len(self.generated)} new tokens in "
                 f"{len(self.cycles)} cycles; start a new session, or run(max_new_tokens=N) with a larger N"
             )
+        sw = Stopwatch(self.models.device)
+        sw.start("other")  # checks and bookkeeping between the named stages
         m, policy, start, root = self.models, self.policy, self.start, self.bonus
         # Never draft past the token limit or the model's positions.
         depth = min(m.block_size - 1, self.max_new_tokens - len(self.generated) - 1, m.max_positions - 1 - start)
         uses_draft = not isinstance(policy, AR) and depth > 0
         max_depth = depth if uses_draft else 0  # a root-only tree needs no ancestry work
-        times: dict[str, float] = {}
 
-        t = self._clock()
+        sw.start("draft")
         drafted = None
         if uses_draft:
             drafted = stages.draft(m, self._draft_cache, root, start, self._context, depth, self.capture)
             self._context = self._context[:, :0]
-        times["draft"] = (t1 := self._clock()) - t
+        sw.start("tree_build")
         tree = stages.tree_build(policy, drafted, root, m.device)
-        times["tree_build"] = (t2 := self._clock()) - t1
+        sw.start("tree_compile")
         compiled = stages.tree_compile(tree, start, max_depth)
-        times["tree_compile"] = (t3 := self._clock()) - t2
+        sw.start("verify")
         mode = ForwardMode.DECODE if isinstance(policy, AR) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(m, self._target_cache, tree, compiled, start, mode, self.sampling,
-                                 self.generator, True, self.capture)
-        times["verify"] = (t4 := self._clock()) - t3
+                                 self.generator, True, self._masks, self.capture)
+        sw.start("accept")
         accepted = stages.accept(self.kernel_backend, tree, compiled, verified, max_depth)
-        times["accept"] = (t5 := self._clock()) - t4
+        sw.start("commit")
         committed = stages.commit(self._target_cache, tree, accepted, verified.features, start)
         self._context = torch.cat([self._context, committed.context], dim=1)
         kept = self._append(committed.tokens)
-        times["commit"] = (t6 := self._clock()) - t5
-
+        sw.start("record")
+        times = sw.times  # the Cycle holds this dict: "record" and the rest of "other" land in it below
         cycle = self._record(policy, start, root, drafted, tree, compiled, verified, committed, kept, times)
         self.trace.cycles.append(cycle)
-        # Record keeping is part of the cycle's cost; it is counted with commit.
-        cycle.stage_seconds["commit"] += self._clock() - t6
+        sw.stop()
         return cycle
 
     def _record(self, policy, start, root, drafted, tree, compiled, verified, committed, kept, times) -> Cycle:
         cpu = torch.device("cpu")
         k = self.record_topk
-        if drafted is not None:
-            top = torch.topk(drafted.logprobs[0], min(k, drafted.logprobs.shape[-1]), dim=-1)
-            topv, topi = top.values.to(cpu), top.indices.to(cpu)
+        if drafted is not None and k > 0:
+            topv, topi = (x[0].to(cpu) for x in drafted.top(k))  # shared with the tree build when it ran
         else:
             topv, topi = torch.zeros(0, k), torch.zeros(0, k, dtype=torch.long)
         nodes = committed.nodes.to(cpu)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ddtree_kernels import Accepted, Tree, compact_kv
+from ddtree_kernels import Accepted, Tree
 
 
 @dataclass
@@ -16,17 +16,11 @@ class Committed:
     context: Tensor | None  # [1, L + 1, F] drafter context of the accepted rows
 
 
-def compact_cache(cache, start: int, nodes: Tensor) -> None:
-    """Rows [start, start + n) hold the verified tree; keep the accepted ones, in path order."""
-    for layer in cache.layers:
-        layer.keys = compact_kv(layer.keys, start, nodes)
-        layer.values = compact_kv(layer.values, start, nodes)
-
-
 def commit(cache, tree: Tree, accepted: Accepted, features: Tensor | None, start: int) -> Committed:
+    """``cache`` is a ``workbench.kv_cache.BufferedCache``: only the accepted rows are moved."""
     L = int(accepted.length[0])  # one host read per cycle: the accepted length decides shapes below
     nodes = accepted.index[0, : L + 1]
-    compact_cache(cache, start, nodes)
+    cache.keep_rows(start, nodes)
     toks = tree.tokens[0, nodes].tolist()
     bonus = int(accepted.bonus[0])
     ctx = features[:, nodes] if features is not None else None

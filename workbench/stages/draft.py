@@ -1,11 +1,12 @@
 """Draft: one drafter forward over the block [bonus, MASK x (B-1)] -> per-slot log-probs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from ddtree_kernels.tree_build import sorted_slots
 from workbench.forward import ForwardRecord, run_draft
 
 
@@ -13,6 +14,18 @@ from workbench.forward import ForwardRecord, run_draft
 class Draft:
     logprobs: Tensor  # float32 [1, depth, V]: slot d predicts the token at start + d + 1
     record: ForwardRecord
+    _top: tuple | None = field(default=None, repr=False)
+
+    def top(self, k: int) -> tuple[Tensor, Tensor]:
+        """The k best tokens per slot in the tree build's order: (log-probs, ids), each [1, depth, k].
+
+        Computed once for the largest k asked, so the tree build and the record share one top-k.
+        """
+        k = min(k, self.logprobs.shape[-1])
+        if self._top is None or self._top[0].shape[-1] < k:
+            self._top = sorted_slots(self.logprobs, k)
+        v, i = self._top
+        return v[..., :k], i[..., :k]
 
 
 def draft(models, draft_cache, bonus: int, start: int, context: Tensor, depth: int, capture=None) -> Draft:

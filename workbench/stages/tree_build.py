@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_kernels import Tree, build_tree, chain_tree
+from ddtree_kernels import Tree, build_tree_from_topk, chain_tree
 from workbench.policies import AR, DDTree, DFlash, Policy
 from workbench.stages.draft import Draft
 
@@ -18,5 +18,6 @@ def tree_build(policy: Policy, drafted: Draft | None, root: int, device) -> Tree
     if isinstance(policy, DFlash):
         return chain_tree(lp.argmax(-1), roots, lp)
     if isinstance(policy, DDTree):
-        return build_tree(lp, roots, policy.budget, policy.width)
+        return build_tree_from_topk(*drafted.top(min(policy.budget, policy.width or policy.budget)), roots,
+                                    policy.budget)
     raise TypeError(f"unknown policy {policy!r}")

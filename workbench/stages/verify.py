@@ -16,21 +16,53 @@ class Verified:
     choice: Tensor  # int64 [1, n]
     choice_prob: Tensor  # float32 [1, n]
     features: Tensor | None  # [1, n, F]: drafter context for the accepted rows
-    mask: Tensor | None  # bool [1, 1, n, start + n], None for a single token (plain causal decode)
+    mask: Tensor | None  # additive [1, 1, n, start + n] (0 = visible, -inf = hidden); None for one token
     record: ForwardRecord
 
 
-def verify_mask(compiled: CompiledTree, start: int) -> Tensor:
-    """[1, 1, n, start + n]: every node sees the whole committed prefix and its own ancestors."""
-    vis = compiled.visibility  # [1, n, n]
-    prefix = torch.ones(vis.shape[0], vis.shape[1], start, dtype=torch.bool, device=vis.device)
-    return torch.cat([prefix, vis], dim=2)[:, None]
+class MaskBuffer:
+    """The verify mask, kept in one buffer across cycles: every node sees the whole committed prefix
+    and its own ancestors. Additive (0 / -inf) in the model's dtype, the form SDPA adds to the scores
+    as it is (a bool mask is converted in every attention layer).
+
+    Only the tree block [start, start + n) changes from cycle to cycle, so a cycle writes n x n
+    entries instead of building [n, start + n] afresh.
+    """
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.buf = torch.zeros(1, 1, 0, 0, dtype=dtype, device=device)  # [1, 1, rows, cols]
+        self._written: tuple[int, int] | None = None  # (start, n) of the tree block last written
+
+    def _reserve(self, rows: int, cols: int) -> None:
+        r, c = self.buf.shape[2:]
+        if rows <= r and cols <= c:
+            return
+        # Doubling keeps growth rare; the new buffer starts all-visible.
+        self.buf = torch.zeros(1, 1, max(rows, r), max(cols, 2 * c, 256), dtype=self.dtype, device=self.device)
+        self._written = None
+
+    def mask(self, visibility: Tensor, start: int) -> Tensor:
+        """visibility: bool [1, n, n] ancestor-or-self -> additive mask [1, 1, n, start + n] (a view)."""
+        n = visibility.shape[-1]
+        self._reserve(n, start + n)
+        if self._written is not None:  # columns of the last tree are prefix (or this tree) now
+            s, m = self._written
+            self.buf[:, :, :m, s : s + m] = 0
+        block = self.buf[:, :, :n, start : start + n]
+        block.masked_fill_(~visibility[:, None], float("-inf"))
+        self._written = (start, n)
+        return self.buf[:, :, :n, : start + n]
 
 
 def verify(models, cache, tree: Tree, compiled: CompiledTree, start: int, mode: ForwardMode,
-           sampling: Sampling, generator, need_features: bool, capture=None) -> Verified:
+           sampling: Sampling, generator, need_features: bool, masks: MaskBuffer | None = None,
+           capture=None) -> Verified:
     n = tree.n
-    mask = verify_mask(compiled, start) if n > 1 else None
+    mask = None
+    if n > 1:
+        masks = masks or MaskBuffer(models.dtype, models.device)
+        mask = masks.mask(compiled.visibility, start)
     out = run_target(models.target, tree.tokens, compiled.positions, cache, mode,
                      models.target_layer_ids if need_features else None, mask, capture)
     choice, prob = target_choice(out.logits, sampling, generator)

@@ -31,7 +31,8 @@ OUTCOME_NAMES = {
     "bonus": "bonus token (new)",
 }
 NODE_META = "nodes"  # ``trace.meta`` of every node trace in tree_figure (count nodes by it)
-STAGE_COLORS = dict(zip(STAGES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
+STAGE_COLORS = dict(zip(STAGES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+                                  "#8c8c8c")))
 
 _VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 

@@ -1,0 +1,68 @@
+"""The tree kernels' device path never waits for the device: proved on a CPU by construction.
+
+Under ``NoHostSync`` every operation that needs a tensor's *values* on the host (``.item()``,
+``.tolist()``, ``nonzero``, boolean-mask indexing, a repeat count read from a tensor, ...) raises.
+On CUDA each of these is a host synchronisation; ``tests/gpu/`` checks the same kernels under
+``torch.cuda.set_sync_debug_mode("error")`` on a GPU host.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ddtree_kernels import accept, compile_tree
+from ddtree_kernels.tree_build import build_tree_from_topk, sorted_slots, torch_ops
+from ddtree_kernels.tree_compile import ancestor_matrix
+
+Tensor = torch.Tensor
+BANNED = {
+    Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__, Tensor.__float__, Tensor.__index__,
+    torch.nonzero, Tensor.nonzero, torch.masked_select, Tensor.masked_select, torch.unique, Tensor.unique,
+    Tensor.numpy, Tensor.cpu, torch.argwhere,
+}
+
+
+class NoHostSync(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in BANNED:
+            raise AssertionError(f"host sync: {getattr(func, '__name__', func)}")
+        if func is torch.where and len(args) + len(kwargs) == 1:
+            raise AssertionError("host sync: torch.where(cond) has a data-dependent shape")
+        if func in (Tensor.__getitem__, Tensor.__setitem__):
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(isinstance(i, Tensor) and i.dtype == torch.bool for i in idx):
+                raise AssertionError("host sync: boolean-mask indexing has a data-dependent shape")
+        if func in (torch.repeat_interleave, Tensor.repeat_interleave) and "output_size" not in kwargs:
+            if any(isinstance(a, Tensor) for a in args[1:2]):
+                raise AssertionError("host sync: repeat_interleave with tensor repeats needs output_size")
+        return func(*args, **kwargs)
+
+
+def test_the_guard_catches_what_it_claims():
+    x = torch.arange(5)
+    for bad in (lambda: x.sum().item(), lambda: x.tolist(), lambda: x[x > 2], lambda: torch.nonzero(x),
+                lambda: torch.repeat_interleave(x, x), lambda: bool(x[0] > 1)):
+        with pytest.raises(AssertionError, match="host sync"), NoHostSync():
+            bad()
+
+
+@pytest.mark.parametrize("budget", [1, 16, 64, 300])
+@pytest.mark.parametrize("width", [None, 2])
+def test_build_and_compile_are_sync_free_on_the_device_path(budget, width):
+    g = torch.Generator().manual_seed(budget)
+    lp = torch.log_softmax(torch.randn(2, 7, 50, generator=g) * 3, -1)
+    roots = torch.tensor([3, 4])
+    k = min(budget, width or budget, 50)
+    ops = torch_ops("cpu")  # the torch path CUDA runs, on a CPU
+    with NoHostSync():
+        tree = build_tree_from_topk(*sorted_slots(lp, k), roots, budget, ops=ops)
+        compiled = compile_tree(tree, torch.tensor([10, 20]), max_depth=7)
+        compile_tree(tree, 10, max_depth=7)
+        ancestor_matrix(tree.parents, 7)
+        accept("torch", tree, compiled, tree.tokens.roll(-1, dims=1), max_depth=7)
+    assert compiled.visibility.shape == (2, tree.n, tree.n)
+    ref = build_tree_from_topk(*sorted_slots(lp, k), roots, budget)  # the NumPy path: same tree
+    for f in ("tokens", "parents", "depth", "rank", "score"):
+        assert torch.equal(getattr(tree, f), getattr(ref, f)), f
