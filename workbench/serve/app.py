@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_kernels import check_backend
 from workbench import wire
-from workbench.engine import SessionFinished
+from workbench.engine import DEFAULT_MAX_NEW_TOKENS, SessionFinished
 from workbench.serve.store import Entry, ServeError, SessionStore
 
 log = logging.getLogger("workbench.serve")
@@ -50,7 +50,7 @@ class SessionRequest(_Body):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: int = 0
-    max_new_tokens: int = Field(256, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1)  # None: the engine's default, capped by the server's limit
     kernel_backend: str | None = None
     record_topk: int = Field(8, ge=0, le=4096)
     capture: bool = False
@@ -136,7 +136,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         errs = e.errors()
         first = errs[0] if errs else {}
         loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
-        name = ".".join(loc) or "body"
+        name = "body" if first.get("type") == "json_invalid" else (".".join(loc) or "body")
         msg = f"{name}: {first.get('msg', 'invalid')}"
         if "input" in first and first.get("type") != "missing" and name != "body":
             msg += f" (got {first['input']!r})"[:200]
@@ -209,6 +209,8 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
             except (ValueError, RuntimeError) as ex:
                 raise ServeError(422, "invalid", str(ex), "kernel_backend") from None
         kw = req.model_dump(exclude={"prompt", "policy", "capture"})
+        if kw["max_new_tokens"] is None:
+            kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, store.limits.max_new_tokens)
         e = store.create(req.prompt, policy, capture=req.capture, **kw)
         with store.use(e.id):
             return JSON(session_state(e), status_code=201)

@@ -35,7 +35,7 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
 
 
 def serve_main(args, out, err, load_engine, usage_error) -> int:
-    from workbench.serve import EngineServer, Limits, is_loopback
+    from workbench.serve import Limits
 
     if not args.session_ttl > 0:
         raise usage_error(f"--session-ttl {args.session_ttl} must be a positive number of seconds")
@@ -48,6 +48,15 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
     log.addHandler(handler)
     log.setLevel(args.log_level.upper())
     log.propagate = False
+    try:
+        return _serve(args, out, err, load_engine, limits, token, origin, log)
+    finally:
+        log.removeHandler(handler)  # main() may be called again in-process (tests) with other streams
+
+
+def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
+    from workbench.serve import EngineServer, is_loopback
+
     if not is_loopback(args.host):
         print(f"workbench serve: WARNING: binding {args.host} makes the engine reachable from other machines; "
               "anyone with the token can run it. Prefer 127.0.0.1 and an SSH tunnel.", file=err, flush=True)

@@ -12,6 +12,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -112,7 +113,7 @@ class SessionStore:
                 self._check_running()
                 cap = ShapeCapture(self.engine) if capture else None
                 s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
-            s.step = self._locked(s.step)
+            s.step = self._locked(s)
             now = self.clock()
             e = Entry(secrets.token_hex(8), s, now, now)
             with self._lock:
@@ -123,13 +124,16 @@ class SessionStore:
         log.info("session %s created: %s, %d prompt tokens", e.id, s.policy, len(s.prompt_ids))
         return e
 
-    def _locked(self, step):
+    def _locked(self, session: Session):
         # Session.run() loops over self.step(); taking the model lock per cycle (not per run)
-        # lets a long run interleave with other sessions' cycles.
+        # lets a long run interleave with other sessions' cycles. The wrapper holds the session
+        # weakly, so dropping the store's entry frees the session (and its caches) at once.
+        ref, step = weakref.ref(session), type(session).step
+
         def step_locked():
             with self.model_lock:
                 self._check_running()
-                return step()
+                return step(ref())
 
         return step_locked
 
