@@ -52,6 +52,7 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
         return _serve(args, out, err, load_engine, limits, token, origin, log)
     finally:
         log.removeHandler(handler)  # main() may be called again in-process (tests) with other streams
+        log.propagate = True
 
 
 def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
