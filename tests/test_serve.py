@@ -261,6 +261,34 @@ def test_unknown_session_and_bad_steps(server, remote):
     rs.close()
 
 
+def test_a_server_bug_is_a_500_and_the_server_goes_on(server, remote, monkeypatch):
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(server.store, "kv_bytes", broken)
+    status, reply = raw(server, "GET", "/health")
+    assert (status, reply["error"]) == (500, "internal") and "boom" not in reply["message"]
+    monkeypatch.undo()
+    assert remote.health()["status"] == "ok"
+
+
+def test_stopping_refuses_new_cycles_and_drops_sessions(engine):
+    srv = EngineServer(engine, port=0).start()
+    r = wb.connect(srv.url, token=srv.token)
+    s = r.session(PROMPT, policy=wb.AR(), max_new_tokens=4)
+    ref = weakref.ref(srv.store.entries()[0].session)
+    srv.store.stopping.set()  # what a signal does first: running runs end at their next cycle
+    with pytest.raises(wb.remote.RemoteError, match="shutting down") as e:
+        s.step()
+    assert (e.value.status, e.value.code) == (503, "stopping")
+    srv.stop()
+    assert not srv._thread.is_alive() and len(srv.store) == 0
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(ConnectionError, match="cannot reach"):
+        s.step()
+
+
 def test_wire_version_mismatch_names_both_versions(server, monkeypatch):
     status, reply = raw(server, "GET", "/info", headers={wire.VERSION_HEADER: "99"})
     assert (status, reply["error"]) == (400, "wire_version")
@@ -291,7 +319,7 @@ def test_eight_concurrent_clients_no_crosstalk_and_memory_returned(engine):
     solo = [engine.session(p, policy=pol, max_new_tokens=8) for p, pol in LOAD]
     for s in solo:
         s.run()
-    srv = EngineServer(engine, port=0, limits=Limits(max_sessions=8, max_new_tokens=64, session_ttl=1.0)).start()
+    srv = EngineServer(engine, port=0, limits=Limits(max_sessions=8, max_new_tokens=64, session_ttl=2.0)).start()
     refs = []
     create = srv.store.create
 
@@ -335,12 +363,14 @@ def test_eight_concurrent_clients_no_crosstalk_and_memory_returned(engine):
         print(f"\nload: 8 clients, {len(lat)} steps in {wall:.2f} s = {len(lat) / wall:.1f} steps/s; step latency "
               f"median {1e3 * lat[len(lat) // 2]:.0f} ms, p90 {1e3 * lat[int(len(lat) * 0.9)]:.0f} ms, "
               f"max {1e3 * lat[-1]:.0f} ms; all finished: {all(s.finished for s in results)}")
-        for _ in range(100):  # the sweeper runs every ttl / 4
+        for _ in range(200):  # the sweeper runs every ttl / 4
             if srv.store.kv_bytes() == 0 and len(srv.store) == 0:
                 break
             time.sleep(0.05)
         health = wb.connect(srv.url, token=srv.token).health()
         assert (health["sessions"], health["session_kv_bytes"]) == (0, 0)
+        with pytest.raises(wb.remote.UnknownSession, match="expired after 2 s idle"):
+            results[0].step()
         gc.collect()
         assert len(refs) == 8 and all(r() is None for r in refs), "an expired session is still referenced"
         grown = psutil.Process().memory_info().rss - rss0
