@@ -186,6 +186,30 @@ def test_reattach_by_id_after_a_restart(remote, server):
         again.step()
 
 
+def test_wire_objects_round_trip(engine):
+    import dataclasses
+
+    import torch
+
+    for p in (wb.AR(), wb.DFlash(), wb.DDTree(32), wb.DDTree(8, width=2)):
+        assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
+    assert wire.policy_from_wire("ddtree:12") == wb.DDTree(12)
+    for bad, msg in [({"name": "beam"}, "unknown policy name"), ({"name": "ar", "budget": 3}, "no field"),
+                     (7, "must be a string")]:
+        with pytest.raises(ValueError, match=msg):
+            wire.policy_from_wire(bad)
+    s = engine.session(PROMPT, policy=wb.DDTree(4), max_new_tokens=4)
+    c = s.step()
+    lp = c.draft_topk_logprobs.clone()
+    lp[0, -1] = float("-inf")  # a log-prob of an impossible token must survive the wire
+    c = dataclasses.replace(c, draft_topk_logprobs=lp)
+    (back,) = wire.cycles_from_wire(wire.loads(wire.dumps(wire.cycles_to_wire([c]))))
+    assert torch.equal(back.draft_topk_logprobs, lp) and back.to_dict() == c.to_dict()
+    head = wire.trace_from_wire(wire.loads(wire.dumps(wire.trace_head_to_wire(s.trace))))
+    assert (head.meta, head.prefill, head.prefill_seconds, head.new_tokens) == \
+        (s.trace.meta, s.trace.prefill, s.trace.prefill_seconds, s.trace.new_tokens)
+
+
 # ------------------------------------------------------------------------------ refusals
 def test_token_is_required_on_every_request(server):
     for path in ("/health", "/info", "/sessions", "/tokenizer"):

@@ -208,9 +208,7 @@ class RemoteSession:
             return self._apply(self.engine._http("GET", f"/sessions/{self.id}?since={len(cycles)}"))
         del cycles[since:]
         cycles.extend(wire.cycles_from_wire(st["cycles"]))
-        head = wire.trace_from_wire(st["trace"])
-        self.trace.meta, self.trace.prefill, self.trace.prefill_seconds = head.meta, head.prefill, head.prefill_seconds
-        self.trace.finish_reason, self.trace.new_tokens = head.finish_reason, head.new_tokens
+        wire.copy_trace_head(wire.trace_from_wire(st["trace"]), self.trace)
         self.prompt: str = st["prompt"]
         self.prompt_ids: list[int] = list(st["prompt_ids"])
         self._policy = wire.policy_from_wire(st["policy"])

@@ -69,17 +69,37 @@ def cycles_from_wire(items) -> list[Cycle]:
     return [Cycle.from_dict(d) for d in items]
 
 
+def _head_fields() -> list:
+    return [f for f in dataclasses.fields(Trace) if f.name != "cycles"]
+
+
+def _is_record(f) -> bool:
+    return "ForwardRecord" in str(f.type)
+
+
 def trace_head_to_wire(trace: Trace) -> dict:
-    """A trace without its cycles (they travel separately, from an index on)."""
-    return {"meta": trace.meta, "prefill": trace.prefill.to_dict() if trace.prefill else None,
-            "prefill_seconds": trace.prefill_seconds, "finish_reason": trace.finish_reason,
-            "new_tokens": trace.new_tokens}
+    """A trace without its cycles (they travel separately, from an index on). Every other Trace
+    field travels, so one added to Trace needs no change here."""
+    out = {}
+    for f in _head_fields():
+        v = getattr(trace, f.name)
+        out[f.name] = v.to_dict() if _is_record(f) and v is not None else v
+    return out
 
 
 def trace_from_wire(head: dict, cycles=()) -> Trace:
-    return Trace(meta=head["meta"], prefill=ForwardRecord.from_dict(head["prefill"]) if head["prefill"] else None,
-                 cycles=list(cycles), prefill_seconds=head["prefill_seconds"], finish_reason=head["finish_reason"],
-                 new_tokens=head["new_tokens"])
+    kw = {}
+    for f in _head_fields():
+        if f.name in head:
+            v = head[f.name]
+            kw[f.name] = ForwardRecord.from_dict(v) if _is_record(f) and v is not None else v
+    return Trace(cycles=list(cycles), **kw)
+
+
+def copy_trace_head(src: Trace, dst: Trace) -> None:
+    """Update ``dst`` in place (its cycles list untouched) to ``src``'s head fields."""
+    for f in _head_fields():
+        setattr(dst, f.name, getattr(src, f.name))
 
 
 def is_loopback(host: str) -> bool:
