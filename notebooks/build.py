@@ -331,9 +331,84 @@ cfg = pathlib.Path(wb.__file__).parent / "configs" / "qwen3-8b.json"
 wb.shapes.plan(cfg, batch=1, prompt_len=1024, budget=128)
 """),
     md("""
+## An engine that outlives the notebook
+
+Loading an 8B target and its drafter takes minutes; a kernel restart should not throw that away,
+and two notebooks should be able to share one loaded engine. On the GPU host the engine runs in
+its own process, and notebooks attach to it:
+
+```
+python -m workbench serve --target DIR --draft DIR --device cuda --dtype bfloat16 --token-file ~/.wb-token
+```
+
+It binds 127.0.0.1 (reach it through an SSH tunnel) and needs its token on every request. Here we
+serve the embedded default from a subprocess on loopback, the same way.
+"""),
+    code(IGNORE + """
+import os, pathlib, signal, subprocess, sys, tempfile
+
+work = pathlib.Path(tempfile.mkdtemp())
+token_file, server_log = work / "token", open(work / "server.log", "w")
+env = {**os.environ, "PYTHONPATH": str(pathlib.Path(wb.__file__).parents[1])}  # the workbench this kernel runs
+server = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--port", "0", "--threads", "1",
+                           "--token-file", str(token_file), "--session-ttl", "600"],
+                          stdout=subprocess.PIPE, stderr=server_log, text=True, env=env)
+for line in server.stdout:           # the server says where it listens once the models are loaded
+    print(line.rstrip())
+    if "listening on" in line:
+        url = line.split("listening on ")[1].strip()
+        break
+"""),
+    md("`wb.connect` returns an object with the local engine's API; the client needs only the standard library."),
+    code("""
+remote = wb.connect(url, token_file=token_file)
+info = remote.info
+print(info["models"]["target_layers"], "target layers on", info["device"], info["dtype"], "| wire version", info["wire_version"])
+print("limits:", info["limits"])
+"""),
+    code("""
+s = remote.session("def parse_header(line):\\n    ", policy=wb.DDTree(budget=16), max_new_tokens=48)
+c = s.step()                       # one cycle on the server -> a wb.Cycle, as a local session returns
+print(type(c).__name__, "| cycle", c.index, "|", c.n_nodes, "nodes,", c.accepted, "accepted |", repr(s.text))
+"""),
+    code(IGNORE + """
+wb.views.tree_figure(c, remote.tokenizer)   # the views read the Cycle; the tokenizer comes from the server
+"""),
+    md("The records are the very ones a local engine makes (timings aside):"),
+    code("""
+local = wb.load().session("def parse_header(line):\\n    ", policy=wb.DDTree(budget=16), max_new_tokens=48)
+lc = local.step()
+same = {k: v for k, v in lc.to_dict().items() if k != "stage_seconds"} == {k: v for k, v in c.to_dict().items() if k != "stage_seconds"}
+print("remote cycle == local cycle:", same)
+"""),
+    md("""
+**Surviving a kernel restart.** The session lives on the server; keep its id (here a variable,
+in practice a file or the notebook itself) and re-attach after the restart: the whole trace comes back.
+"""),
+    code("""
+session_id = s.id
+del remote, s, c                   # all a kernel restart loses
+remote = wb.connect(url, token_file=token_file)
+s = remote.session_by_id(session_id)
+print(len(s.cycles), "cycle(s) back |", repr(s.text))
+t = s.run()                        # carry on where it stopped
+print(f"{len(t.cycles)} cycles, tau {t.tau:.2f}, {t.new_tokens} new tokens, finished: {t.finish_reason}")
+"""),
+    code("""
+wb.shapes.check_contracts(s)       # shapes tables and contract checks take a remote session as they take a local one
+"""),
+    md("Stopping the server (Ctrl-C, SIGINT or SIGTERM) finishes the running cycle, drops the live sessions with a log line, and exits cleanly."),
+    code("""
+server.send_signal(signal.SIGINT)
+print("server exit code:", server.wait(timeout=120))
+server_log.close()
+print(next(l for l in (work / "server.log").read_text().splitlines() if "stopped" in l).split(";")[0])
+"""),
+    md("""
 **What we learned.** Nothing in the workbench is specific to the embedded models: `wb.load` takes
 local directories, a device and a dtype, validates the pair, and never downloads. With CUDA the
-accept walk runs through SGLang's kernel natively.
+accept walk runs through SGLang's kernel natively. And the engine need not live in the notebook:
+`python -m workbench serve` keeps it loaded, and `wb.connect` attaches any notebook to it with the same API.
 """),
 ]
 

@@ -14,9 +14,11 @@ from workbench.loading import ModelPairError, load_models
 from workbench.policies import AR, DDTree, DFlash, parse_policy
 from workbench import shapes, views  # after the engine: both read its records
 from workbench.views import Stepper
+from workbench.remote import RemoteEngine, RemoteSession, connect
 
 __all__ = [
-    "AR", "Cycle", "DDTree", "DFlash", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError", "Session",
+    "AR", "connect", "Cycle", "DDTree", "DFlash", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError", "Session",
+    "RemoteEngine", "RemoteSession",
     "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]

@@ -1,4 +1,4 @@
-"""The command line: ``python -m workbench {run,bench,report,kernels}``.
+"""The command line: ``python -m workbench {run,bench,report,kernels,serve}``.
 
 Results go to stdout, progress and errors to stderr. Bad input (an unknown policy, a
 malformed prompts file, CUDA or SGLang kernels that are not there, ...) is one line
@@ -68,7 +68,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="a self-contained HTML page from a trace or a bench JSONL file")
     p.add_argument("file", metavar="TRACE_OR_BENCH_FILE")
     p.add_argument("--out", metavar="FILE.html", default="report.html")
+
+    _add_serve_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
     p.add_argument("--budgets", default=None, help="comma-separated tree budgets (default 16,32,...,1024)")
@@ -331,7 +333,30 @@ def cmd_report(args, out, err) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels}
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve one loaded engine over HTTP; notebooks attach with wb.connect(url, token)")
+    _add_model_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=_non_negative_int, default=8765, help="port (default 8765; 0 picks a free one)")
+    g.add_argument("--token-file", metavar="FILE",
+                   help="read the token from FILE; if FILE does not exist, write a new token there (mode 600)")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g = p.add_argument_group("limits")
+    g.add_argument("--session-ttl", type=_finite_float, default=600.0, metavar="S",
+                   help="drop a session idle for S seconds (default 600)")
+    g.add_argument("--max-sessions", type=_positive_int, default=16, help="live sessions at once (default 16)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="per session (default 1024)")
+    g.add_argument("--max-budget", type=_positive_int, default=1024, help="largest DDTree budget (default 1024)")
+
+
+def cmd_serve(args, out, err) -> int:
+    from workbench.serve.main import serve_main
+
+    return serve_main(args, out, err, _load_engine, UsageError)
+
+
+COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,229 @@
+"""The server's live sessions: one engine, many isolated sessions, one model call at a time.
+
+Every forward (a session's prefill, each cycle) runs under ``model_lock``: the models and
+a shape capture's hooks are shared, so two forwards must never interleave. A session's
+own lock keeps one request at a time on it (a run's cycles stay contiguous). Idle
+sessions expire after ``limits.session_ttl`` seconds; dropping the last reference frees
+their KV caches.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+from workbench.capture import ShapeCapture
+from workbench.engine import Engine, Session
+
+log = logging.getLogger("workbench.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server allows; a request beyond a limit is refused with the limit's name."""
+
+    max_sessions: int = 16
+    max_new_tokens: int = 1024
+    max_budget: int = 1024
+    session_ttl: float = 600.0  # seconds a session may sit idle before it is dropped
+
+    def __post_init__(self):
+        for name in ("max_sessions", "max_new_tokens", "max_budget"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        if not isinstance(self.session_ttl, (int, float)) or not self.session_ttl > 0:
+            raise ValueError(f"session_ttl={self.session_ttl!r} must be a positive number of seconds")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ServeError(Exception):
+    """A refusal with an HTTP status, a stable code, and the request field or limit it is about."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None, limit: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.field, self.limit = status, code, message, field, limit
+
+    def to_dict(self) -> dict:
+        d = {"error": self.code, "message": self.message}
+        if self.field:
+            d["field"] = self.field
+        if self.limit:
+            d["limit"] = self.limit
+        return d
+
+
+def over_limit(what: str, field_: str, value, limit: int) -> ServeError:
+    return ServeError(422, "limit_exceeded", f"{field_}={value} is over this server's {what}={limit} "
+                      f"(start the server with --{what.replace('_', '-')} N to allow more)", field_, what)
+
+
+@dataclass
+class Entry:
+    id: str
+    session: Session
+    created: float
+    last_used: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: int = 0  # requests holding or waiting for this session; a busy session never expires
+
+
+class SessionStore:
+    def __init__(self, engine: Engine, limits: Limits = Limits(), clock=time.monotonic):
+        self.engine, self.limits, self.clock = engine, limits, clock
+        self.model_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()  # guards the dicts below
+        self._entries: dict[str, Entry] = {}
+        self._pending = 0  # sessions being created (their prefill is running)
+        self._gone: OrderedDict[str, str] = OrderedDict()  # recently dropped id -> why (for a clear 404)
+
+    # ------------------------------------------------------------------ limits
+    def check_policy(self, policy, field_: str = "policy") -> None:
+        budget = getattr(policy, "budget", None)
+        if budget is not None and budget > self.limits.max_budget:
+            raise over_limit("max_budget", f"{field_}.budget", budget, self.limits.max_budget)
+
+    def check_new_tokens(self, n: int, field_: str = "max_new_tokens") -> None:
+        if n > self.limits.max_new_tokens:
+            raise over_limit("max_new_tokens", field_, n, self.limits.max_new_tokens)
+
+    # ------------------------------------------------------------------ sessions
+    def create(self, prompt: str, policy, capture: bool = False, **kw) -> Entry:
+        self.check_policy(policy)
+        self.check_new_tokens(kw.get("max_new_tokens", 1))
+        self.expire()
+        with self._lock:
+            live = len(self._entries) + self._pending
+            if live >= self.limits.max_sessions:
+                raise ServeError(429, "limit_exceeded",
+                                 f"{live} live sessions: this server's max_sessions={self.limits.max_sessions} is "
+                                 "reached; delete a session, wait for idle ones to expire, or start the server "
+                                 "with --max-sessions N", limit="max_sessions")
+            self._pending += 1
+        try:
+            with self.model_lock:
+                self._check_running()
+                cap = ShapeCapture(self.engine) if capture else None
+                s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
+            s.step = self._locked(s)
+            now = self.clock()
+            e = Entry(secrets.token_hex(8), s, now, now)
+            with self._lock:
+                self._entries[e.id] = e
+        finally:
+            with self._lock:
+                self._pending -= 1
+        log.info("session %s created: %s, %d prompt tokens", e.id, s.policy, len(s.prompt_ids))
+        return e
+
+    def _locked(self, session: Session):
+        # Session.run() loops over self.step(); taking the model lock per cycle (not per run)
+        # lets a long run interleave with other sessions' cycles. The wrapper holds the session
+        # weakly, so dropping the store's entry frees the session (and its caches) at once.
+        ref, step = weakref.ref(session), type(session).step
+
+        def step_locked():
+            with self.model_lock:
+                self._check_running()
+                return step(ref())
+
+        return step_locked
+
+    def _check_running(self) -> None:
+        if self.stopping.is_set():
+            raise ServeError(503, "stopping", "the server is shutting down; no more cycles are run")
+
+    @contextmanager
+    def use(self, sid: str):
+        """The entry ``sid``, held for one request (404 if there is none)."""
+        with self._lock:
+            e = self._entries.get(sid)
+            if e is None:
+                why = self._gone.get(sid)
+                raise ServeError(404, "unknown_session", f"session {sid!r} {why or 'does not exist'}", "session_id")
+            e.busy += 1
+        try:
+            with e.lock:
+                yield e
+        finally:
+            with self._lock:
+                e.busy -= 1
+                e.last_used = self.clock()
+
+    def set_capture(self, e: Entry, on: bool) -> None:
+        s = e.session
+        if on and s.capture is None:
+            s.capture = ShapeCapture(s)
+        elif not on:
+            s.capture = None
+
+    def delete(self, sid: str) -> None:
+        with self.use(sid):
+            self._drop(sid, "was deleted")
+        log.info("session %s deleted", sid)
+
+    def _drop(self, sid: str, why: str) -> None:
+        with self._lock:
+            self._entries.pop(sid, None)
+            self._gone[sid] = why
+            while len(self._gone) > 4096:
+                self._gone.popitem(last=False)
+
+    def expire(self) -> list[str]:
+        """Drop sessions idle for longer than the TTL; returns their ids."""
+        now, ttl = self.clock(), self.limits.session_ttl
+        with self._lock:
+            old = [e for e in self._entries.values() if not e.busy and now - e.last_used > ttl]
+        for e in old:
+            self._drop(e.id, f"expired after {ttl:g} s idle")
+            log.info("session %s expired after %.0f s idle", e.id, now - e.last_used)
+        return [e.id for e in old]
+
+    def drop_all(self) -> list[str]:
+        with self._lock:
+            ids = list(self._entries)
+        for sid in ids:
+            self._drop(sid, "was dropped when the server stopped")
+        return ids
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def kv_bytes(self) -> int:
+        """Bytes held by the live sessions' KV caches (target and drafter)."""
+        total = 0
+        for e in self.entries():
+            for cache in (e.session._target_cache, e.session._draft_cache):
+                for layer in cache.layers:
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                        if t is not None and hasattr(t, "nelement"):
+                            total += t.nelement() * t.element_size()
+        return total
+
+    # ------------------------------------------------------------------ expiry in the background
+    def start_sweeper(self) -> threading.Thread:
+        period = min(max(self.limits.session_ttl / 4, 0.05), 5.0)
+
+        def sweep():
+            while not self.stopping.wait(period):
+                try:
+                    self.expire()
+                except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
+                    log.exception("session sweep failed")
+
+        t = threading.Thread(target=sweep, name="workbench-serve-sweeper", daemon=True)
+        t.start()
+        return t
