@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from ddtree_kernels import Accepted, Tree
@@ -18,11 +19,13 @@ class Committed:
 
 def commit(cache, tree: Tree, accepted: Accepted, features: Tensor | None, start: int) -> Committed:
     """``cache`` is a ``workbench.kv_cache.BufferedCache``: only the accepted rows are moved."""
-    L = int(accepted.length[0])  # one host read per cycle: the accepted length decides shapes below
+    # The cycle's one host read: accepted length, bonus and the path's tokens, copied together.
+    path_tokens = tree.tokens[:1].gather(1, accepted.index[:1].clamp(min=0))  # [1, max_depth + 1], padded
+    host = torch.cat([accepted.length[:1, None], accepted.bonus[:1, None], path_tokens], dim=1)[0].tolist()
+    L, bonus = host[0], host[1]
+    toks = host[2 : L + 3]
     nodes = accepted.index[0, : L + 1]
     cache.keep_rows(start, nodes)
-    toks = tree.tokens[0, nodes].tolist()
-    bonus = int(accepted.bonus[0])
     ctx = features[:, nodes] if features is not None else None
     # The root was the previous bonus, already shown; new tokens are the accepted drafts and the bonus.
     return Committed(nodes, toks[1:] + [bonus], bonus, ctx)
