@@ -483,3 +483,38 @@ def test_figure_keys_do_not_cover_the_axes(eng):
     stream = token_stream(t, eng.tokenizer)
     keys = [a.text for a in stream.layout.annotations]
     assert any("odd cycles" in k and "#fd8d3c" in k and "even cycles" in k for k in keys), keys
+
+
+# ------------------------------------------------------------------------------ docs and notebooks
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_docs_name_no_paths_of_another_machine_and_state_the_sampling_rule():
+    for name in ("docs/API.md", "README.md"):
+        text = (ROOT / name).read_text()
+        assert "/work/" not in text and "/home/" not in text, name
+        assert "target-only tree sampling" in text or "tree_speculative_sampling_target_only" in text, name
+    readme = (ROOT / "README.md").read_text()
+    assert "sample at every node" in readme.replace("**", "") and "follows the child" in readme.replace("**", "")
+
+
+def test_notebook_build_stores_no_widget_state_and_refuses_big_files(tmp_path):
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("nb_build", ROOT / "notebooks" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"x": "y" * 100}}}
+    mod.drop_widget_state(nb)
+    assert "widgets" not in nb.metadata
+    small = mod.build("small", [mod.code("1 + 1")], execute=False, out_dir=tmp_path)
+    assert small.stat().st_size < mod.MAX_NOTEBOOK_BYTES
+    with pytest.raises(SystemExit, match="limit 1 MB"):
+        mod.build("big", [mod.md("x" * 2_000_000)], execute=False, out_dir=tmp_path)
+    assert not (tmp_path / "big.ipynb").exists()
+    # the notebook sources say what their outputs now show
+    src = (ROOT / "notebooks" / "build.py").read_text()
+    assert "About the speed above" in src and "(0.0, 0.3, 0.6, 1.0)" in src and "tau falls as the temperature" in src
