@@ -204,6 +204,7 @@ def cmd_run(args, out, err) -> int:
         obj = {
             "policy": summ.policy, "text": s.text, "new_tokens": trace.new_tokens, "cycles": summ.cycles,
             "tau": summ.tau, "accept_lengths": trace.accept_lengths, "tokens_per_s": summ.tokens_per_s,
+            "decode_tokens_per_s": summ.decode_tokens_per_s,
             "stage_seconds": summ.stage_seconds, "prefill_seconds": trace.prefill_seconds,
             "seconds": summ.seconds, "finish_reason": trace.finish_reason, "tokens": s.tokens,
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
