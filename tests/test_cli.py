@@ -186,7 +186,7 @@ def test_first_difference():
 
 def test_bench_on_embedded_default_eval_prompts(capsys):
     rc, out, err = call(capsys, ["bench", "--policies", "ar,ddtree:16", "--limit", "1", "--max-new-tokens", "12",
-                                 "--check-lossless", "--json", "--no-warmup"])
+                                 "--repeats", "1", "--check-lossless", "--json", "--no-warmup"])
     assert rc == 0, err
     s = json.loads(out)
     assert s["DDTree(16)"]["lossless"] is True and s["DDTree(16)"]["tau"] > 1.0

@@ -19,17 +19,21 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
   branches but at most one root-to-leaf path can be accepted, so a cycle *proposes* the
   tokens of its deepest path (the tree's maximum depth; for DFlash the drafted block).
   ``None`` for AR, which drafts nothing.
-* ``ceiling_speedup``: ``tau * t_decode / t_cycle`` with ``t_decode`` = AR's verify
-  (one-token decode) forward time per cycle, and ``t_cycle`` = the policy's draft +
-  tree build + tree compile + verify + accept time per cycle (the physical ceiling of
-  the reference: what the speedup would be if nothing else cost time).
-  ``ceiling_ratio`` = ``decode_speedup_vs_ar / ceiling_speedup``: the share of the
-  ceiling the engine reaches (1.0 = no time lost outside those stages).
+* ``ceiling_speedup``: the decode speedup over AR the policy would reach if its cycles cost
+  only their model forwards (the ``draft`` and ``verify`` stages: the drafter and target
+  forwards with their sampling); everything else (tree build and compile, accept, commit and
+  record keeping) free. It is ``(committed / forward time) / AR's decode_tokens_per_s``.
+  ``ceiling_ratio`` = ``decode_speedup_vs_ar / ceiling_speedup`` = forward time / cycle time:
+  the share of the policy's cycle time spent in the model forwards, <= 1 by construction
+  (1.0 = nothing spent outside the forwards). AR's own ceiling is above 1 for the same reason.
+* ``tokens_per_s_range``: [min, max] over repeats of the pooled tokens/s (each repeat: all
+  prompts' new tokens / their wall times); ``None`` with one repeat, which shows no spread.
 * ``lossless``: every greedy output (every repeat) equals AR's on the same prompt (``None``
   when not checked: no AR run, or sampling).
 """
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -37,15 +41,16 @@ import torch
 
 from workbench.cycle import STAGES, percentiles
 from workbench.engine import clock
-from workbench.policies import AR, DFlash, Policy, parse_policy
+from workbench.policies import AR, MAX_BUDGET, DFlash, Policy, parse_policy
 
-# Stages inside the reference's physical ceiling (the commit/record-keeping is not).
-CEILING_STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept")
+# The stages that are the model forwards (with their sampling): the only cost the ceiling keeps.
+FORWARD_STAGES = ("draft", "verify")
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """'ar,dflash,ddtree:32' -> policies, in order. Raises ValueError (one line) on bad input."""
-    names = [p.strip() for p in str(text).split(",") if p.strip()]
+    """'ar,dflash,ddtree:32' (or the labels the bench prints: 'AR,DDTree(16, width=1)') -> policies, in
+    order. Raises ValueError (one line) on bad input."""
+    names = [p.strip() for p in re.split(r",(?![^()]*\))", str(text)) if p.strip()]  # no split inside (...)
     if not names:
         raise ValueError(f"--policies {text!r} names no policy; e.g. 'ar,dflash,ddtree:32'")
     out: list[Policy] = []
@@ -240,6 +245,10 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
         decode_s = sum(stages.values())
         proposed = sum(f.proposed for f in firsts)
         accepted = sum(sum(f.accept_lengths) - len(f.accept_lengths) for f in firsts)
+        forward_s = sum(stages[k] for k in FORWARD_STAGES)
+        n_rep = min(len(m["runs"]) for m in ms)
+        per_repeat = [sum(len(m["runs"][r].tokens) for m in ms) / max(sum(m["runs"][r].wall_time for m in ms), 1e-12)
+                      for r in range(n_rep)]
         out[label] = {
             "tau": sum(sum(f.accept_lengths) for f in firsts) / cycles if cycles else 0.0,
             "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
@@ -250,18 +259,20 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
             "stage_seconds_per_cycle": {s: v / cycles if cycles else 0.0 for s, v in stages.items()},
             "cycles": cycles, "new_tokens": new_tokens, "wall_time": wall,
             **cycle_tails([r for m in ms for r in m["runs"]]),
+            "forward_tokens_per_s": committed / forward_s if forward_s > 0 else 0.0,
+            "tokens_per_s_range": [min(per_repeat), max(per_repeat)] if n_rep > 1 else None,
         }
     ar = out.get("AR")
     dflash = out.get(str(DFlash()))
-    t_decode = ar["stage_seconds_per_cycle"]["verify"] if ar else None
+    ar_decode = ar["decode_tokens_per_s"] if ar else None
     for label, s in out.items():
         s["speedup_vs_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
         s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
                                      if ar and ar["decode_tokens_per_s"] else None)
         s["speedup_vs_dflash"] = (s["tokens_per_s"] / dflash["tokens_per_s"]
                                   if dflash and dflash["tokens_per_s"] else None)
-        t_cycle = sum(s["stage_seconds_per_cycle"][k] for k in CEILING_STAGES)
-        s["ceiling_speedup"] = s["tau"] * t_decode / t_cycle if t_decode and t_cycle else None
+        # decode_speedup / ceiling = forward time / cycle time (the same tokens divided by each): <= 1
+        s["ceiling_speedup"] = s["forward_tokens_per_s"] / ar_decode if ar_decode and s["forward_tokens_per_s"] else None
         s["ceiling_ratio"] = (s["decode_speedup_vs_ar"] / s["ceiling_speedup"]
                               if s["ceiling_speedup"] and s["decode_speedup_vs_ar"] is not None else None)
     return out
@@ -308,21 +319,28 @@ def summary_table(summary: dict) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    head = (f"{'policy':<16}{'tau':>7}{'tok/s':>9}{'vs AR':>8}{'vs DFlash':>10}{'accept':>8}{'decode x':>9}"
-            f"{'ceiling':>9}{'of ceil':>8}{'lossless':>9}  ms/cycle: draft tree verify accept commit")
+    def spread(r):
+        return "-" if not r else f"{r[0]:.1f}-{r[1]:.1f}"
+
+    head = (f"{'policy':<20}{'tau':>7}{'tok/s':>9}{'range':>13}{'vs AR':>8}{'vs DFlash':>10}{'accept':>8}"
+            f"{'decode x':>9}{'ceiling':>9}{'fwd share':>10}{'lossless':>9}  ms/cycle: draft tree verify accept commit")
     lines = [head]
     for label, s in summary.items():
         pc = s["stage_seconds_per_cycle"]
         tree = pc["tree_build"] + pc["tree_compile"]
         lossless = "-" if s["lossless"] is None else ("yes" if s["lossless"] else "NO")
         lines.append(
-            f"{label:<16}{s['tau']:>7.2f}{s['tokens_per_s']:>9.1f}{f(s['speedup_vs_ar'], '.2f'):>8}"
+            f"{label:<20}{s['tau']:>7.2f}{s['tokens_per_s']:>9.1f}{spread(s.get('tokens_per_s_range')):>13}"
+            f"{f(s['speedup_vs_ar'], '.2f'):>8}"
             f"{f(s['speedup_vs_dflash'], '.2f'):>10}{f(s['accept_rate'], '.2f'):>8}"
             f"{f(s['decode_speedup_vs_ar'], '.2f'):>9}{f(s['ceiling_speedup'], '.2f'):>9}"
-            f"{f(s['ceiling_ratio'], '.0%'):>8}{lossless:>9}  "
+            f"{f(s['ceiling_ratio'], '.0%'):>10}{lossless:>9}  "
             f"{1e3 * pc['draft']:.2f} {1e3 * tree:.2f} {1e3 * pc['verify']:.2f} {1e3 * pc['accept']:.2f} "
             f"{1e3 * pc['commit']:.2f}"
         )
+    lines.append("range: min-max tok/s over repeats ('-': one repeat shows no spread; use --repeats 3). "
+                 "decode x: speedup of the cycles alone; ceiling: that speedup if only the model forwards cost "
+                 "time; fwd share = decode x / ceiling = share of cycle time in the forwards (<= 100%).")
     return "\n".join(lines)
 
 
@@ -376,6 +394,8 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
     for b in budgets:
         if b < 1:
             raise ValueError(f"budget {b} must be a positive integer")
+        if b > MAX_BUDGET:
+            raise ValueError(f"budget {b} is absurdly large; the limit is {MAX_BUDGET} nodes, as for DDTree")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be a positive integer")
     g = torch.Generator().manual_seed(seed)
@@ -393,9 +413,11 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
 
     out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
            "repeats": repeats, "tree_build": [], "accept": [], "kv_compact": []}
-    bar = tqdm(total=len(budgets), desc="kernels", unit="budget", leave=False,
+    # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
+    bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
                disable=(None if progress is None else not progress))
     for b in budgets:
+        bar.set_postfix_str(f"budget {b}: tree build", refresh=True)
         vec = _time(lambda: build_tree(lp, root, b), repeats, dev)
         heap = _time(lambda: build_tree_host_heap(lp, root, b), repeats, dev)
         both = _time(lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
@@ -411,6 +433,8 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         out["tree_build"].append(row)
+        bar.update(1)
+        bar.set_postfix_str(f"budget {b}: accept walk", refresh=True)
 
         tree = build_tree(lp, root, b)
         ct = compile_tree(tree, prefix, depth)
@@ -424,6 +448,8 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
         if arow.get("torch_s") and arow.get("sglang_s"):
             arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
         out["accept"].append(arow)
+        bar.update(1)
+        bar.set_postfix_str(f"budget {b}: KV compaction", refresh=True)
 
         acc = accept("torch", tree, ct, choice, depth)
         nodes = acc.index[0, : int(acc.length[0]) + 1]

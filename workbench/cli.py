@@ -44,6 +44,40 @@ def _int_at_least(low: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: give an integer from 0 to 2**64-1")
+    return v
+
+
+def _device(text: str) -> str:
+    """cpu, cuda or cuda:N; anything else (tpu, meta, mps, ...) is refused before any model loads."""
+    t = text.strip().lower()
+    if t == "cpu" or t == "cuda" or (t.startswith("cuda:") and t[5:].isdigit()):
+        return t
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device this workbench runs on: use cpu, cuda or cuda:N")
+
+
+def _check_output(path: str, option: str) -> Path:
+    """Refuse an output path that cannot be written, before any model loads (the message names it)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} '{p}' is a directory; give a file name, e.g. {p / 'out'}")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # missing folders are created; the nearest existing one must be writable
+    if not parent.is_dir():
+        raise UsageError(f"{option} '{p}': '{parent}' is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{option} '{p}' cannot be written (no permission)")
+    return p
 
 
 def _finite_float(text: str) -> float:
@@ -60,25 +94,33 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="DIR", help="target model directory (default: the embedded pair)")
     g.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with --target)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default) or sglang")
     g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: up to 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench import __version__
+    from workbench.engine import DEFAULT_MAX_NEW_TOKENS
+
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
     p.add_argument("--prompt", required=True, help="the prompt text")
-    p.add_argument("--policy", default="ddtree:32", help="ar, dflash or ddtree:N (default ddtree:32)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    p.add_argument("--temperature", type=_finite_float, default=0.0)
-    p.add_argument("--top-p", type=_finite_float, default=1.0)
-    p.add_argument("--top-k", type=_non_negative_int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="ddtree:32",
+                   help="ar, dflash, ddtree:N or a label the bench prints, e.g. 'DDTree(16, width=1)' "
+                        "(default ddtree:32)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"new tokens in all, the first included (default {DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("--temperature", type=_finite_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=_finite_float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
+    p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample from the k best tokens (0 = all)")
+    p.add_argument("--seed", type=_seed, default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
     _add_model_args(p)
     p.add_argument("--trace", metavar="FILE", help="save the trace (JSON lines) to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -89,8 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", metavar="FILE", help="JSON lines with id and prompt, or one prompt per line "
                                                      "(default: the shipped evaluation prompts)")
     p.add_argument("--limit", type=_positive_int, default=None, help="use only the first N prompts")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    p.add_argument("--repeats", type=_positive_int, default=1, help="runs per prompt and policy; medians are kept")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"new tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("--repeats", type=_positive_int, default=3,
+                   help="runs per prompt and policy: medians are kept and the tok/s range over repeats is "
+                        "shown (default 3; 1 shows no spread)")
     p.add_argument("--out", metavar="FILE.jsonl", help="write one JSON line per prompt and policy")
     p.add_argument("--check-lossless", action="store_true",
                    help="exit 1 if any greedy output differs from AR's (AR is added when missing)")
@@ -106,18 +151,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
 
     p = sub.add_parser("report", help="a self-contained HTML page from a trace or a bench JSONL file")
-    p.add_argument("file", metavar="TRACE_OR_BENCH_FILE")
-    p.add_argument("--out", metavar="FILE.html", default="report.html")
+    p.add_argument("file", metavar="TRACE_OR_BENCH_FILE", help="a trace (run --trace) or a bench --out file")
+    p.add_argument("--out", metavar="FILE.html", default="report.html", help="the page to write (default report.html)")
+    p.add_argument("--target", metavar="DIR", default=None,
+                   help="model directory whose tokenizer shows token text (default: the trace's own target)")
 
     _add_serve_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
-    p.add_argument("--budgets", default=None, help="comma-separated tree budgets (default 16,32,...,1024)")
+    p.add_argument("--budgets", default=None,
+                   help="comma-separated tree budgets, each 1 to 4096 (default 16,32,...,1024)")
     p.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per measurement (median)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=_positive_int, default=None)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
     return parser
 
 
@@ -149,6 +198,8 @@ def cmd_run(args, out, err) -> int:
         raise UsageError(f"--temperature {args.temperature} must be >= 0")
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p {args.top_p} must be in (0, 1]")
+    if args.trace:
+        _check_output(args.trace, "--trace")
     engine = _load_engine(args)
     s = engine.session(args.prompt, policy=policy, temperature=args.temperature, top_p=args.top_p,
                        top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_new_tokens)
@@ -160,6 +211,7 @@ def cmd_run(args, out, err) -> int:
         obj = {
             "policy": summ.policy, "text": s.text, "new_tokens": trace.new_tokens, "cycles": summ.cycles,
             "tau": summ.tau, "accept_lengths": trace.accept_lengths, "tokens_per_s": summ.tokens_per_s,
+            "decode_tokens_per_s": summ.decode_tokens_per_s,
             "stage_seconds": summ.stage_seconds, "prefill_seconds": trace.prefill_seconds,
             "seconds": summ.seconds, "finish_reason": trace.finish_reason, "tokens": s.tokens,
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
@@ -182,17 +234,16 @@ def cmd_bench(args, out, err) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).open("a").close()  # fail now, not after the run, when the file cannot be written
+        _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
     if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
         raise ValueError(f"--profile {args.profile!r} is a file; give a directory for the trace files")
     engine = _load_engine(args)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                 check_lossless=args.check_lossless, progress=args.progress, warmup=not args.no_warmup)
     if args.out:
-        with open(args.out, "w") as fh:
-            for row in res.rows:
-                fh.write(json.dumps(row) + "\n")
+        from workbench.views.export import atomic_write_text
+
+        atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     if args.json:
         print(json.dumps(res.summary), file=out)
     else:
@@ -244,6 +295,11 @@ def cmd_kernels(args, out, err) -> int:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer") from None
         if not budgets or min(budgets) < 1:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer")
+        from workbench.policies import MAX_BUDGET
+
+        if max(budgets) > MAX_BUDGET:
+            raise UsageError(f"--budgets {args.budgets!r}: budget {max(budgets)} is absurdly large; "
+                             f"the limit is {MAX_BUDGET} nodes, as for --policies")
     if args.threads:
         torch.set_num_threads(args.threads)
     res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=args.progress)
@@ -252,10 +308,14 @@ def cmd_kernels(args, out, err) -> int:
 
 
 def _is_trace(path: Path) -> bool:
-    from workbench.cycle import TRACE_FORMAT
+    from workbench.cycle import TRACE_FORMAT, TraceFileError
 
-    with path.open() as fh:
-        first = fh.readline()
+    with path.open("rb") as fh:
+        raw = fh.readline()
+    try:
+        first = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceFileError(f"{path}:1: not UTF-8 text; expected a trace or a bench --out file") from None
     try:
         head = json.loads(first)
     except json.JSONDecodeError:
@@ -266,7 +326,11 @@ def _is_trace(path: Path) -> bool:
 def read_bench_rows(path: Path) -> list[dict]:
     """The JSON lines of ``bench --out``; ValueError with the line number when a line is not one."""
     rows = []
-    for no, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); expected a trace or a bench --out file") from None
+    for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -318,13 +382,26 @@ def bench_page(rows: list[dict], source: str) -> str:
 
 def cmd_report(args, out, err) -> int:
     path = Path(args.file)
+    if path.is_dir():
+        raise UsageError(f"report: '{path}' is a directory; give a trace or a bench --out file")
     if not path.is_file():
         raise UsageError(f"report: file '{path}' does not exist")
-    dest = Path(args.out)
+    dest = _check_output(args.out, "--out")
+    if args.target and not Path(args.target).is_dir():
+        raise UsageError(f"--target '{args.target}' is not a directory; give the model directory with the tokenizer")
     if _is_trace(path):
         from workbench.views.report import write_report
 
-        write_report(path, dest)
+        tokenizer = None
+        if args.target:
+            from transformers import AutoTokenizer
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(args.target)
+            except Exception as e:  # noqa: BLE001 - any loader failure is the same bad input
+                raise UsageError(f"--target '{args.target}': no tokenizer could be loaded "
+                                 f"({' '.join(str(e).split())[:200]})") from None
+        write_report(path, dest, tokenizer=tokenizer)
     else:
         from workbench.views.export import atomic_write_text
 

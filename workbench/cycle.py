@@ -6,6 +6,7 @@ a truncated or foreign file is recognised; files are written atomically.
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -20,17 +21,22 @@ from torch import Tensor
 from workbench.forward import ForwardRecord
 
 TRACE_FORMAT = "ddtree-workbench-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: every cycle records top_p and top_k (version 1 files load: taken from the header)
+READABLE_VERSIONS = (1, 2)
 # Every second of a step() lands in one of these: the pipeline's stages, building the Cycle record,
 # and "other" (whatever step() spends outside them), so the stage times add up to the cycle time.
 STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept", "commit", "record", "other")
 
 
 class TraceFileError(ValueError):
-    """A trace file that is not ours, of another version, or cut short."""
+    """A trace file that is not ours, of another version, cut short or damaged; the message names file and line."""
 
 
-@dataclass(frozen=True)
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f} ms"
+
+
+@dataclass(frozen=True, repr=False)
 class Cycle:
     """Everything one cycle did. Tree arrays are flattened with the root (previous bonus) at 0."""
 
@@ -62,7 +68,14 @@ class Cycle:
     committed: int  # tokens this cycle added to the output (L + 1 unless the run ended inside it)
     stage_seconds: dict
     forwards: tuple  # ForwardRecord, in the order they ran
-    temperature: float = 0.0
+    temperature: float = 0.0  # the sampling settings this cycle ran with (they may change mid-session)
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def setting(self) -> str:
+        """Policy and sampling in one label, e.g. 'DDTree(32)' (greedy) or 'DFlash T=0.8 top_p=0.9'."""
+        return setting_label(self.policy, self.temperature, self.top_p, self.top_k)
 
     @property
     def n_nodes(self) -> int:
@@ -101,16 +114,86 @@ class Cycle:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Cycle":
+    def from_dict(cls, d: dict, defaults: dict | None = None) -> "Cycle":
+        """Inverse of ``to_dict``. ``defaults`` fills fields an older file version did not store.
+        Raises ValueError (one line) on a missing key, an unknown dtype or a malformed value."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a cycle record is a JSON object, not {type(d).__name__}")
+        defaults = defaults or {}
         kw = {}
         for f in fields(cls):
-            v = d[f.name]
-            if isinstance(v, dict) and "data" in v and "dtype" in v:
-                v = torch.tensor(v["data"], dtype=getattr(torch, v["dtype"])).reshape(v["shape"])
-            elif f.name == "forwards":
-                v = tuple(ForwardRecord.from_dict(r) for r in v)
+            if f.name in d:
+                v = d[f.name]
+            elif f.name in defaults:
+                v = defaults[f.name]
+            else:
+                raise ValueError(f"the cycle record has no {f.name!r}")
+            try:
+                if isinstance(v, dict) and "data" in v and "dtype" in v:
+                    dtype = getattr(torch, str(v["dtype"]), None)
+                    if not isinstance(dtype, torch.dtype):
+                        raise ValueError(f"unknown dtype {v['dtype']!r}")
+                    v = torch.tensor(v["data"], dtype=dtype).reshape(v["shape"])
+                elif f.name == "forwards":
+                    v = tuple(ForwardRecord.from_dict(r) for r in v)
+                elif f.name == "stage_seconds" and not isinstance(v, dict):
+                    raise ValueError("not an object")
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
+                raise ValueError(f"field {f.name!r}: {why}") from None
             kw[f.name] = v
         return cls(**kw)
+
+    # ---- display: a summary line and a small table (the full record is many kilobytes)
+    def __repr__(self) -> str:
+        return (f"Cycle({self.index}, {self.setting}, start={self.start}, {self.n_nodes} drafted nodes, "
+                f"accepted {self.accepted} + bonus {self.bonus}, committed {self.committed}, {_ms(self.seconds)})")
+
+    def _repr_html_(self) -> str:
+        stages = "".join(f"<td>{1e3 * self.stage_seconds.get(s, 0.0):.2f}</td>" for s in STAGES)
+        acc = " ".join(str(int(t)) for t in self.accepted_tokens[:24].tolist())
+        more = " ..." if self.accepted_tokens.shape[0] > 24 else ""
+        return (f"<p><b>cycle {self.index}</b> · {html.escape(self.setting)} · root {self.root_token} at "
+                f"position {self.start} · {self.n_nodes} drafted nodes · accepted {self.accepted} + bonus "
+                f"{self.bonus}</p><table><tr>" + "".join(f"<th>{s} ms</th>" for s in STAGES) +
+                f"</tr><tr>{stages}</tr></table><p>accepted token ids (root first): {acc}{more}</p>")
+
+
+def setting_label(policy: str, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> str:
+    """'DDTree(32)' when greedy; 'DDTree(32) T=0.8 top_p=0.9 top_k=20' when sampling (defaults left out)."""
+    if not temperature:
+        return str(policy)
+    parts = [str(policy), f"T={temperature:g}"]
+    if top_p != 1.0:
+        parts.append(f"top_p={top_p:g}")
+    if top_k:
+        parts.append(f"top_k={top_k}")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class PolicyFigures:
+    """The figures of the cycles that ran with one setting (policy and sampling) in a trace."""
+
+    setting: str
+    cycles: int
+    tau: float
+    committed: int  # tokens those cycles added
+    seconds: float  # time in those cycles
+    tokens_per_s: float  # committed / seconds
+    accept_histogram: dict
+
+    def __str__(self) -> str:
+        return (f"{self.setting}: tau {self.tau:.2f}, {self.committed} tokens in {self.cycles} cycles, "
+                f"{self.tokens_per_s:.1f} tok/s")
+
+
+def _figures(setting: str, cycles: list) -> PolicyFigures:
+    al = [c.accept_length for c in cycles]
+    secs = sum(c.seconds for c in cycles)
+    committed = sum(c.committed for c in cycles)
+    return PolicyFigures(setting, len(cycles), sum(al) / len(al) if al else 0.0, committed, secs,
+                         committed / secs if secs > 0 else 0.0, dict(sorted(Counter(al).items())))
 
 
 def percentiles(values) -> dict:
@@ -125,28 +208,54 @@ def percentiles(values) -> dict:
 
 @dataclass(frozen=True)
 class Summary:
+    """A run in figures. ``tokens_per_s`` = new_tokens / seconds, where ``seconds`` is the whole
+    generation (prefill + cycles), so the line's numbers divide; ``decode_tokens_per_s`` counts only
+    the cycles (tokens they committed / their time). ``by_policy``: the same per setting (policy and
+    sampling), in order of first use; more than one entry when settings changed mid-session."""
+
     policy: str
     tau: float
     cycles: int
-    new_tokens: int
+    new_tokens: int  # including the first token, which the prefill produced
     accept_histogram: dict  # accept length (incl. bonus) -> cycles
     stage_seconds: dict
-    seconds: float
-    tokens_per_s: float
+    seconds: float  # prefill + cycles
+    tokens_per_s: float  # new_tokens / seconds
     finish_reason: str | None
+    prefill_seconds: float = 0.0
+    decode_tokens_per_s: float = 0.0  # tokens committed by cycles / time in cycles
+    by_policy: dict = field(default_factory=dict)  # setting label -> PolicyFigures
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.by_policy) > 1
 
     def __str__(self) -> str:
-        return (f"{self.policy}: tau {self.tau:.2f}, {self.new_tokens} new tokens in {self.cycles} cycles, "
-                f"{self.tokens_per_s:.1f} tok/s" + (f", finished: {self.finish_reason}" if self.finish_reason else ""))
+        line = (f"{self.policy}: tau {self.tau:.2f}, {self.new_tokens} new tokens in {self.cycles} cycles "
+                f"+ prefill, {_ms(self.seconds)}, {self.tokens_per_s:.1f} tok/s "
+                f"(cycles alone {self.decode_tokens_per_s:.1f} tok/s)"
+                + (f", finished: {self.finish_reason}" if self.finish_reason else ""))
+        if self.mixed:
+            line += "".join(f"\n  {f}" for f in self.by_policy.values())
+        return line
 
     def _repr_html_(self) -> str:
-        stages = "".join(f"<td>{1e3 * self.stage_seconds.get(s, 0):.1f}</td>" for s in STAGES)
+        def row(label, tau, cycles, tokens, tps, stage_s):
+            stages = "".join(f"<td>{1e3 * stage_s.get(s, 0):.1f}</td>" for s in STAGES) if stage_s else \
+                "<td></td>" * len(STAGES)
+            return (f"<tr><td>{html.escape(label)}</td><td>{tau:.2f}</td><td>{cycles}</td><td>{tokens}</td>"
+                    f"<td>{tps:.1f}</td>{stages}</tr>")
+
         hist = ", ".join(f"{k}: {v}" for k, v in sorted(self.accept_histogram.items()))
+        rows = row(self.policy, self.tau, self.cycles, self.new_tokens, self.tokens_per_s, self.stage_seconds)
+        if self.mixed:
+            rows += "".join(row(f"· {f.setting}", f.tau, f.cycles, f.committed, f.tokens_per_s, None)
+                            for f in self.by_policy.values())
         return (
-            "<table><tr><th>policy</th><th>tau</th><th>cycles</th><th>new tokens</th><th>tok/s</th>"
-            + "".join(f"<th>{s} ms</th>" for s in STAGES) + "</tr>"
-            f"<tr><td>{self.policy}</td><td>{self.tau:.2f}</td><td>{self.cycles}</td><td>{self.new_tokens}</td>"
-            f"<td>{self.tokens_per_s:.1f}</td>{stages}</tr></table><p>accept lengths: {hist}</p>"
+            "<table><tr><th>policy</th><th>tau</th><th>cycles</th><th>tokens</th><th>tok/s</th>"
+            + "".join(f"<th>{s} ms</th>" for s in STAGES) + f"</tr>{rows}</table>"
+            f"<p>tok/s = new tokens / (prefill + cycles) = {self.new_tokens} / {_ms(self.seconds)}; "
+            f"accept lengths: {hist}</p>"
         )
 
 
@@ -172,8 +281,31 @@ class Trace:
         return iter(self.cycles)
 
     @property
+    def settings(self) -> list[str]:
+        """The distinct settings (policy and sampling) the cycles ran with, in order of first use."""
+        return list(dict.fromkeys(c.setting for c in self.cycles))
+
+    @property
     def policy(self) -> str:
-        return self.meta.get("policy", "?")
+        """The policy label; 'A + B' when the policy or the sampling changed mid-session."""
+        names = self.settings
+        if not names:
+            p = self.meta.get("policy", "?")
+            return " + ".join(p) if isinstance(p, list) else str(p)
+        return names[0] if len(names) == 1 else " + ".join(names)
+
+    def append(self, cycle: Cycle) -> None:
+        """Add a cycle; a setting that differs from the header's turns that header entry into the list of
+        values used, in order (so ``meta`` never claims one policy or temperature for a mixed run)."""
+        self.cycles.append(cycle)
+        for key in ("policy", "temperature", "top_p", "top_k"):
+            v = getattr(cycle, key)
+            if key not in self.meta:
+                continue
+            cur = self.meta[key]
+            seen = cur if isinstance(cur, list) else [cur]
+            if v not in seen:
+                self.meta[key] = [*seen, v]
 
     @property
     def accept_lengths(self) -> list[int]:
@@ -201,14 +333,39 @@ class Trace:
                 "first_cycle": self.cycles[0].seconds if self.cycles else 0.0}
 
     def summary(self) -> Summary:
-        secs = sum(c.seconds for c in self.cycles)
+        cycle_s = sum(c.seconds for c in self.cycles)
         gen = sum(c.committed for c in self.cycles)
+        secs = cycle_s + self.prefill_seconds
+        groups: dict[str, list] = {}
+        for c in self.cycles:
+            groups.setdefault(c.setting, []).append(c)
         return Summary(
             policy=self.policy, tau=self.tau, cycles=len(self.cycles), new_tokens=self.new_tokens,
             accept_histogram=dict(sorted(Counter(self.accept_lengths).items())),
             stage_seconds=self.stage_seconds(), seconds=secs,
-            tokens_per_s=gen / secs if secs > 0 else 0.0, finish_reason=self.finish_reason,
+            tokens_per_s=self.new_tokens / secs if secs > 0 else 0.0, finish_reason=self.finish_reason,
+            prefill_seconds=self.prefill_seconds, decode_tokens_per_s=gen / cycle_s if cycle_s > 0 else 0.0,
+            by_policy={k: _figures(k, v) for k, v in groups.items()},
         )
+
+    # ---- display: a summary line and a small table (the full record is megabytes)
+    def __repr__(self) -> str:
+        state = f"finished: {self.finish_reason}" if self.finish_reason else "running"
+        return (f"Trace({self.policy}, {len(self.cycles)} cycles, {self.new_tokens} new tokens, "
+                f"tau {self.tau:.2f}, {state})")
+
+    def _repr_html_(self, rows: int = 8) -> str:
+        cs = self.cycles
+        shown = cs if len(cs) <= rows else cs[: rows // 2] + [None] + cs[-rows // 2:]
+        body = "".join(
+            "<tr><td colspan='6'>...</td></tr>" if c is None else
+            f"<tr><td>{c.index}</td><td>{html.escape(c.setting)}</td><td>{c.n_nodes}</td><td>{c.accepted}</td>"
+            f"<td>{c.committed}</td><td>{1e3 * c.seconds:.1f}</td></tr>" for c in shown)
+        prompt = str(self.meta.get("prompt", ""))
+        prompt = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        return (f"<p><b>{html.escape(repr(self))}</b><br>prompt: <code>{html.escape(prompt)}</code></p>"
+                "<table><tr><th>cycle</th><th>setting</th><th>nodes</th><th>accepted</th><th>committed</th>"
+                f"<th>ms</th></tr>{body}</table>")
 
     def metrics(self) -> list[dict]:
         """One row per cycle: accepted length, tree size, committed tokens, time per stage."""
@@ -244,24 +401,58 @@ class Trace:
 
     @classmethod
     def load(cls, path) -> "Trace":
+        """Read a saved trace. Every damaged-file case raises TraceFileError naming the file and line."""
         path = Path(path)
-        lines = path.read_text().splitlines()
+        if path.is_dir():
+            raise TraceFileError(f"{path} is a directory, not a trace file")
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw[: e.start].count(b"\n") + 1
+            raise TraceFileError(f"{path}:{line}: not UTF-8 text; not a ddtree-workbench trace") from None
+        lines = text.splitlines()
+
+        def parse(no: int):
+            try:
+                return json.loads(lines[no - 1])
+            except json.JSONDecodeError as e:
+                raise TraceFileError(f"{path}:{no}: not valid JSON ({e.msg} at column {e.colno}); "
+                                     "the file is damaged or cut short") from None
+
         try:
             head = json.loads(lines[0]) if lines else None
         except json.JSONDecodeError:
             head = None
         if not isinstance(head, dict) or head.get("format") != TRACE_FORMAT:
-            raise TraceFileError(f"{path} is not a ddtree-workbench trace (no '{TRACE_FORMAT}' header)")
-        if head.get("version") != TRACE_VERSION:
-            raise TraceFileError(f"{path} is trace version {head.get('version')}; this workbench reads version {TRACE_VERSION}")
+            raise TraceFileError(f"{path}:1: not a ddtree-workbench trace (no '{TRACE_FORMAT}' header)")
+        version = head.get("version")
+        if version not in READABLE_VERSIONS:
+            raise TraceFileError(f"{path}:1: trace version {version!r}; this workbench reads versions "
+                                 f"{', '.join(map(str, READABLE_VERSIONS))}")
+        end = parse(len(lines)) if len(lines) >= 2 else None
+        if not isinstance(end, dict) or end.get("end") != TRACE_FORMAT or end.get("cycles") != len(lines) - 2:
+            raise TraceFileError(f"{path}:{len(lines)}: truncated: the end line is missing or does not match "
+                                 f"the file's {max(len(lines) - 2, 0)} cycle lines")
         try:
-            end = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            end = None
-        if len(lines) < 2 or not isinstance(end, dict) or end.get("end") != TRACE_FORMAT or end.get("cycles") != len(lines) - 2:
-            raise TraceFileError(f"{path} is truncated: its end line is missing or does not match its {len(lines) - 1} lines")
-        cycles = [Cycle.from_dict(json.loads(line)) for line in lines[1:-1]]
-        return cls(meta=head["meta"], prefill=ForwardRecord.from_dict(head["prefill"]) if head["prefill"] else None,
-                   cycles=cycles, prefill_seconds=head["prefill_seconds"], finish_reason=head["finish_reason"],
-                   setup_seconds=head.get("setup_seconds", 0.0),
-                   new_tokens=head["new_tokens"])
+            meta = head["meta"]
+            if not isinstance(meta, dict):
+                raise ValueError("'meta' is not an object")
+            prefill = ForwardRecord.from_dict(head["prefill"]) if head["prefill"] else None
+            extra = dict(prefill_seconds=float(head["prefill_seconds"]), finish_reason=head["finish_reason"],
+                         new_tokens=int(head["new_tokens"]),
+                         setup_seconds=float(head.get("setup_seconds", 0.0)))
+        except (KeyError, TypeError, ValueError) as e:
+            why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
+            raise TraceFileError(f"{path}:1: damaged header ({why})") from None
+        # Version 1 stored sampling once, in the header; every cycle of such a file ran with it.
+        defaults = {k: meta[k] for k in ("top_p", "top_k") if k in meta} if version == 1 else {}
+        cycles = []
+        for no in range(2, len(lines)):
+            try:
+                cycles.append(Cycle.from_dict(parse(no), defaults))
+            except ValueError as e:
+                if isinstance(e, TraceFileError):
+                    raise
+                raise TraceFileError(f"{path}:{no}: damaged cycle record ({e})") from None
+        return cls(meta=meta, prefill=prefill, cycles=cycles, **extra)

@@ -8,15 +8,15 @@ import torch
 
 from ddtree_kernels import check_backend
 from workbench import stages
-from workbench.cycle import Cycle, Trace
+from workbench.cycle import Cycle, Trace, setting_label
 from workbench.forward import ForwardMode, run_target
 from workbench.kv_cache import BufferedCache
-from workbench.loading import Models, load_models
+from workbench.loading import Models, load_models, model_ref
 from workbench.policies import AR, DDTree, Policy, as_policy
 from workbench.sampling import Sampling, target_choice
 from workbench.stages.verify import MaskBuffer
 
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_NEW_TOKENS = 128  # the one default of engine.session, engine.generate and the CLI
 
 
 def clock(device: torch.device) -> float:
@@ -107,7 +107,8 @@ class Engine:
         return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
                        max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
 
-    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = 64, **kw) -> Trace:
+    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                 **kw) -> Trace:
         """Run a whole session and return its trace."""
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         return s.run()
@@ -127,7 +128,7 @@ class Session:
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
         self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
-        self.max_new_tokens = max_new_tokens
+        self._max_new_tokens = max_new_tokens
         self.prompt = prompt
         ids = m.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if not ids:
@@ -137,6 +138,8 @@ class Session:
                 f"prompt is {len(ids)} tokens but the target has {m.max_positions} positions; shorten the prompt"
             )
         self.prompt_ids: list[int] = ids
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1")
         self.generator = torch.Generator(device=m.device).manual_seed(seed)
         self.seed = seed
         self.generated: list[int] = []
@@ -144,7 +147,7 @@ class Session:
         self.trace = Trace(meta={
             "prompt": prompt, "prompt_ids": ids, "policy": str(policy), "temperature": sampling.temperature,
             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "kernel_backend": kernel_backend,
-            "target": str(m.target_dir), "draft": str(m.draft_dir), "device": str(m.device),
+            "target": model_ref(m.target_dir), "draft": model_ref(m.draft_dir), "device": str(m.device),
             "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,
         })
         self.trace.setup_seconds = self._clock() - t_start
@@ -166,6 +169,43 @@ class Session:
     @temperature.setter
     def temperature(self, t: float) -> None:
         self.sampling = Sampling(t, self.sampling.top_p, self.sampling.top_k)
+
+    @property
+    def top_p(self) -> float:
+        return self.sampling.top_p
+
+    @top_p.setter
+    def top_p(self, p: float) -> None:
+        self.sampling = Sampling(self.sampling.temperature, p, self.sampling.top_k)
+
+    @property
+    def top_k(self) -> int:
+        return self.sampling.top_k
+
+    @top_k.setter
+    def top_k(self, k: int) -> None:
+        self.sampling = Sampling(self.sampling.temperature, self.sampling.top_p, k)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The limit on new tokens in all (the prefill's first token included)."""
+        return self._max_new_tokens
+
+    @max_new_tokens.setter
+    def max_new_tokens(self, n: int) -> None:
+        """Raise or lower the limit. Below the tokens already generated is refused; a session that
+        ended at the old limit goes on under a larger one; reaching the new one ends it now."""
+        self._check_max_new(n)
+        have = len(self.generated)
+        if n < have:
+            raise ValueError(f"max_new_tokens={n} is below the {have} new tokens this session already has; "
+                             f"the limit counts all new tokens, so give at least {have}")
+        self._max_new_tokens = n
+        if self.finish_reason and self.finish_reason.startswith("reached max_new_tokens"):
+            self.finish_reason = None
+        if self.finish_reason is None and have >= n:
+            self.finish_reason = f"reached max_new_tokens={n}"
+        self.trace.finish_reason = self.finish_reason
 
     @staticmethod
     def _check_max_new(n) -> None:
@@ -210,7 +250,9 @@ class Session:
 
     def __repr__(self) -> str:
         state = f"finished: {self.finish_reason}" if self.finished else "running"
-        return (f"Session({self.policy}, T={self.sampling.temperature}, {len(self.cycles)} cycles, "
+        sp = self.sampling
+        setting = setting_label(str(self.policy), sp.temperature, sp.top_p, sp.top_k)
+        return (f"Session({setting}, {len(self.cycles)} cycles, "
                 f"{len(self.generated)} new tokens, {state})")
 
     # ---------------------------------------------------------------- running
@@ -293,7 +335,7 @@ class Session:
         sw.start("record")
         times = sw.times  # the Cycle holds this dict: "record" and the rest of "other" land in it below
         cycle = self._record(policy, start, root, drafted, tree, compiled, verified, committed, kept, times)
-        self.trace.cycles.append(cycle)
+        self.trace.append(cycle)
         sw.stop()
         return cycle
 
@@ -318,20 +360,14 @@ class Session:
             accepted_nodes=nodes, accepted_tokens=tokens[nodes], bonus=committed.bonus, committed=kept,
             stage_seconds=times,
             forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
-            temperature=self.sampling.temperature,
+            temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=self.sampling.top_k,
         )
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
-        """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default)."""
+        """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default;
+        a value sets the limit, as ``s.max_new_tokens = n`` does)."""
         if max_new_tokens is not None:
-            self._check_max_new(max_new_tokens)
             self.max_new_tokens = max_new_tokens
-            if self.finish_reason and self.finish_reason.startswith("reached max_new_tokens") \
-                    and len(self.generated) < max_new_tokens:
-                self.finish_reason = None  # a larger limit lets a finished session go on
-            elif len(self.generated) >= max_new_tokens and not self.finished:
-                self.finish_reason = f"reached max_new_tokens={max_new_tokens}"
-                self.trace.finish_reason = self.finish_reason
         while not self.finished:
             self.step()
         return self.trace

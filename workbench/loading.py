@@ -17,6 +17,36 @@ import torch
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "target"
 DEFAULT_DRAFT = ASSETS / "draft"
+PACKAGE_PREFIX = "workbench/"  # a model path stored relative to the package's parent folder
+
+
+def model_ref(path) -> str:
+    """How a trace names a model directory: 'workbench/assets/target' for the embedded pair (relative to
+    the package, so a trace still finds it on another machine or checkout), else the absolute path."""
+    p = Path(path).resolve()
+    try:
+        return PACKAGE_PREFIX + p.relative_to(ASSETS.parent.resolve()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def resolve_model_ref(ref) -> Path | None:
+    """The directory a trace's model entry names, if it exists here. A package-relative entry resolves
+    against this checkout; an absolute path from another machine that ends in the embedded pair's
+    'workbench/assets/<name>' falls back to this checkout's copy."""
+    if not ref:
+        return None
+    ref = str(ref)
+    if ref.startswith(PACKAGE_PREFIX):
+        p = ASSETS.parent / ref[len(PACKAGE_PREFIX):]
+        return p if p.is_dir() else None
+    p = Path(ref)
+    if p.is_dir():
+        return p
+    parts = p.parts
+    if len(parts) >= 3 and parts[-3:-1] == ("workbench", "assets") and (ASSETS / parts[-1]).is_dir():
+        return ASSETS / parts[-1]
+    return None
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,

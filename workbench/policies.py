@@ -1,6 +1,7 @@
 """Decoding policies. All run on the same engine, models and stages; they differ in the tree."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MAX_BUDGET = 4096  # a tree larger than this is almost surely a typo (the paper's largest is 1024)
@@ -55,13 +56,29 @@ class DDTree:
 Policy = AR | DFlash | DDTree
 
 
+# str(policy) written back: 'DDTree(32)', 'DDTree(16, width=1)', 'DDTree(budget=16, width=None)'
+_DDTREE_CALL = re.compile(r"ddtree\((?:budget=)?\s*([^,()]*?)\s*(?:,\s*(?:width=)?\s*([^,()]*?)\s*)?\)")
+
+
 def parse_policy(text: str) -> Policy:
-    """'ar', 'dflash', 'ddtree:32' (or 'ddtree:32:1' for a width) -> a policy."""
+    """'ar', 'dflash', 'ddtree:32' (or 'ddtree:32:1' for a width), or any ``str(policy)``
+    ('AR', 'DFlash', 'DDTree(32)', 'DDTree(16, width=1)') -> a policy."""
+    if not isinstance(text, str):
+        raise TypeError(f"policy {text!r} is not text; use ar, dflash or ddtree:N")
     t = text.strip().lower()
-    if t == "ar":
+    if t in ("ar", "ar()"):
         return AR()
-    if t == "dflash":
+    if t in ("dflash", "dflash()"):
         return DFlash()
+    call = _DDTREE_CALL.fullmatch(t.replace(" ", ""))
+    if call:
+        budget, width = call.group(1), call.group(2)
+        try:
+            nums = [int(budget), None if width in (None, "", "none") else int(width)]
+        except ValueError:
+            raise ValueError(f"policy {text!r}: the budget and width must be positive integers, as in "
+                             "'DDTree(32)' or 'DDTree(16, width=1)'") from None
+        return DDTree(*nums)
     if t.startswith("ddtree"):
         parts = t.split(":")
         try:

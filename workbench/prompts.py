@@ -13,14 +13,37 @@ class PromptFileError(ValueError):
     pass
 
 
+def _is_json_lines(path: Path, lines: list[str]) -> bool:
+    """JSON lines: a .jsonl/.json name, or (any other name) a first non-empty line that is a JSON object.
+    Plain text otherwise, so a text file with a line of code starting with '{' stays text."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return True
+    if suffix == ".txt":
+        return False
+    first = next((line for line in lines if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 def load_prompts(path) -> list[dict]:
-    """JSON lines with ``id`` and ``prompt``, or plain text with one prompt per line. -> [{id, prompt}]"""
+    """JSON lines with ``id`` and ``prompt``, or plain text with one prompt per line. -> [{id, prompt}]
+
+    The format: ``.jsonl``/``.json`` files are JSON lines, ``.txt`` files text; any other name is JSON
+    lines when its first non-empty line is a JSON object."""
     path = Path(path)
+    if path.is_dir():
+        raise PromptFileError(f"prompts file '{path}' is a directory; give a .jsonl or .txt file")
     if not path.is_file():
         raise PromptFileError(f"prompts file '{path}' does not exist")
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PromptFileError(f"prompts file '{path}' is not UTF-8 text") from None
     items = []
-    is_json = any(line.lstrip().startswith("{") for line in lines if line.strip())
+    is_json = _is_json_lines(path, lines)
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue

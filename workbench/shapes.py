@@ -673,6 +673,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--draft-config", default=None)
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
+    if a.budget < 1:  # bad input: one line and exit 2, like the workbench CLI
+        ap.exit(2, f"{ap.prog}: error: --budget {a.budget} must be a positive integer\n")
     if a.plan:
         p = plan(a.plan, budget=a.budget, draft_config=a.draft_config)
         print(p)

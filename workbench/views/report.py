@@ -32,10 +32,13 @@ def _load_traces(src) -> dict[str, Trace]:
     return out
 
 
-def tokenizer_for(trace: Trace):
-    """The tokenizer saved next to the trace's target model, if that folder still exists (else None: ids)."""
-    target = trace.meta.get("target")
-    if not target or not Path(target, "tokenizer.json").exists():
+def tokenizer_for(trace: Trace, target=None):
+    """The tokenizer of ``target`` (a model directory), else of the trace's own target model: found
+    relative to the package for the embedded pair, else at its stored path (None when missing: ids)."""
+    from workbench.loading import resolve_model_ref
+
+    target = Path(target) if target else resolve_model_ref(trace.meta.get("target"))
+    if target is None or not Path(target, "tokenizer.json").exists():
         return None
     try:
         from transformers import AutoTokenizer
@@ -45,9 +48,30 @@ def tokenizer_for(trace: Trace):
         return None
 
 
+SETTINGS = (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("seed", "seed"),
+            ("device", "device"), ("dtype", "dtype"), ("kernel_backend", "kernel backend"),
+            ("block_size", "draft block"), ("target", "target"), ("draft", "draft"))
+
+
+def _setting(v) -> str:
+    """A meta value; a list is the values a setting took, in order, when it changed mid-session."""
+    return " → ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def settings_table(runs: Mapping[str, Trace]) -> str:
+    """The settings each run used (one row per run): sampling, seed, device, dtype, kernels, models."""
+    keys = [(k, label) for k, label in SETTINGS if any(k in t.meta for t in runs.values())]
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in keys)
+    rows = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(name)}</td>"
+        + "".join(f"<td>{html.escape(_setting(t.meta.get(k, '-')))}</td>" for k, _ in keys) + "</tr>"
+        for name, t in runs.items())
+    return f"<h2>settings</h2><table><tr><th>run</th>{head}</tr>{rows}</table>"
+
+
 def report_html(traces, tokenizer=None, title: str = "ddtree-workbench report", max_nodes: int = 512) -> str:
-    """The report page as a string: summary table, acceptance, stage times, and per run the token stream
-    and the tree of its longest-accepting cycle."""
+    """The report page as a string: summary and settings tables, acceptance, stage times, and per run the
+    token stream and the tree of its longest-accepting cycle."""
     runs = _load_traces(traces)
     if not runs:
         raise ValueError("no traces to report on")
@@ -60,10 +84,18 @@ def report_html(traces, tokenizer=None, title: str = "ddtree-workbench report", 
     for name, t in runs.items():
         s = t.summary()
         rows.append(f"<tr><td style='text-align:left'>{html.escape(name)}</td><td>{s.tau:.2f}</td><td>{s.cycles}</td>"
-                    f"<td>{s.new_tokens}</td><td>{s.tokens_per_s:.1f}</td><td>{1e3 * s.seconds:.1f}</td>"
+                    f"<td>{s.new_tokens}</td><td>{1e3 * s.prefill_seconds:.1f}</td><td>{1e3 * s.seconds:.1f}</td>"
+                    f"<td>{s.tokens_per_s:.1f}</td><td>{s.decode_tokens_per_s:.1f}</td>"
                     f"<td style='text-align:left'>{html.escape(str(s.finish_reason))}</td></tr>")
-    parts.append("<table><tr><th>run</th><th>tau</th><th>cycles</th><th>new tokens</th><th>tok/s</th>"
-                 "<th>cycle time ms</th><th>finished</th></tr>" + "".join(rows) + "</table>")
+        if s.mixed:  # the policy or the sampling changed mid-session: figures per setting
+            rows += [f"<tr><td style='text-align:left'>&nbsp;· {html.escape(f.setting)}</td><td>{f.tau:.2f}</td>"
+                     f"<td>{f.cycles}</td><td>{f.committed}</td><td></td><td>{1e3 * f.seconds:.1f}</td><td></td>"
+                     f"<td>{f.tokens_per_s:.1f}</td><td></td></tr>" for f in s.by_policy.values()]
+    parts.append("<table><tr><th>run</th><th>tau</th><th>cycles</th><th>new tokens</th><th>prefill ms</th>"
+                 "<th>total ms</th><th>tok/s</th><th>tok/s in cycles</th><th>finished</th></tr>" + "".join(rows)
+                 + "</table><p>tok/s = new tokens / total time (prefill + cycles); tok/s in cycles = tokens the "
+                 "cycles committed / their time.</p>")
+    parts.append(settings_table(runs))
     parts.append(acceptance_figure(runs))
     parts.append(stage_times_figure(runs))
     for name, t in runs.items():

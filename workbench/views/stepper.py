@@ -24,7 +24,11 @@ def _policy_parts(p) -> tuple[str, int]:
 
 class Stepper:
     """A notebook widget over a ``Session``: Step, Run N, Reset, a slider over past cycles, and the
-    budget / temperature for the next cycle. Display it as the last expression of a cell."""
+    budget / temperature for the next cycle. Display it as the last expression of a cell.
+
+    The session is the source of truth: the controls show its policy and temperature (also when code
+    changes them), and only a control the user changes is applied to it, so a policy the dropdown
+    cannot express (``DDTree(16, width=1)``) is kept until the user picks another."""
 
     def __init__(self, session, tokenizer=None, max_nodes: int | None = 512):
         self.session = session
@@ -49,6 +53,7 @@ class Stepper:
         self.tree = go.FigureWidget(empty_figure("no cycles yet: press Step"))
         self.stream = go.FigureWidget(empty_figure("no cycles yet", height=160))
         self._shown: int | None = None
+        self._syncing = False
 
         self.step_button.on_click(lambda _b: self._guard(self.step))
         self.run_button.on_click(lambda _b: self._guard(lambda: self.run(self.run_n.value)))
@@ -61,12 +66,13 @@ class Stepper:
         controls = W.HBox([self.step_button, self.run_button, self.run_n, self.reset_button])
         settings = W.HBox([self.policy_kind, self.budget, self.temperature])
         self.widget = W.VBox([controls, settings, self.slider, self.status, self.tree, self.stream, self.stats])
+        self._sync_controls()
         self._refresh(show=len(session.cycles) - 1 if session.cycles else None)
 
     # ------------------------------------------------------------------ actions (callable from Python)
     def step(self):
-        """Run one cycle with the current settings and show it. Returns the Cycle (None if finished)."""
-        self._apply_settings()
+        """Run one cycle with the session's settings and show it. Returns the Cycle (None if finished)."""
+        self._sync_controls()
         try:
             c = self.session.step()
         except SessionFinished as e:
@@ -78,7 +84,7 @@ class Stepper:
 
     def run(self, n: int = 10) -> list:
         """Run up to ``n`` cycles (stops at the end of the session); updates the view once at the end."""
-        self._apply_settings()
+        self._sync_controls()
         out = []
         for _ in range(int(n)):
             if self.session.finished:
@@ -88,14 +94,15 @@ class Stepper:
         return out
 
     def reset(self):
-        """Start a new session with the same prompt, seed and limits, and the policy / temperature shown."""
+        """Start a new session with the same prompt, seed, limits, policy and sampling."""
         s = self.session
         self.session = s.engine.session(
-            s.prompt, policy=self._policy(), temperature=float(self.temperature.value),
+            s.prompt, policy=s.policy, temperature=s.temperature,
             top_p=s.sampling.top_p, top_k=s.sampling.top_k, seed=s.seed, max_new_tokens=s.max_new_tokens,
             kernel_backend=s.kernel_backend, record_topk=s.record_topk, capture=s.capture,
         )
         self._shown = None
+        self._sync_controls()
         self._refresh(show=None)
         return self.session
 
@@ -120,10 +127,27 @@ class Stepper:
     def _policy(self):
         kind = self.policy_kind.value
         if kind == "ddtree":
-            return DDTree(int(self.budget.value))
+            cur = self.session.policy  # a width set in code survives a budget change
+            return DDTree(int(self.budget.value), cur.width if isinstance(cur, DDTree) else None)
         return DFlash() if kind == "dflash" else AR()
 
+    def _sync_controls(self) -> None:
+        """Show the session's policy and temperature in the controls without applying them back."""
+        kind, budget = _policy_parts(self.session.policy)
+        self._syncing = True
+        try:
+            self.policy_kind.value = kind
+            if kind == "ddtree":
+                self.budget.value = budget
+            self.temperature.value = float(self.session.temperature)
+        finally:
+            self._syncing = False
+        self.budget.disabled = kind != "ddtree"
+
     def _apply_settings(self) -> None:
+        """A control changed by the user: apply it to the session's next cycle."""
+        if self._syncing:
+            return
         self.budget.disabled = self.policy_kind.value != "ddtree"
         p = self._policy()
         if p != self.session.policy:
@@ -131,6 +155,7 @@ class Stepper:
         t = float(self.temperature.value)
         if t != self.session.temperature:
             self.session.temperature = t
+        self._say(f"next cycle: {self.session.policy}, T={self.session.temperature}")
 
     def _guard(self, fn) -> None:
         """Run a button action; show an error in the status line instead of losing it in a callback."""
