@@ -566,7 +566,7 @@ def layout(mode, prefix_lens, token_lens, *, model: str = "target", vocab_size: 
 
 
 def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=None, hidden_size=None,
-                     aux_layers=None, use_sglang: bool = True):
+                     aux_layers=None, use_sglang: bool = True, return_logprob: bool = False):
     """``layout(...)`` for one ForwardRecord of this engine: SGLang's tensors next to the shapes we recorded."""
     from workbench.shapes.tables import _fmt_shape
 
@@ -591,7 +591,7 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
         tree = False
     tbl = layout(mode, [prefix] * bs, [n] * bs, model=rec.model, vocab_size=vocab_size, hidden_size=hidden_size,
                  aux_layers=aux_layers, dtype=(rec.outputs.get("logits") or {}).get("dtype", "bfloat16"),
-                 tree=tree, use_sglang=use_sglang, ours=ours)
+                 tree=tree, use_sglang=use_sglang, ours=ours, return_logprob=return_logprob)
     if rec.model == "draft" and "target_hidden" in rec.inputs:
         th = rec.inputs["target_hidden"]
         tbl.append(_row("target hidden (context)", None, "", "dflash verify hidden", "workbench rule",

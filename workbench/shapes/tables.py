@@ -271,7 +271,8 @@ def sglang_view(obj, picked, use_sglang: bool = True) -> LayoutTable:
     titles = []
     for lbl, rec in picked:
         t = layout_of_record(rec, tree=_is_tree(obj, lbl) and rec.mode == ForwardMode.TARGET_VERIFY,
-                             use_sglang=use_sglang)
+                             use_sglang=use_sglang,
+                             return_logprob=bool(getattr(obj, "settings", {}).get("prompt_logprobs")))
         fwd = f"{lbl}: {rec.model} {rec.mode.value}"
         rows += [dict(r, forward=fwd) for r in t]
         titles.append(f"{lbl}: " + t.title.removeprefix("SGLang layout: "))
