@@ -10,7 +10,7 @@ import torch
 
 from workbench.capture import ShapeCapture
 from workbench.forward import ForwardMode
-from workbench.shapes.tables import CompareTable, LayoutTable, ShapeTable, _mode, compare, sglang_view, table
+from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, sglang_view, table
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -48,11 +48,12 @@ class ShapePlan:
         s = self.settings
         head = (f"ShapePlan({s['model']}, batch={s['batch']}, prompt_len={s['prompt_len']}, budget={s['budget']}, "
                 f"block_size={s['block_size']}, dtype={s['dtype']}, prompt_logprobs={s['prompt_logprobs']})")
-        rows = []
+        rows, lines = [], self.sglang_lines
         for lbl, r in self.forwards:
             lg = r.outputs.get("logits", {}).get("shape")
-            rows.append(f"  {lbl:<36} {r.model:<6} {r.mode.value:<13} kv {r.kv_before}->{r.kv_after:<6} "
-                        f"ours [bs, n]: logits {lg}; sglang flat: {self.sglang_lines.get(lbl, '')}")
+            kv = f"kv {r.kv_before}->{r.kv_after}"
+            rows.append(f"  {lbl:<37} {r.model:<6} {r.mode.value:<13} {kv:<14} "
+                        f"ours [bs, n]: logits {lg}; sglang flat: {lines.get(lbl, '')}")
         return "\n".join([head] + rows + [f"  note: {n}" for n in self.notes])
 
     @property

@@ -120,7 +120,11 @@ class CompareTable(_Rows):
     def _cell(self, row, col):
         if col in self.labels:
             v = row.get(col)
-            return "-" if v is None else f"{_fmt_shape(v['shape'])} {v['dtype']} ({fmt_bytes(v['bytes'])})"
+            if v is None:
+                return "-"  # this run has no such tensor
+            if v["shape"] is None:
+                return "None"  # SGLang passes None here (e.g. DFlash's verify mask)
+            return f"{_fmt_shape(v['shape'])} {v['dtype']} ({fmt_bytes(v['bytes'])})"
         return super()._cell(row, col)
 
 
