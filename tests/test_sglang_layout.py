@@ -239,3 +239,16 @@ def test_device_contract_fails_when_an_input_is_elsewhere(tmp_path):
     res = wb.shapes.check_contracts(wb.Trace(meta=tr.meta, prefill=tr.prefill, cycles=old))
     row = next(r for r in res if r["check"] == "verify inputs on the target's device")
     assert row["result"] == "n/a" and res.passed
+
+
+def test_python_m_workbench_shapes_prints_both_layouts(tmp_path, capsys):
+    from tiny_models import make_pair
+
+    from workbench.shapes.__main__ import _main
+
+    t, d = make_pair(tmp_path, vocab=64, hidden=32, layers=2, heads=2, kv_heads=1, layer_ids=(0, 1), block_size=4, seed=7,
+                     max_positions=1024)
+    assert _main(["--plan", str(t / "config.json"), "--draft-config", str(d / "config.json"), "--budget", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ours [bs, n]: logits [8, 1, 64]; sglang flat: 4096 tokens, logits rows 8" in out
+    assert "draft block (1st cycle, context 512)" in out and "(sglang layout)" in out

@@ -11,9 +11,12 @@ Where SGLang 0.5.23's code runs here it computes the numbers (``by`` column):
 - ``sglang import``: ``ragged_verify`` (``RaggedVerifyLayout``, ``build_ragged_target_verify_geometry``)
   and ``aux_hidden_states.pack_aux_hidden_states`` import on a CPU machine;
 - ``sglang source``: ``dflash_info``, ``logits_processor``, ``eagle_utils`` and ``forward_batch_info``
-  do not import here (transformers 5.15's image processors want torchvision, and no CPU torchvision
-  build for torch 2.13 is reachable), so the one function needed is read from the installed file
-  with ``ast`` and executed alone (``sglang_def``) with the module globals it uses;
+  do not import here: ``sglang/srt/configs`` registers image processors with transformers 5.15's
+  ``AutoImageProcessor``, which wants torchvision, and torchvision 0.28.0 on PyPI is built against
+  CUDA torch (its ``_C.so`` needs ``libtorch_cuda.so``; with the CPU torch 2.13.0 it fails on
+  ``torchvision::nms``); ``apache-tvm-ffi==0.1.11`` installs cleanly but alone does not help. So the
+  one function needed is read from the installed file with ``ast`` and executed alone
+  (``sglang_def``) with the module globals it uses;
 - ``workbench rule``: our pure-Python rule, used where sglang is absent or the batch is ragged
   beyond what SGLang's uniform code takes. Every such rule names the SGLang expression it mirrors
   in ``SGLANG_RULES``; tests/test_sglang_layout.py fails when the installed source stops
