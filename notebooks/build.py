@@ -235,15 +235,19 @@ same path and bonus as our vectorized walk.
 
 NOTEBOOKS["04_forward_mode_shapes"] = [
     md("""
-# 04 · Forward-mode shapes: what every forward sees and returns
+# 04 · Forward-mode shapes: what every forward computes, here and in SGLang
 
-**Question.** In the target's TARGET_VERIFY forward, are logits computed for every drafted token
-or one per request? How many hidden-state rows reach the drafter? How big is the tree mask? We read
-the answers off the engine that actually ran, named as SGLang names its forward modes, and plan the
-same for Qwen3-8B at batch 8, budget 64, with no weights.
+**Question.** Before grafting a tree onto SGLang's DFlash path: does SGLang's TARGET_VERIFY forward
+compute logits for every draft token of every request, and EXTEND only for each request's last
+token? How big is the verify mask at batch 8, prefix 512 and 16 tokens, and for a DDTree of 64
+nodes, in each of SGLang's mask modes? What does a ragged batch of trees look like in SGLang's
+`RaggedVerifyLayout`? Our engine runs Hugging Face forwards on `[bs, n]` tensors, which return logits
+at every position, so its own shapes cannot answer this: each answer below comes from SGLang's
+code (sglang 0.5.23, installed without its dependencies), named with the file it comes from.
 """),
     code("""
 import workbench as wb
+from workbench.shapes import sglang_layout as L
 
 engine = wb.load()
 traces = {}
@@ -253,23 +257,128 @@ for policy in [wb.AR(), wb.DFlash(), wb.DDTree(32)]:
         s.run()
     traces[str(policy)] = s.trace
 """),
+    md("""
+Our forwards side by side, rows aligned by module. The `(sglang layout)` rows at the end are the
+tensors SGLang would build for the same forward: one flat token dimension, int32 `qo_indptr` /
+`kv_indptr`, a flat custom mask for the tree, and only the logits rows its logits processor keeps.
+"""),
     code("""
 wb.shapes.compare(traces)
 """),
     code("""
+wb.shapes.table(traces["DDTree(32)"], mode="TARGET_VERIFY", model="target", view="sglang")
+"""),
+    code("""
 wb.shapes.check_contracts(traces["DDTree(32)"])
+"""),
+    md("""
+### 1. Which logits rows does SGLang keep per mode?
+
+`LogitsProcessor._get_pruned_states` (`sglang/srt/layers/logits_processor.py`) decides. Its module
+cannot be imported on this machine (transformers' image processors want torchvision), so
+`sglang_logits_rows` executes that one method from the installed file, on hidden states whose rows
+carry their own index: what comes out is the list of rows SGLang keeps.
+"""),
+    code("""
+for name in ("logits all rows", "logits last row", "logits with logprobs"):
+    print(f"{name:22s}", L.SGLANG_RULES[name])
+lens = [4, 5, 6]                                     # three requests, ragged
+print("EXTEND, prompts of", lens, "tokens       -> rows", L.sglang_logits_rows("EXTEND", lens))
+print("EXTEND with prompt log-probs        -> rows", L.sglang_logits_rows("EXTEND", lens, return_logprob=True))
+verify = [16, 16, 16]                                # DFlash: 16 draft tokens per request
+kept = L.sglang_logits_rows("TARGET_VERIFY", verify)
+print(f"TARGET_VERIFY, 3 x 16 draft tokens  -> {len(kept)} rows of {sum(verify)}: {kept == list(range(sum(verify)))}")
+"""),
+    md("""
+### 2. The verify mask: DFlash at bs 8, prefix 512, 16 tokens; a DDTree of 64 nodes
+
+DFlash's worker passes no custom mask at all: its verify is a chain, causal attention suffices.
+If a mask is handed in, `DFlashVerifyInput.generate_attn_arg_prefill` (`dflash_info.py`) pads it to
+`sum(prefix) * n + n**2 * bs` entries; EAGLE's tree build (`eagle_utils.py`,
+`build_tree_kernel_efficient`) allocates one per mask mode. Both are run below from the installed
+source (the tree kernel itself is not run: only the allocation matters), next to our
+`custom_mask_elements`, the one function the workbench uses for these sizes.
+"""),
+    code("""
+from workbench.shapes import fmt_bytes
+
+bs, prefix = 8, 512
+print(L.SGLANG_RULES["dflash verify mask"])
+args = L.sglang_verify_args([prefix] * bs, [16] * bs, with_mask=True)
+print("dflash_info.py, a mask handed to DFlash verify is padded to", args["custom_mask"].numel(), "entries;",
+      "qo_indptr", args["qo_indptr"].tolist())
+print()
+print(f"{'bs 8, prefix 512':38s} {'mask mode':22s} {'sglang (eagle_utils.py)':26s} workbench")
+for label, n in [("DFlash chain, 16 tokens", 16), ("DDTree, 64 nodes", 64), ("DDTree(64) here: root + 64 = 65", 65)]:
+    for mode in L.MASK_MODES:
+        try:
+            m = L.sglang_tree_mask([prefix] * bs, n, mode)
+            theirs = f"{m.numel():,} {str(m.dtype)[6:]}"
+        except Exception as e:
+            theirs = f"fails: {type(e).__name__}"
+        try:
+            ours = L.custom_mask_elements([prefix] * bs, [n] * bs, mode)
+            mine = f"{ours.numel:,} {ours.dtype} = {fmt_bytes(ours.bytes)}"
+        except ValueError as e:
+            mine = str(e).split(";")[0]
+        print(f"{label:38s} {mode:22s} {theirs:26s} {mine}")
+"""),
+    md("""
+### 3. A ragged batch of trees in `RaggedVerifyLayout`
+
+Three requests whose trees have 9, 65 and 17 nodes (root included), at prefixes 100, 512 and 37.
+`RaggedVerifyLayout` (`sglang/srt/speculative/ragged_verify.py`) imports here and is used as is:
+per-request `verify_lens`, `qo_indptr`, and the CUDA-graph token tier, from a grid built the way
+`decode_cuda_graph_runner.py` builds it (`bs * tokens per request` for each captured batch size).
+"""),
+    code("""
+import torch
+from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout, build_ragged_target_verify_geometry
+
+prefix_lens, verify_lens = [100, 512, 37], [9, 65, 17]
+grid = L.ragged_token_grid(capture_bs=[1, 2, 4, 8], tokens_per_req=65)
+lay = RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=verify_lens, device=torch.device("cpu"), grid=grid)
+print("grid (token tiers)   ", grid, "  ", L.SGLANG_RULES["ragged token grid"])
+print("verify_lens          ", lay.verify_lens.tolist())
+print("qo_indptr            ", lay.qo_indptr_device.tolist())
+print("extend_start_loc     ", lay.extend_start_loc.tolist())
+print("tokens / graph tier  ", lay.total_verify_tokens, "/", lay.graph_num_tokens)
+geo = build_ragged_target_verify_geometry(seq_lens=torch.tensor(prefix_lens, dtype=torch.int32), layout=lay)
+print("kv lens, cu_seqlens_k", geo.cache_seqlens_int32.tolist(), geo.cu_seqlens_k.tolist())
+padded = lay.padded_to_bucket(padded_bs=4)      # a CUDA graph captured for 4 requests
+print("padded to 4 slots    ", padded.verify_lens.tolist(), "(the pad row takes the tier's leftover tokens)")
+"""),
+    code("""
+L.layout("TARGET_VERIFY", prefix_lens, verify_lens, tree=True, vocab_size=151936, hidden_size=4096, aux_layers=5)
+"""),
+    md("""
+### Qwen3-8B with its DFlash-b16 drafter, batch 8, prompt 512, budget 64: no weights
+
+`plan` builds both models on the meta device and runs this engine's forwards; each line gives our
+`[bs, n]` layout and SGLang's flat one. The prefill keeps one logits row per request, as SGLang's
+logits processor does (`prompt_logprobs=True` keeps every prompt row).
 """),
     code("""
 import pathlib
-cfg = pathlib.Path(wb.__file__).parent / "configs" / "qwen3-8b.json"
-wb.shapes.plan(cfg, batch=8, prompt_len=512, budget=64)
+configs = pathlib.Path(wb.__file__).parent / "configs"
+p = wb.shapes.plan(configs / "qwen3-8b.json", batch=8, prompt_len=512, budget=64,
+                   draft_config=configs / "qwen3-8b-dflash-b16.json")
+print(p)
+"""),
+    code("""
+p.sglang()
 """),
     md("""
-**What we learned.** In TARGET_VERIFY the target computes logits and hidden states for every
-verified token of every request (batch x tokens-per-request rows), not one row per request; the
-drafter's block forward runs in the same mode on the draft model; the tree mask is
-[tokens, prefix + tokens]. For an 8B target the verify forward at budget 64 and batch 8 is still
-small next to the prefill, which the plan above sizes before any GPU is rented.
+**What we learned.** In SGLang, TARGET_VERIFY keeps a logits row for every draft token of every
+request (48 of 48 above; 520 rows for DDTree(64) at batch 8), while EXTEND keeps only each
+request's last row unless prompt log-probs are asked for: the Qwen3-8B prefill at batch 8 has 8
+logits rows (2.3 MiB), not 8 x 512 (1.2 GiB). DFlash verifies its chain with no custom mask; a
+mask at bs 8, prefix 512, 16 tokens would hold 67,584 entries in FULL_MASK and 2,048 in QLEN_ONLY.
+A 64-node DDTree needs 294,912 (FULL_MASK) or 32,768 (QLEN_ONLY); with the root it is 65 tokens,
+300,040 or 33,800. QLEN_ONLY_BITPACKING stops at 32 tokens per request (uint32 words), so no
+DDTree of useful size fits it. A ragged batch of trees is exactly what `RaggedVerifyLayout`
+describes: per-request `verify_lens`, a `qo_indptr` over them, and a graph tier the batch is
+padded to.
 """),
 ]
 
@@ -378,8 +487,9 @@ else:
     md("Planning a deployment needs no GPU and no weights: shapes from the config alone."),
     code("""
 import pathlib
-cfg = pathlib.Path(wb.__file__).parent / "configs" / "qwen3-8b.json"
-wb.shapes.plan(cfg, batch=1, prompt_len=1024, budget=128)
+configs = pathlib.Path(wb.__file__).parent / "configs"
+wb.shapes.plan(configs / "qwen3-8b.json", batch=1, prompt_len=1024, budget=128,
+               draft_config=configs / "qwen3-8b-dflash-b16.json")   # with the drafter's block forward
 """),
     md("""
 ## An engine that outlives the notebook

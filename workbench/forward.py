@@ -27,7 +27,8 @@ class ForwardMode(str, enum.Enum):
 
 
 def shape_of(x) -> dict:
-    return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}
+    """{"shape", "dtype", "device"} of a tensor: what a ForwardRecord keeps of it."""
+    return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "device": str(x.device)}
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class ForwardRecord:
 
     model: str  # "target" or "draft"
     mode: ForwardMode
-    inputs: dict = field(default_factory=dict)  # name -> {"shape": [...], "dtype": str}
+    inputs: dict = field(default_factory=dict)  # name -> {"shape": [...], "dtype": str, "device": str}
     outputs: dict = field(default_factory=dict)
     kv_before: int = 0
     kv_after: int = 0
@@ -45,6 +46,10 @@ class ForwardRecord:
     def to_dict(self) -> dict:
         return {"model": self.model, "mode": self.mode.value, "inputs": self.inputs, "outputs": self.outputs,
                 "kv_before": self.kv_before, "kv_after": self.kv_after, "modules": [dict(m) for m in self.modules]}
+
+    def devices(self) -> dict:
+        """{tensor name: device} over inputs and outputs; records saved before devices were kept say "unknown"."""
+        return {k: v.get("device", "unknown") for k, v in {**self.inputs, **self.outputs}.items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ForwardRecord":
@@ -64,22 +69,25 @@ def cache_length(cache) -> int:
 
 
 def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode, layer_ids: list[int] | None,
-               mask: Tensor | None = None, capture=None) -> TargetOutput:
-    """One target forward. ids/positions [bs, n]; mask bool [bs, 1, n, past + n] or None (causal)."""
+               mask: Tensor | None = None, capture=None, logits_to_keep: int = 0) -> TargetOutput:
+    """One target forward. ids/positions [bs, n]; mask bool [bs, 1, n, past + n] or None (causal).
+
+    ``logits_to_keep``: 0 computes logits at every position; k > 0 only at the last k (HF semantics).
+    """
     from dflash.model import extract_context_feature
 
     before = cache_length(cache)
     with capture.forward("target", mode) if capture else _nullctx():
         out = target(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                     use_cache=True, output_hidden_states=layer_ids is not None)
+                     use_cache=True, output_hidden_states=layer_ids is not None, logits_to_keep=logits_to_keep)
     feats = extract_context_feature(out.hidden_states, layer_ids) if layer_ids is not None else None
     inputs = {"input_ids": shape_of(ids), "positions": shape_of(positions)}
     if mask is not None:
         inputs["attention_mask"] = shape_of(mask)
     outputs = {"logits": shape_of(out.logits)}
     if feats is not None:
-        outputs["hidden_states"] = {"shape": [len(out.hidden_states)] + list(out.hidden_states[0].shape),
-                                    "dtype": str(out.hidden_states[0].dtype).replace("torch.", "")}
+        outputs["hidden_states"] = {**shape_of(out.hidden_states[0]),
+                                    "shape": [len(out.hidden_states)] + list(out.hidden_states[0].shape)}
         outputs["draft_context"] = shape_of(feats)
     rec = ForwardRecord("target", mode, inputs, outputs, before, cache_length(cache),
                         capture.take() if capture else ())

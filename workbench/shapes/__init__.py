@@ -1,0 +1,35 @@
+"""Forward-mode shapes: what every forward sees and returns, named the way SGLang names it, and
+the tensors SGLang itself would build for the same forward.
+
+    import workbench as wb
+    s = engine.session("def f(x):", policy=wb.DDTree(32))
+    with wb.shapes.capture(s):
+        s.step()                                        # per-module shapes of this cycle
+    wb.shapes.table(s, mode="TARGET_VERIFY", model="target")
+    wb.shapes.table(s, mode="TARGET_VERIFY", view="sglang")   # SGLang's flat layout beside ours
+    wb.shapes.compare({"AR": t_ar, "DFlash": t_df, "DDTree(32)": t_dd})   # rows aligned by module
+    wb.shapes.check_contracts(s.trace)                  # pass/fail rows with the numbers
+    p = wb.shapes.plan("workbench/configs/qwen3-8b.json", batch=8, prompt_len=512, budget=64,
+                       draft_config="workbench/configs/qwen3-8b-dflash-b16.json")   # meta device, no weights
+    p.compare(); p.sglang()                             # ours; SGLang's layout of every planned forward
+    wb.shapes.sglang_layout.custom_mask_elements([512] * 8, [16] * 8, "FULL_MASK")
+
+Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``contracts``
+(check_contracts), ``plan`` (meta-device plans), ``sglang_layout`` (SGLang's tensors per mode),
+``sglang_source`` (the SGLang rules mirrored, read from its installed source).
+"""
+from __future__ import annotations
+
+from workbench.shapes import sglang_layout
+from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_installed
+from workbench.shapes.contracts import _target_record, ancestor_matrix, check_contracts
+from workbench.shapes.plan import CONFIGS, ShapePlan, plan
+from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
+from workbench.shapes.tables import CheckTable, CompareTable, LayoutTable, ShapeTable, compare, fmt_bytes, table
+
+__all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePlan", "ShapeTable", "bench",
+           "capture", "check_contracts", "compare", "custom_mask_elements", "hooks_installed", "layout", "plan",
+           "sglang_forward_modes", "sglang_layout", "table"]
+
+# Kept importable under their old names (workbench/shapes.py was one module).
+__all__ += ["CONFIGS", "_target_record", "ancestor_matrix", "fmt_bytes"]

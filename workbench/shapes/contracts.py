@@ -1,0 +1,133 @@
+"""Contract checks over a run: PASS/FAIL rows with the numbers, per cycle or summarised."""
+from __future__ import annotations
+
+import torch
+
+from workbench.forward import ForwardRecord
+from workbench.shapes.tables import CheckTable, _fmt_shape, _trace_of
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """bool [n, n]: out[i, j] is True when node j is node i or one of its ancestors."""
+    n = int(parents.shape[0])
+    out = torch.zeros(n, n, dtype=torch.bool)
+    par = parents.tolist()
+    for i in range(n):
+        j, steps = i, 0
+        while j >= 0 and steps <= n:  # steps bound: a malformed parent cycle cannot loop forever
+            out[i, j] = True
+            j, steps = par[j], steps + 1
+    return out
+
+
+def _target_record(c) -> ForwardRecord | None:
+    return next((r for r in c.forwards if r.model == "target"), None)
+
+
+def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
+    """Contract checks over every cycle, as PASS/FAIL rows with the numbers (first failure, else first cycle).
+
+    - logits rows: bs x tokens-per-request (not bs) in TARGET_VERIFY;
+    - hidden states (the drafter's context) for every verified token;
+    - positions = start + depth, so siblings share a position;
+    - tree mask [bs, 1, n, prefix + n] with exactly the ancestor-or-self pattern;
+    - KV length after commit = prefix + accepted + 1 (the root), read from the next cycle's
+      verify ``kv_before`` (or the live cache, for a session's last cycle);
+    - every tensor of the cycle's forwards (drafter and verify, inputs and outputs) on the
+      target's device, as SGLang's DFlash verify requires (dflash_utils.py: "candidates and
+      next_token_logits must be on the same device"); records saved before devices were kept
+      are not applicable;
+    - index dtypes SGLang uses: input_ids and positions int64 (compute_position_torch's
+      ``.to(torch.int64)``, DFlash's ``draft_token`` long), the tree mask bool, the EAGLE retrieve
+      arrays int64 (spec_tree's verify kernel). SGLang's int32 tensors (qo/kv indptr, accept
+      index) have no counterpart in this engine's forward: see ``table(..., view="sglang")``.
+    """
+    obj = trace_or_session
+    trace = _trace_of(obj)
+    cycles = list(trace.cycles)
+    if not cycles:
+        raise ValueError("the trace has no cycles to check; step() the session first")
+    live_kv = None
+    if trace is not obj and hasattr(obj, "kv_cache"):
+        layers = obj.kv_cache()
+        live_kv = int(layers[0][0].shape[-2]) if layers else None
+    results: dict[str, list] = {k: [] for k in ("logits rows = bs x tokens/request", "hidden states for all tokens",
+                                                "positions = start + depth", "tree mask = ancestors",
+                                                "kv after commit = prefix + accepted + 1",
+                                                "verify inputs on the target's device", "index dtypes as SGLang's")}
+    for i, c in enumerate(cycles):
+        rec = _target_record(c)
+        n = int(c.tokens.shape[0])
+        if rec is None:
+            for k in results:
+                results[k].append((c.index, False, "a target forward", "none recorded"))
+            continue
+        bs = rec.inputs["input_ids"]["shape"][0]
+        lg = rec.outputs.get("logits", {}).get("shape")
+        got = lg[0] * lg[1] if lg and len(lg) == 3 else None
+        results["logits rows = bs x tokens/request"].append(
+            (c.index, got == bs * n, f"{bs} x {n} = {bs * n} rows ({rec.mode.value})",
+             f"logits {_fmt_shape(lg) if lg else 'missing'} = {got} rows"))
+        ctx = rec.outputs.get("draft_context", {}).get("shape")
+        hs = rec.outputs.get("hidden_states", {}).get("shape")
+        ok = ctx is not None and ctx[:2] == [bs, n] and (hs is None or hs[1:3] == [bs, n])
+        results["hidden states for all tokens"].append(
+            (c.index, ok, f"[{bs}, {n}, F] context for {n} tokens",
+             f"context {_fmt_shape(ctx) if ctx else 'not captured'}, hidden {_fmt_shape(hs) if hs else '-'}"))
+        want = c.start + c.depth
+        bad = int((c.position_ids != want).sum())
+        sib = sum(1 for p in set(c.parents.tolist()) if p >= 0 and int((c.parents == p).sum()) > 1)
+        pos_shape = rec.inputs["positions"]["shape"]
+        results["positions = start + depth"].append(
+            (c.index, bad == 0 and pos_shape == [bs, n],
+             f"{c.start} + depth for {n} nodes ({sib} sibling groups share a position)",
+             f"{bad} of {n} differ; positions {_fmt_shape(pos_shape)}"))
+        if n > 1:
+            mask = rec.inputs.get("attention_mask", {}).get("shape")
+            exp_shape = [bs, 1, n, c.start + n]
+            wrong = int((c.visibility != ancestor_matrix(c.parents)).sum()) if c.visibility.shape == (n, n) else n * n
+            results["tree mask = ancestors"].append(
+                (c.index, mask == exp_shape and rec.kv_before == c.start and wrong == 0,
+                 f"{_fmt_shape(exp_shape)}, ancestor pattern",
+                 f"{_fmt_shape(mask) if mask else 'no mask'}, {wrong} entries off the ancestor pattern"))
+        dev = rec.outputs.get("logits", {}).get("device")
+        placed = [(f"{r.model}.{k}", d) for r in c.forwards for k, d in r.devices().items()]
+        if dev is not None and all(d != "unknown" for _, d in placed):
+            off = [f"{k} on {d}" for k, d in placed if d != dev]
+            results["verify inputs on the target's device"].append(
+                (c.index, not off, f"all {len(placed)} tensors on {dev} (the target's logits)",
+                 ", ".join(off[:3]) + (f" (+{len(off) - 3})" if len(off) > 3 else "") if off else f"all on {dev}"))
+        want_dt = {"input_ids": "int64", "positions": "int64", "attention_mask": "bool"}
+        got_dt = {k: rec.inputs[k]["dtype"] for k in want_dt if k in rec.inputs}
+        got_dt.update({k: str(getattr(c, k).dtype).replace("torch.", "")
+                       for k in ("retrieve_next_token", "retrieve_next_sibling")})
+        want_dt.update({"retrieve_next_token": "int64", "retrieve_next_sibling": "int64"})
+        bad_dt = [f"{k} {v} (want {want_dt[k]})" for k, v in got_dt.items() if v != want_dt[k]]
+        results["index dtypes as SGLang's"].append(
+            (c.index, not bad_dt, "ids, positions, retrieve arrays int64; mask bool",
+             ", ".join(bad_dt) if bad_dt else ", ".join(f"{k} {v}" for k, v in got_dt.items())))
+        nxt = _target_record(cycles[i + 1]) if i + 1 < len(cycles) else None
+        kv_after = nxt.kv_before if nxt is not None else live_kv
+        if kv_after is not None:
+            exp = c.start + c.accepted + 1
+            results["kv after commit = prefix + accepted + 1"].append(
+                (c.index, kv_after == exp, f"{c.start} + {c.accepted} + 1 = {exp}",
+                 f"{kv_after} (verify grew it {rec.kv_before} -> {rec.kv_after})"))
+    rows = CheckTable()
+    for name, res in results.items():
+        if per_cycle:
+            rows += [{"check": name, "ok": ok, "result": "PASS" if ok else "FAIL", "cycles": str(ci),
+                      "expected": e, "got": g} for ci, ok, e, g in res]
+            continue
+        if not res:
+            rows.append({"check": name, "ok": True, "result": "n/a", "cycles": "0 applicable",
+                         "expected": "", "got": ""})
+            continue
+        fails = [r for r in res if not r[1]]
+        ci, ok, e, g = (fails or res)[0]
+        where = f"{len(res) - len(fails)}/{len(res)} pass" + (f"; first failure: cycle {ci}" if fails else "")
+        rows.append({"check": name, "ok": not fails, "result": "FAIL" if fails else "PASS", "cycles": where,
+                     "expected": e, "got": g})
+    rows.title = f"contracts of {trace.policy} over {len(cycles)} cycles"
+    return rows
+
+
