@@ -23,6 +23,9 @@ def _target_record(c) -> ForwardRecord | None:
     return next((r for r in c.forwards if r.model == "target"), None)
 
 
+ADDITIVE_MASK_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
     """Contract checks over every cycle, as PASS/FAIL rows with the numbers (first failure, else first cycle).
 
@@ -37,7 +40,8 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
       next_token_logits must be on the same device"); records saved before devices were kept
       are not applicable;
     - index dtypes SGLang uses: input_ids and positions int64 (compute_position_torch's
-      ``.to(torch.int64)``, DFlash's ``draft_token`` long), the tree mask bool, the EAGLE retrieve
+      ``.to(torch.int64)``, DFlash's ``draft_token`` long), the tree mask bool (this engine's additive
+      float mask carries the same visibility), the EAGLE retrieve
       arrays int64 (spec_tree's verify kernel). SGLang's int32 tensors (qo/kv indptr, accept
       index) have no counterpart in this engine's forward: see ``table(..., view="sglang")``.
     """
@@ -101,9 +105,12 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
         got_dt.update({k: str(getattr(c, k).dtype).replace("torch.", "")
                        for k in ("retrieve_next_token", "retrieve_next_sibling")})
         want_dt.update({"retrieve_next_token": "int64", "retrieve_next_sibling": "int64"})
-        bad_dt = [f"{k} {v} (want {want_dt[k]})" for k, v in got_dt.items() if v != want_dt[k]]
+        # This engine passes the mask additive (0 / -inf in the model's dtype, what SDPA adds as is);
+        # it carries the same visibility as SGLang's bool mask.
+        bad_dt = [f"{k} {v} (want {want_dt[k]})" for k, v in got_dt.items()
+                  if v != want_dt[k] and not (k == "attention_mask" and v in ADDITIVE_MASK_DTYPES)]
         results["index dtypes as SGLang's"].append(
-            (c.index, not bad_dt, "ids, positions, retrieve arrays int64; mask bool",
+            (c.index, not bad_dt, "ids, positions, retrieve arrays int64; mask bool (or additive float)",
              ", ".join(bad_dt) if bad_dt else ", ".join(f"{k} {v}" for k, v in got_dt.items())))
         nxt = _target_record(cycles[i + 1]) if i + 1 < len(cycles) else None
         kv_after = nxt.kv_before if nxt is not None else live_kv
