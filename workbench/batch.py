@@ -103,7 +103,7 @@ class BatchSession:
     """Several generations stepped together. ``step()`` -> BatchCycle; ``run()`` -> the per-request traces."""
 
     def __init__(self, engine, prompts, policy=None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                 seed: int = 0, max_new_tokens: int = 256, kernel_backend: str | None = None,
+                 seed: int = 0, max_new_tokens: int | list[int] = 256, kernel_backend: str | None = None,
                  record_topk: int = 8):
         from workbench.policies import DDTree
 
@@ -118,6 +118,9 @@ class BatchSession:
         policies = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(prompts)
         if len(policies) != len(prompts):
             raise ValueError(f"{len(policies)} policies for {len(prompts)} prompts; give one policy, or one per prompt")
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+        if len(limits) != len(prompts):
+            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts; give one, or one per prompt")
         m = engine.models
         self._check_drafter(m)
         t0 = clock(m.device)
@@ -126,8 +129,8 @@ class BatchSession:
         backend = kernel_backend or engine.kernel_backend
         self.kernel_backend = backend
         self.sessions: list[BatchRequest] = [
-            BatchRequest(engine, p, as_policy(pol), self.sampling, seed + i, max_new_tokens, backend, record_topk, None)
-            for i, (p, pol) in enumerate(zip(prompts, policies))
+            BatchRequest(engine, p, as_policy(pol), self.sampling, seed + i, n, backend, record_topk, None)
+            for i, (p, pol, n) in enumerate(zip(prompts, policies, limits))
         ]
         for s in self.sessions:
             s._batch = self
@@ -316,11 +319,12 @@ class BatchSession:
         return bc
 
     def run(self, max_new_tokens: int | None = None) -> list[Trace]:
-        """Step until every request has finished (end-of-text or ``max_new_tokens``)."""
+        """Step until every request has finished (end-of-text or ``max_new_tokens``). A new limit applies to
+        the live requests: a retired request has left the batch's buffers and does not resume."""
         if max_new_tokens is not None:
             Session._check_max_new(max_new_tokens)
-            for s in self.sessions:
-                s.max_new_tokens = max_new_tokens
+            for i in self._live:
+                self.sessions[i].max_new_tokens = max_new_tokens
         while not self.finished:
             self.step()
         return self.traces
