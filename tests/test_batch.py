@@ -18,6 +18,16 @@ def alone(engine, prompt, policy, n, **kw):
     return s
 
 
+def check_same_cycles(got, ref):
+    """Cycle for cycle, the batch drafted, built and verified the same tree as the request alone."""
+    assert len(got.cycles) == len(ref.cycles)
+    for a, b in zip(got.cycles, ref.cycles):
+        for f in ("tokens", "parents", "position_ids", "visibility", "target_choice", "accepted_nodes",
+                  "draft_topk_tokens"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), (a.index, f)
+        torch.testing.assert_close(a.draft_topk_logprobs, b.draft_topk_logprobs, atol=1e-4, rtol=1e-4)
+
+
 def check_cycle_accept(cycle):
     """The batched accept (recorded) equals the accept walk over this request's own, unpadded tree."""
     one = accept_walk(cycle.tokens[None], cycle.parents[None], cycle.depth[None], cycle.visibility[None],
@@ -37,7 +47,7 @@ def test_batch_equals_each_request_alone_on_random_models(tiny_engines, shape):
     for p, pol, n, s in zip(prompts, MIXED, limits, bs.sessions):
         ref = alone(engine, p, pol, n)
         assert s.tokens == ref.tokens, f"{shape} {pol} {p!r}"
-        assert len(s.cycles) == len(ref.cycles)
+        check_same_cycles(s, ref)
         assert s.finish_reason == ref.finish_reason
         for c in s.cycles:
             check_cycle_accept(c)
@@ -65,7 +75,9 @@ def test_batch_equals_alone_and_kv_cache_after_every_cycle_on_embedded(engine, e
                 torch.testing.assert_close(k, rk, atol=2e-5, rtol=1e-4)
                 torch.testing.assert_close(v, rv, atol=2e-5, rtol=1e-4)
     for p, pol, n, s in zip(prompts, policies, limits, bs.sessions):
-        assert s.tokens == alone(engine, p, pol, n).tokens, pol
+        ref = alone(engine, p, pol, n)
+        assert s.tokens == ref.tokens, pol
+        check_same_cycles(s, ref)
         assert s.text == engine.tokenizer.decode(s.tokens) and bs.texts[bs.sessions.index(s)] == s.text
     assert any(c.accepted > 0 for s in bs.sessions for c in s.cycles)  # drafts were accepted, not only bonuses
 
