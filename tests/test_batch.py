@@ -169,3 +169,21 @@ def test_stepping_a_finished_batch_or_a_request_directly(tiny_engines):
     bs.run()
     with pytest.raises(wb.SessionFinished if hasattr(wb, "SessionFinished") else RuntimeError):
         bs.step()
+
+
+def test_batch_stepper_shows_one_tree_per_request(tiny_engines):
+    from workbench import views
+
+    engine = tiny_engines["l4-h32"]
+    bs = engine.batch_session(["t1 t2 t3", "t4"], policy=[wb.DDTree(6), wb.DDTree(2)], max_new_tokens=12)
+    st = views.BatchStepper(bs)
+    assert st.shown is None
+    st.step()
+    for r in (0, 1):
+        st.show(r)
+        assert st.shown == (r, 0)
+        assert views.tree_node_count(st.tree) == bs.sessions[r].cycles[0].n_nodes + 2  # + root and bonus
+    st.run(100)
+    assert bs.finished and st.step_button.disabled and "finished" in st.status.value
+    with pytest.raises(IndexError, match="out of range"):
+        st.show(0, 10_000)

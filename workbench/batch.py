@@ -366,3 +366,66 @@ def ragged_layout(verify_lens: list[int], vocab: int) -> dict:
         pass
     return {"qo_indptr": qo, "rows": qo[-1], "input_ids": [qo[-1]], "positions": [qo[-1]],
             "logits": [qo[-1], vocab], "source": source}
+
+
+# -------------------------------------------------------------------------------------------- benchmark
+def batch_bench(engine, prompts: list[str], policy, batch_size: int, max_new_tokens: int = 64, repeats: int = 3,
+                warmup: bool = True) -> dict:
+    """Aggregate tokens/s of one batch of ``batch_size`` requests against the same requests run one after
+    another, interleaved (sequential, batch, sequential, batch, ...) so both see the same machine load.
+    Prompts are reused in turn when fewer than ``batch_size`` are given. Greedy; the outputs are compared
+    (``lossless``: the batch produced each request's own output)."""
+    import time
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+    if not prompts:
+        raise ValueError("prompts=[] is empty; give at least one prompt")
+    reqs = [prompts[i % len(prompts)] for i in range(batch_size)]
+    dev = engine.device
+
+    def run_seq():
+        out = []
+        for p in reqs:
+            s = engine.session(p, policy=policy, max_new_tokens=max_new_tokens)
+            s.run()
+            out.append(s.tokens)
+        return out
+
+    def run_batch():
+        b = engine.batch_session(reqs, policy=policy, max_new_tokens=max_new_tokens)
+        b.run()
+        return [s.tokens for s in b.sessions]
+
+    if warmup:
+        run_seq(), run_batch()
+    rows, lossless = [], True
+    for _ in range(repeats):
+        t0 = clock(dev)
+        seq = run_seq()
+        t1 = clock(dev)
+        bat = run_batch()
+        t2 = clock(dev)
+        lossless &= seq == bat
+        n_seq, n_bat = sum(map(len, seq)), sum(map(len, bat))
+        rows.append({"sequential_tok_s": n_seq / (t1 - t0), "batch_tok_s": n_bat / (t2 - t1),
+                     "speedup": (n_bat / (t2 - t1)) / (n_seq / (t1 - t0)), "tokens": n_bat})
+    from workbench.cycle import percentiles
+
+    def med(key):
+        return sorted(r[key] for r in rows)[(len(rows) - 1) // 2]
+
+    return {"batch_size": batch_size, "policy": str(policy), "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "sequential_tok_s": med("sequential_tok_s"), "batch_tok_s": med("batch_tok_s"),
+            "speedup": percentiles([r["speedup"] for r in rows]), "lossless": lossless, "runs": rows,
+            "threads": torch.get_num_threads(), "device": str(dev)}
+
+
+def batch_table(res: dict) -> str:
+    sp = res["speedup"]
+    return (f"{res['policy']}, batch of {res['batch_size']} vs the same {res['batch_size']} requests one after "
+            f"another ({res['max_new_tokens']} new tokens each, {res['repeats']} interleaved repeat(s), "
+            f"{res['device']}, {res['threads']} threads)\n"
+            f"  sequential {res['sequential_tok_s']:.1f} tok/s   batch {res['batch_tok_s']:.1f} tok/s   "
+            f"speedup p50 {sp['p50']:.2f}x  p90 {sp['p90']:.2f}x  max {sp['max']:.2f}x   "
+            f"outputs {'identical' if res['lossless'] else 'DIFFER'}")
