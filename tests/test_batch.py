@@ -187,3 +187,19 @@ def test_batch_stepper_shows_one_tree_per_request(tiny_engines):
     assert bs.finished and st.step_button.disabled and "finished" in st.status.value
     with pytest.raises(IndexError, match="out of range"):
         st.show(0, 10_000)
+
+
+def test_cli_bench_batch_size(tiny_pairs, capsys, tmp_path):
+    import json
+
+    from workbench.__main__ import main
+
+    t, d = tiny_pairs["l4-h32"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "t1 t5 t9"}\n{"id": "b", "prompt": "t4 t2 t17 t8 t8 t30"}\n')
+    rc = main(["bench", "--target", str(t), "--draft", str(d), "--threads", "1", "--prompts", str(prompts),
+               "--batch-size", "3", "--policies", "ddtree:8", "--max-new-tokens", "6", "--no-warmup", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["batch_size"] == 3 and res["lossless"] is True
+    assert res["runs"][0]["tokens"] == 18 and res["batch_tok_s"] > 0 and res["sequential_tok_s"] > 0
+    assert set(res["speedup"]) == {"p50", "p90", "max"}
