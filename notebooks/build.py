@@ -243,10 +243,39 @@ cfg = pathlib.Path(wb.__file__).parent / "configs" / "qwen3-8b.json"
 wb.shapes.plan(cfg, batch=8, prompt_len=512, budget=64)
 """),
     md("""
+## A real batched verify
+
+The plan above is on the meta device. A batch session runs several requests for real: one drafter
+forward and one TARGET_VERIFY forward per cycle for all of them, one tree per request, budgets and
+prompt lengths differing. Our forward pads the trees to a common node count `[bs, N]` (inert padding
+nodes, masked); SGLang flattens the same batch into `sum(1 + budget_i)` token rows with a ragged
+`qo_indptr` (computed here by SGLang's own `RaggedVerifyLayout`).
+"""),
+    code("""
+batch = engine.batch_session(
+    ["def merge(a, b):\\n    ", "class Stack:\\n    def push(self, x):", "import json\\n"],
+    policy=[wb.DDTree(16), wb.DDTree(32), wb.DDTree(8)], max_new_tokens=24)
+batch.step()
+lay = batch.verify_layout()
+f = lay["padded"]["forward"]
+print("requests (budget -> verified rows):", list(zip(lay["budgets"], lay["verify_lens"])))
+print("ours, padded   input_ids", f["inputs"]["input_ids"]["shape"], " mask", f["inputs"]["attention_mask"]["shape"],
+      " logits", lay["padded"]["logits"], f"= {lay['padded']['rows']} rows, {lay['padded']['padding_rows']} padding")
+print("SGLang, ragged input_ids", lay["ragged"]["input_ids"], " logits", lay["ragged"]["logits"],
+      " qo_indptr", lay["ragged"]["qo_indptr"], f"({lay['ragged']['source']})")
+print("logits for every draft token of every request:", lay["every_draft_token_has_logits"])
+"""),
+    code("""
+batch.run()
+[(s.policy, s.text[:40]) for s in batch.sessions]
+"""),
+    md("""
 **What we learned.** In TARGET_VERIFY the target computes logits and hidden states for every
 verified token of every request (batch x tokens-per-request rows), not one row per request; the
 drafter's block forward runs in the same mode on the draft model; the tree mask is
-[tokens, prefix + tokens]. For an 8B target the verify forward at budget 64 and batch 8 is still
+[tokens, prefix + tokens]. A real batch verifies every request's whole tree in one forward: SGLang's
+flattened layout has exactly sum(1 + budget) logits rows, ours pads to batch x N and masks the padding.
+For an 8B target the verify forward at budget 64 and batch 8 is still
 small next to the prefill, which the plan above sizes before any GPU is rented.
 """),
 ]
