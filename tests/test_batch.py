@@ -203,3 +203,16 @@ def test_cli_bench_batch_size(tiny_pairs, capsys, tmp_path):
     assert rc == 0 and res["batch_size"] == 3 and res["lossless"] is True
     assert res["runs"][0]["tokens"] == 18 and res["batch_tok_s"] > 0 and res["sequential_tok_s"] > 0
     assert set(res["speedup"]) == {"p50", "p90", "max"}
+
+
+@pytest.mark.parametrize("policy", [wb.AR(), wb.DDTree(7)])
+def test_batch_of_one_and_all_ar_batch_equal_alone(tiny_engines, policy):
+    engine = tiny_engines["l3-h48-b5"]
+    for prompts in (["t3 t1 t4 t1 t5"], tiny_prompts(engine, 3, seed=2)):
+        bs = engine.batch_session(prompts, policy=policy, max_new_tokens=15)
+        bs.run()
+        for p, s in zip(prompts, bs.sessions):
+            check_same_cycles(s, alone(engine, p, policy, 15))
+            assert s.tokens == alone(engine, p, policy, 15).tokens
+        if isinstance(policy, wb.AR):
+            assert all(c.forwards[-1].mode == wb.ForwardMode.DECODE for c in bs.cycles)
