@@ -216,3 +216,36 @@ def test_batch_of_one_and_all_ar_batch_equal_alone(tiny_engines, policy):
             assert s.tokens == alone(engine, p, policy, 15).tokens
         if isinstance(policy, wb.AR):
             assert all(c.forwards[-1].mode == wb.ForwardMode.DECODE for c in bs.cycles)
+
+
+def test_ragged_cache_keep_rows_equals_per_request_compaction():
+    """Batched compaction == compact_kv on each request's own rows, for ragged lengths and accept counts."""
+    from types import SimpleNamespace
+
+    from ddtree_kernels import compact_kv
+    from workbench.kv_cache import RaggedCache
+
+    cfg = SimpleNamespace(get_text_config=lambda decoder=True: SimpleNamespace(num_hidden_layers=2))
+    g = torch.Generator().manual_seed(0)
+    starts, n = [3, 0, 7], 6
+    cache = RaggedCache(cfg, [0, 0, 0])
+    prefix = torch.randn(3, 2, max(starts), 4, generator=g)
+    for layer in cache.layers:
+        layer.update(prefix, -prefix)
+    cache.set_lengths(starts)
+    tree = torch.randn(3, 2, n, 4, generator=g)
+    for layer in cache.layers:
+        k, v = layer.update(tree, -tree)
+        assert k.shape[2] == max(starts) + n
+    before = [cache.kv(b) for b in range(3)]
+    full = [[(torch.cat([k, tree[b : b + 1]], 2), torch.cat([v, -tree[b : b + 1]], 2)) for k, v in kv]
+            for b, kv in enumerate(before)]
+    nodes = [torch.tensor([0, 2, 5]), torch.tensor([0]), torch.tensor([0, 1, 3, 4])]
+    cache.keep_rows(starts, nodes)
+    assert cache.lengths == [6, 1, 11]
+    for b in range(3):
+        for (k, v), (fk, fv) in zip(cache.kv(b), full[b]):
+            assert torch.equal(k, compact_kv(fk, starts[b], nodes[b]))
+            assert torch.equal(v, compact_kv(fv, starts[b], nodes[b]))
+    cache.select([2, 0])
+    assert cache.lengths == [11, 6] and cache.kv(0)[0][0].shape == (1, 2, 11, 4)

@@ -95,6 +95,20 @@ def _pad_trees(trees: list[Tree], compiled: list[CompiledTree], starts: list[int
     return Tree(tok, par, dep, rank, score), CompiledTree(pos, vis, ridx, nxt, sib)
 
 
+def _verify_visible(starts: list[int], visibility: Tensor) -> Tensor:
+    """bool [bs, N, max(starts) + N]: request b's N tree rows (written at its rows [starts[b], starts[b] + N))
+    see its committed prefix and, within the tree block, ``visibility[b]``; nothing else."""
+    bs, N, _ = visibility.shape
+    dev = visibility.device
+    st = torch.tensor(starts, device=dev)[:, None, None]
+    col = torch.arange(max(starts) + N, device=dev)[None, None]
+    visible = (col < st).expand(bs, N, col.shape[-1]).clone()
+    rows = st[:, :, 0] + torch.arange(N, device=dev)[None]  # [bs, N] the tree's rows
+    visible[torch.arange(bs, device=dev)[:, None, None], torch.arange(N, device=dev)[None, :, None],
+            rows[:, None, :]] = visibility
+    return visible
+
+
 def _additive(visible: Tensor, dtype) -> Tensor:
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
@@ -267,17 +281,9 @@ class BatchSession:
         tree, comp = _pad_trees(trees, compiled, starts)
         N = tree.n
         sw.start("verify")
-        width = max(starts) + N
-        col = torch.arange(width, device=m.device)[None, None]
-        st = torch.tensor(starts, device=m.device)[:, None, None]
-        visible = col < st  # [bs, 1, width]: the committed prefix
-        visible = visible.expand(len(reqs), N, width).clone()
-        rows = st[:, :, 0] + torch.arange(N, device=m.device)[None]  # [bs, N] the tree's rows
-        b_idx = torch.arange(len(reqs), device=m.device)[:, None, None]
-        visible[b_idx, torch.arange(N, device=m.device)[None, :, None], rows[:, None, :]] = comp.visibility
         mode = ForwardMode.TARGET_VERIFY if any(not isinstance(p, AR) for p in policies) else ForwardMode.DECODE
         out = run_target(m.target, tree.tokens.clamp(min=0), comp.positions, self._target, mode,
-                         m.target_layer_ids, _additive(visible[:, None], m.dtype))
+                         m.target_layer_ids, _additive(_verify_visible(starts, comp.visibility)[:, None], m.dtype))
         if self.sampling.greedy:
             choice, prob = target_choice(out.logits, self.sampling, None)
         else:  # each request samples its own nodes from its own generator, as its single session would
