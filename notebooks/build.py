@@ -380,6 +380,37 @@ DDTree of useful size fits it. A ragged batch of trees is exactly what `RaggedVe
 describes: per-request `verify_lens`, a `qo_indptr` over them, and a graph tier the batch is
 padded to.
 """),
+    md("""
+## A real batched verify
+
+The plan above is on the meta device. A batch session runs several requests for real: one drafter
+forward and one TARGET_VERIFY forward per cycle for all of them, one tree per request, budgets and
+prompt lengths differing. Our forward pads the trees to a common node count `[bs, N]` (inert padding
+nodes, masked); SGLang flattens the same batch into `sum(1 + budget_i)` token rows with a ragged
+`qo_indptr` (computed here by SGLang's own `RaggedVerifyLayout`).
+"""),
+    code("""
+batch = engine.batch_session(
+    ["def merge(a, b):\\n    ", "class Stack:\\n    def push(self, x):", "import json\\n"],
+    policy=[wb.DDTree(16), wb.DDTree(32), wb.DDTree(8)], max_new_tokens=24)
+batch.step()
+lay = batch.verify_layout()
+f = lay["padded"]["forward"]
+print("requests (budget -> verified rows):", list(zip(lay["budgets"], lay["verify_lens"])))
+print("ours, padded   input_ids", f["inputs"]["input_ids"]["shape"], " mask", f["inputs"]["attention_mask"]["shape"],
+      " logits", lay["padded"]["logits"], f"= {lay['padded']['rows']} rows, {lay['padded']['padding_rows']} padding")
+print("SGLang, ragged input_ids", lay["ragged"]["input_ids"], " logits", lay["ragged"]["logits"],
+      " qo_indptr", lay["ragged"]["qo_indptr"], f"({lay['ragged']['source']})")
+print("logits for every draft token of every request:", lay["every_draft_token_has_logits"])
+"""),
+    code("""
+batch.run()
+[(s.policy, s.text[:40]) for s in batch.sessions]
+"""),
+    md("""
+**What we learned from the real batch.** Every verified token of every request gets a logits row:
+SGLang's flattened layout has exactly sum(1 + budget) rows; ours pads to batch x N and masks the padding.
+"""),
 ]
 
 NOTEBOOKS["05_budget_sweep"] = [

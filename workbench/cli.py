@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 if any greedy output differs from AR's (AR is added when missing)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per policy")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="batched DDTree: a batch of N requests against the same N run one after another")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("--reference", action="store_true",
@@ -238,6 +240,8 @@ def cmd_bench(args, out, err) -> int:
     if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
         raise ValueError(f"--profile {args.profile!r} is a file; give a directory for the trace files")
     engine = _load_engine(args)
+    if args.batch_size:
+        return _bench_batch(args, engine, policies, prompts, out)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                 check_lossless=args.check_lossless, progress=args.progress, warmup=not args.no_warmup)
     if args.out:
@@ -279,6 +283,17 @@ def cmd_bench(args, out, err) -> int:
         print(f"workbench: {res.failures[0]}" + (f" ({len(res.failures)} outputs differ in all)"
                                                   if len(res.failures) > 1 else ""), file=err)
         return EXIT_FAILED
+    return 0
+
+
+def _bench_batch(args, engine, policies, prompts, out) -> int:
+    from workbench.batch import batch_bench, batch_table
+
+    texts = [p["prompt"] for p in prompts]
+    for policy in policies:
+        res = batch_bench(engine, texts, policy, args.batch_size, args.max_new_tokens, max(args.repeats, 1),
+                          warmup=not args.no_warmup)
+        print(json.dumps(res) if args.json else batch_table(res), file=out)
     return 0
 
 

@@ -107,6 +107,12 @@ class Engine:
         return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
                        max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
 
+    def batch_session(self, prompts: list[str], policy=DDTree(32), **kw) -> "BatchSession":  # noqa: F821
+        """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``."""
+        from workbench.batch import BatchSession
+
+        return BatchSession(self, prompts, policy, **kw)
+
     def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  **kw) -> Trace:
         """Run a whole session and return its trace."""

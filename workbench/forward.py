@@ -94,8 +94,10 @@ def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode,
     return TargetOutput(out.logits, feats, rec)
 
 
-def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tensor, cache, capture=None):
-    """The drafter's block forward. block_ids [bs, B]; positions [bs, ctx + B]; context [bs, ctx, F].
+def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tensor, cache, capture=None,
+              mask: Tensor | None = None):
+    """The drafter's block forward. block_ids [bs, B]; positions [bs, ctx + B]; context [bs, ctx, F];
+    mask: additive [bs, 1, B, keys] or None (every key visible: the drafter is not causal).
 
     -> (logits [bs, B-1, V] for the masked slots, ForwardRecord)
     """
@@ -107,11 +109,12 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
     with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else _nullctx():
         noise = emb(block_ids) * scale
         hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
-                       past_key_values=cache, use_cache=True)
+                       past_key_values=cache, use_cache=True, attention_mask=mask)
         logits = draft.compute_logits(hidden[:, 1:], target.lm_head)
     rec = ForwardRecord(
         "draft", ForwardMode.TARGET_VERIFY,
-        {"input_ids": shape_of(block_ids), "positions": shape_of(positions), "target_hidden": shape_of(context)},
+        {"input_ids": shape_of(block_ids), "positions": shape_of(positions), "target_hidden": shape_of(context),
+         **({"attention_mask": shape_of(mask)} if mask is not None else {})},
         {"logits": shape_of(logits), "hidden_states": shape_of(hidden)},
         before, cache_length(cache), capture.take() if capture else (),
     )

@@ -12,9 +12,10 @@ from workbench.views.figures import (
 )
 from workbench.views.report import report_html, write_report
 from workbench.views.stepper import Stepper
+from workbench.views.batch_stepper import BatchStepper
 
 __all__ = [
-    "Stepper", "acceptance_figure", "budget_sweep_figure", "draft_heatmap", "mask_figure", "node_outcomes", "report_html", "save_html",
+    "BatchStepper", "Stepper", "acceptance_figure", "budget_sweep_figure", "draft_heatmap", "mask_figure", "node_outcomes", "report_html", "save_html",
     "stage_times_figure", "to_html", "token_stream", "token_text", "tree_figure", "tree_layout", "tree_node_count",
     "visible", "write_report",
 ]
