@@ -444,7 +444,7 @@ def test_cli_report_out_directory_and_target(capsys, eng, pair, tmp_path):
 
 
 def test_shapes_budget_zero_is_one_line_exit_2(capsys):
-    from workbench.shapes import _main
+    from workbench.shapes.__main__ import _main
 
     with pytest.raises(SystemExit) as e:
         _main(["--plan", "workbench/configs/qwen3-8b.json", "--budget", "0"])

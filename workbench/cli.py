@@ -433,7 +433,8 @@ def _add_serve_parser(sub) -> None:
     g.add_argument("--port", type=_non_negative_int, default=8765, help="port (default 8765; 0 picks a free one)")
     g.add_argument("--token-file", metavar="FILE",
                    help="read the token from FILE; if FILE does not exist, write a new token there (mode 600)")
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log verbosity (default info)")
     g = p.add_argument_group("limits")
     g.add_argument("--session-ttl", type=_finite_float, default=600.0, metavar="S",
                    help="drop a session idle for S seconds (default 600)")
