@@ -45,7 +45,7 @@ class Engine:
     """Loaded models; holds no generation state, so its sessions are independent."""
 
     def __init__(self, models: Models, kernel_backend: str = "torch"):
-        check_backend(kernel_backend)
+        check_backend(kernel_backend, models.device)  # on CUDA, 'sglang' builds its JIT kernel now
         self.models = models
         self.kernel_backend = kernel_backend
 
@@ -85,7 +85,7 @@ class Session:
         m = engine.models
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
-        check_backend(kernel_backend)
+        check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
