@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -60,6 +60,9 @@ class Cycle:
     stage_seconds: dict
     forwards: tuple  # ForwardRecord, in the order they ran
     temperature: float = 0.0
+    # the target's two best tokens and their logits at every node (logits as computed, in the model's dtype)
+    target_top2_tokens: Tensor | None = None  # int64 [n, 2]
+    target_top2_logits: Tensor | None = None  # float32 [n, 2]
 
     @property
     def n_nodes(self) -> int:
@@ -101,6 +104,8 @@ class Cycle:
     def from_dict(cls, d: dict) -> "Cycle":
         kw = {}
         for f in fields(cls):
+            if f.name not in d and f.default is not MISSING:  # a field added later: older files lack it
+                continue
             v = d[f.name]
             if isinstance(v, dict) and "data" in v and "dtype" in v:
                 v = torch.tensor(v["data"], dtype=getattr(torch, v["dtype"])).reshape(v["shape"])

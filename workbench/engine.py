@@ -190,6 +190,8 @@ class Session:
         out = run_target(m.target, ids, pos, self._target_cache, ForwardMode.EXTEND, m.target_layer_ids,
                          capture=self.capture)
         choice, _ = target_choice(out.logits[:, -1:], self.sampling, self.generator)
+        top2 = out.logits[0, -1].topk(2)  # the first token's runner-up, for wb.first_divergence
+        self.trace.meta["prefill_top2"] = {"tokens": top2.indices.tolist(), "logits": top2.values.float().tolist()}
         self._context = out.features  # [1, P, F]: drafter context not yet in its cache
         self.trace.prefill = out.record
         self.trace.prefill_seconds = self._clock() - t0
@@ -281,6 +283,8 @@ class Session:
             stage_seconds=times,
             forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
             temperature=self.sampling.temperature,
+            target_top2_tokens=verified.top2_tokens[0].to(cpu),
+            target_top2_logits=verified.top2_logits[0].float().to(cpu),
         )
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
