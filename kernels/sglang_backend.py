@@ -73,10 +73,29 @@ def nvcc_path() -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def ninja_on_path() -> bool:
+    """SGLang's JIT runs the ``ninja`` executable. A pip-installed ninja sits next to the interpreter or in the
+    ``ninja`` package, neither on PATH when a venv's python is run without activating it: add it."""
+    if shutil.which("ninja"):
+        return True
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, "ninja")):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            return True
+    return False
+
+
 def load_jit():
     """Import SGLang's CUDA tree module and build (or load the cached build of) its kernel.
 
-    Raises a one-line RuntimeError naming the missing piece: sglang, apache-tvm-ffi or nvcc."""
+    Raises a one-line RuntimeError naming the missing piece: sglang, apache-tvm-ffi, nvcc or ninja."""
     global _jit
     if _jit is not None:
         return _jit
@@ -90,6 +109,7 @@ def load_jit():
         from sglang.kernels.ops.speculative import tree
     except ImportError as e:
         raise RuntimeError(f"kernel backend 'sglang' is unavailable ({e}); {INSTALL_HINT}") from e
+    has_ninja = ninja_on_path()
     try:
         tree._jit_tree_module()  # compiles at first use; cached under ~/.cache afterwards
     except Exception as e:  # noqa: BLE001  (any build failure becomes one line naming its cause)
@@ -99,6 +119,11 @@ def load_jit():
                 "kernel_backend='sglang' on CUDA needs nvcc to JIT-compile SGLang's tree kernel the first time, "
                 f"and none was found (CUDA_HOME/CUDA_PATH, PATH, /usr/local/cuda); install the CUDA toolkit "
                 f"or set CUDA_HOME; {fallback} ({detail})"
+            ) from e
+        if not has_ninja:
+            raise RuntimeError(
+                "kernel_backend='sglang' on CUDA needs the ninja build tool to JIT-compile SGLang's tree kernel "
+                f"the first time: pip install ninja; {fallback} ({detail})"
             ) from e
         raise RuntimeError(f"SGLang's JIT tree kernel failed to build: {detail}; {fallback}") from e
     _jit = tree

@@ -93,12 +93,40 @@ def test_missing_nvcc_is_named(monkeypatch, tmp_path, fresh_jit):
     assert "\n" not in msg and "needs nvcc" in msg and "CUDA_HOME" in msg and "sglang-triton" in msg
 
 
-def test_other_build_failures_are_one_line(monkeypatch, tmp_path, fresh_jit):
-    _pretend_tvm_ffi(monkeypatch)
-    _failing_build(monkeypatch, RuntimeError("ninja: build stopped:\n  subcommand failed"))
+def _fake_nvcc(monkeypatch, tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+
+
+def test_missing_ninja_is_named(monkeypatch, tmp_path, fresh_jit):
+    _pretend_tvm_ffi(monkeypatch)
+    _failing_build(monkeypatch, FileNotFoundError(2, "No such file or directory", "ninja"))
+    _fake_nvcc(monkeypatch, tmp_path)
+    monkeypatch.setattr(sb, "ninja_on_path", lambda: False)
+    with pytest.raises(RuntimeError, match=r"needs the ninja build tool .*pip install ninja; or use "
+                                           r"kernel_backend='sglang-triton'"):
+        check_backend("sglang", "cuda")
+
+
+def test_a_pip_installed_ninja_is_put_on_path(monkeypatch, tmp_path):
+    import shutil
+
+    exe_dir = tmp_path / "venv-bin"
+    exe_dir.mkdir()
+    (exe_dir / "ninja").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sb.sys, "executable", str(exe_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    assert sb.ninja_on_path()
+    assert sb.os.environ["PATH"].split(sb.os.pathsep)[0] == str(exe_dir)
+
+
+def test_other_build_failures_are_one_line(monkeypatch, tmp_path, fresh_jit):
+    _pretend_tvm_ffi(monkeypatch)
+    _failing_build(monkeypatch, RuntimeError("ninja: build stopped:\n  subcommand failed"))
+    _fake_nvcc(monkeypatch, tmp_path)
+    monkeypatch.setattr(sb, "ninja_on_path", lambda: True)
     assert sb.nvcc_path() == str(tmp_path / "bin" / "nvcc")
     with pytest.raises(RuntimeError, match=r"^SGLang's JIT tree kernel failed to build: ninja: build stopped: "
                                            r"subcommand failed; or use kernel_backend='sglang-triton'"):
