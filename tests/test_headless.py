@@ -53,6 +53,7 @@ for name in ("views", "Stepper"):
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     try:
+        sys.argv = [check_cuda]
         runpy.run_path(check_cuda, run_name="__main__")
         out["check_cuda_rc"] = None
     except SystemExit as ex:
@@ -94,7 +95,14 @@ def test_gpu_check_sections_run_on_the_cpu(tiny_pairs, monkeypatch):
     r = cc.fp32_cuda_vs_cpu(wb, models, prompts, 10, device="cpu")
     assert r == {"ok": True, "equal": "2/2"}
     r = cc.bf16_vs_ar(wb, models, prompts, 10, device="cpu", backend="torch")  # the interpreter is slow
-    assert r["ok"] and r["equal_own_ar"].endswith("/2")
+    assert r["ok"] and r["equal_own_ar"].endswith("/2") and r["kernel_backend"] == "torch"
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    eng, used, note = cc.load_bf16(wb, models, "cpu", "sglang")  # the kernel cannot load: falls back, says why
+    assert used == "torch" and eng.kernel_backend == "torch" and "needs the 'sglang' package" in note
+    monkeypatch.setattr(importlib.util, "find_spec", real)
     r = cc.stages(wb, models, prompts[:1], 8, device="cpu", budgets=(4, 8), backend="torch")
     assert set(r["ddtree4"]) == {"draft", "tree_build", "tree_compile", "verify", "accept", "commit", "tau"}
     assert all(p50 <= p90 for k, (p50, p90) in ((k, v) for k, v in r["ddtree8"].items() if k != "tau"))

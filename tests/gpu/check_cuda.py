@@ -132,8 +132,18 @@ def fp32_cuda_vs_cpu(wb, models, prompts, n, device: str = "cuda") -> dict:
     return {"ok": equal == len(prompts), "equal": f"{equal}/{len(prompts)}", **({"diverged": diverged} if diverged else {})}
 
 
+def load_bf16(wb, models, device: str, backend: str):
+    """-> (engine, backend used, note): falls back to the torch walk when SGLang's kernel cannot load, so
+    the section still checks what it can (the failure itself is reported by accept_backends)."""
+    try:
+        return wb.load(*models, device=device, dtype="bfloat16", kernel_backend=backend), backend, None
+    except RuntimeError as e:
+        note = f"kernel_backend={backend!r} unavailable, used 'torch': {' '.join(str(e).split())[:160]}"
+        return wb.load(*models, device=device, dtype="bfloat16"), "torch", note
+
+
 def bf16_vs_ar(wb, models, prompts, n, device: str = "cuda", backend: str = "sglang") -> dict:
-    eng = wb.load(*models, device=device, dtype="bfloat16", kernel_backend=backend)
+    eng, backend, note = load_bf16(wb, models, device, backend)
     equal, kinds, first = 0, {}, None
     for p in prompts:
         ar, dd = run_session(eng, p, wb.AR(), n), run_session(eng, p, wb.DDTree(32), n)
@@ -145,8 +155,8 @@ def bf16_vs_ar(wb, models, prompts, n, device: str = "cuda", backend: str = "sgl
         if first is None or not d.near_tie:
             first = repr(d)[:400]
     unexplained = sum(v for k, v in kinds.items() if not k.startswith("near-tie"))
-    return {"ok": unexplained == 0, "equal_own_ar": f"{equal}/{len(prompts)}", "divergences": kinds,
-            **({"example": first} if first else {})}
+    return {"ok": unexplained == 0, "kernel_backend": backend, "equal_own_ar": f"{equal}/{len(prompts)}",
+            "divergences": kinds, **({"example": first} if first else {}), **({"note": note} if note else {})}
 
 
 def pct(xs, q: float) -> float:
@@ -155,7 +165,7 @@ def pct(xs, q: float) -> float:
 
 
 def stages(wb, models, prompts, n, device: str = "cuda", budgets=BUDGETS, backend: str = "sglang") -> dict:
-    eng = wb.load(*models, device=device, dtype="bfloat16", kernel_backend=backend)
+    eng, backend, _ = load_bf16(wb, models, device, backend)
     run_session(eng, prompts[0], wb.DDTree(budgets[0]), 16)  # warm-up: kernels, allocator
     out = {}
     for budget in budgets:
@@ -165,7 +175,7 @@ def stages(wb, models, prompts, n, device: str = "cuda", budgets=BUDGETS, backen
                for s in cyc[0].stage_seconds}
         row["tau"] = round(statistics.mean(t.tau for t in traces), 2)
         out[f"ddtree{budget}"] = row
-    return {"ok": True, "unit": "ms [p50, p90] per cycle", **out}
+    return {"ok": True, "unit": "ms [p50, p90] per cycle", "kernel_backend": backend, **out}
 
 
 def one_screen(report: dict) -> str:
