@@ -381,7 +381,9 @@ if has_cuda:
         r16 = gpu16.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); r16.run()
         r32 = gpu32.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); r32.run()
         d = wb.first_divergence(r16, r32, tokenizer=gpu16.tokenizer)
-        print(f"bf16: {r16.text[:60]!r}\nfp32: {r32.text[:60]!r}\n  -> {d if d else 'identical'}")
+        print(f"bf16: {r16.text[:60]!r}")
+        print(f"fp32: {r32.text[:60]!r}")
+        print("  ->", d if d else "identical")
 else:
     print("skipped: no CUDA device here (torch.cuda.is_available() is False); on a GPU host this cell "
           "runs the embedded pair in bfloat16 and float32 through SGLang's CUDA JIT kernel")

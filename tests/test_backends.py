@@ -31,7 +31,8 @@ def test_backend_names_and_unknown_name():
 def test_sglang_backends_name_the_missing_package(monkeypatch, backend):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
-    with pytest.raises(RuntimeError, match=f"kernel_backend='{backend}' needs the 'sglang' package.*make install-sglang"):
+    msg = f"kernel_backend='{backend}' needs the 'sglang' package.*make install-sglang"
+    with pytest.raises(RuntimeError, match=msg):
         check_backend(backend)
 
 

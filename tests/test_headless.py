@@ -68,8 +68,8 @@ def test_engine_cli_and_gpu_check_run_without_plotly_and_ipywidgets(tiny_pairs, 
     t, d = tiny_pairs["l4-h32"]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "t1 t5 t9 t3"}\n')
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(t), str(d), str(prompts), str(ROOT / "tests/gpu/check_cuda.py"),
-                        ], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    args = [str(t), str(d), str(prompts), str(ROOT / "tests/gpu/check_cuda.py")]
+    r = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])

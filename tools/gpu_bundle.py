@@ -7,9 +7,10 @@ triton 3.6, transformers 5.17, tokenizers 0.23.2, safetensors, numpy and nvcc. T
 
   wheels/         Python 3.12 manylinux wheels: dflash==0.1.0 (installed --no-deps: dflash.model
                   needs only torch and transformers), the [gpu] extra (apache-tvm-ffi==0.1.11 and
-                  ninja: they build SGLang's CUDA JIT kernel with the host's nvcc), the notebook stack (plotly, ipywidgets, anywidget), the light imports
-                  of SGLang's spec_tree module (the [sglang-kernels] extra), setuptools (for
-                  `pip install -e .` offline) and everything those need, minus what the host has.
+                  ninja: they build SGLang's CUDA JIT kernel with the host's nvcc), the notebook
+                  stack (plotly, ipywidgets, anywidget), the light imports of SGLang's spec_tree
+                  module (the [sglang-kernels] extra), setuptools (for `pip install -e .` offline)
+                  and everything those need, minus what the host has.
   sglang-subset/  the sglang modules that `sglang.kernels.ops.speculative.spec_tree` and `.tree`
                   import (read from sys.modules after importing them here; about 1 MB of the 222 MB
                   package) plus sglang/kernels/jit/{utils,include,csrc/speculative} for the CUDA kernel.
@@ -153,10 +154,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${1:-python3}
 "$PY" -m pip install --no-index --find-links "$HERE/wheels" --no-deps "$HERE"/wheels/dflash-0.1.0-*.whl
 "$PY" -m pip install --no-index --find-links "$HERE/wheels" %(reqs)s
-# SGLang's tree kernels without the 222 MB package: its subset goes on the path through a .pth file.
+# SGLang's tree kernels without the 222 MB package: its subset goes on the path through a .pth file
+# (where site-packages is not writable: export PYTHONPATH="$HERE/sglang-subset" instead).
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$HERE/sglang-subset" > "$SITE/ddtree-sglang-subset.pth"
-"$PY" -c 'import sglang.kernels.ops.speculative.tree, tvm_ffi, ninja, plotly, ipywidgets, dflash.model; print("gpu bundle installed")'
+"$PY" -c 'import sglang.kernels.ops.speculative.tree, tvm_ffi, ninja, plotly, ipywidgets, dflash.model
+print("gpu bundle installed")'
 """
 
 

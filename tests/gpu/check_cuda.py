@@ -129,7 +129,8 @@ def fp32_cuda_vs_cpu(wb, models, prompts, n, device: str = "cuda") -> dict:
         else:
             d = wb.first_divergence(got, ref)
             diverged.append({"token": d.position, "kind": d.kind, "cause": d.cause[:160]})
-    return {"ok": equal == len(prompts), "equal": f"{equal}/{len(prompts)}", **({"diverged": diverged} if diverged else {})}
+    return {"ok": equal == len(prompts), "equal": f"{equal}/{len(prompts)}",
+            **({"diverged": diverged} if diverged else {})}
 
 
 def load_bf16(wb, models, device: str, backend: str):
