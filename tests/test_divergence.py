@@ -62,9 +62,12 @@ def test_equal_runs_have_no_divergence(fp32):
 
 
 def test_float32_vs_bfloat16_divergences_are_near_ties(fp32, bf16):
-    """Real runs: every prompt where bf16 DDTree and fp32 AR differ differs first at a near-tie."""
+    """Real runs: every prompt where bf16 DDTree and fp32 AR differ differs first at a near-tie
+    (the first three such prompts: bfloat16 on a CPU is slow)."""
     diverged = 0
     for p in prompts():
+        if diverged == 3:
+            break
         a = fp32.session(p, policy=wb.AR(), max_new_tokens=40)
         a.run()
         b = bf16.session(p, policy=wb.DDTree(8), max_new_tokens=40)
@@ -105,7 +108,7 @@ def test_crafted_near_tie(ar_trace):
     assert (d.a.token, d.b.token) == (7, 9) and d.a.where == "cycle 3, node 0"
     assert d.kind == "near-tie" and d.near_tie
     assert d.cause.startswith("near-tie: margin 0.03 in float32 (margins 0.03 (float32) and 0.02 (bfloat16)")
-    assert "bfloat16 rounding" in d.cause
+    assert "bfloat16 numerics can flip" in d.cause
     r = repr(d)
     assert r.startswith("Divergence(token 4 (position ") and "chose 7 (10.03) over 9 (10), margin 0.03" in r
     assert "\n" not in r and len(r) < 400

@@ -19,9 +19,10 @@ import torch
 
 from workbench.cycle import Trace
 
-# Reduced-precision rounding compounds over the layers; a flip whose margins are within this many
-# machine epsilons of the logit scale is what rounding alone produces.
-NEAR_TIE_EPS = 8
+# The largest logit margin, relative to the logit magnitude, that numerics alone can flip. In 16-bit
+# types every layer's output is rounded to the storage type: a few machine epsilons (bfloat16 keeps 8
+# bits). In float32 the reduction order of different kernels and devices dominates: 1e-4 is generous.
+NEAR_TIE_RELATIVE = {"bfloat16": 8 * 2**-7, "float16": 8 * 2**-10, "float32": 1e-4, "float64": 1e-10}
 KINDS = ("near-tie", "near-tie (3+ tokens)", "not a near-tie", "sampled", "ended", "unknown")
 
 
@@ -61,7 +62,7 @@ class Divergence:
 
     @property
     def near_tie(self) -> bool:
-        """Explained by rounding: the runs' best tokens were (likely) tied within the dtype's precision."""
+        """Explained by numerics: the runs' best tokens were (likely) tied within the dtype's precision."""
         return self.kind.startswith("near-tie")
 
     def _tok(self, t) -> str:
@@ -107,14 +108,13 @@ def output_with_top2(trace: Trace) -> tuple[list[int], list[tuple[str, Top2 | No
     return tokens, where
 
 
-def _eps(dtype: str) -> float:
-    dt = getattr(torch, dtype, None)
-    return torch.finfo(dt if isinstance(dt, torch.dtype) and dt.is_floating_point else torch.float32).eps
+def _relative(dtype: str) -> float:
+    return NEAR_TIE_RELATIVE.get(dtype, NEAR_TIE_RELATIVE["float32"])
 
 
 def near_tie_tolerance(dtype: str, scale: float) -> float:
-    """Largest logit margin that rounding in ``dtype`` can flip at logit magnitude ``scale``."""
-    return NEAR_TIE_EPS * _eps(dtype) * max(1.0, abs(scale))
+    """Largest logit margin that numerics in ``dtype`` can flip at logit magnitude ``scale``."""
+    return _relative(dtype) * max(1.0, abs(scale))
 
 
 def _as_trace(x, name: str) -> Trace:
@@ -139,18 +139,18 @@ def _explain(a: RunAt, b: RunAt, tolerance: float | None) -> tuple[str, str]:
         return "sampled", f"sampled, not greedy (temperature {sampled[0].temperature}): sampled outputs may differ"
     if a.top2 is None or b.top2 is None:
         return "unknown", "unknown: no top-2 logits recorded at this position (a trace from an older workbench)"
-    low = max((a, b), key=lambda r: _eps(r.dtype))  # the lower-precision run decides what rounding can do
+    low = max((a, b), key=lambda r: _relative(r.dtype))  # the lower-precision run decides what numerics can do
     tol = tolerance if tolerance is not None else near_tie_tolerance(
         low.dtype, max(abs(v) for r in (a, b) for v in r.top2.logits))
     worst = max((a, b), key=lambda r: r.top2.margin)
     margins = f"margins {a.top2.margin:.3g} ({a.dtype}) and {b.top2.margin:.3g} ({b.dtype})"
-    within = f"within the {tol:.3g} that {low.dtype} rounding can flip"
+    within = f"within the {tol:.3g} that {low.dtype} numerics can flip"
     if {a.token, b.token} == set(a.top2.tokens) == set(b.top2.tokens):
         # Both runs rank the same two tokens first, in swapped order: how close were they?
         if worst.top2.margin <= tol:
             return "near-tie", f"near-tie: margin {worst.top2.margin:.3g} in {worst.dtype} ({margins}, {within})"
         return "not a near-tie", (f"not a near-tie: margin {worst.top2.margin:.3g} in {worst.dtype} ({margins}) "
-                                  f"is beyond the {tol:.3g} that {low.dtype} rounding can flip; "
+                                  f"is beyond the {tol:.3g} that {low.dtype} numerics can flip; "
                                   "the runs compute different logits")
     if worst.top2.margin <= tol:
         return "near-tie (3+ tokens)", (
@@ -165,8 +165,8 @@ def _explain(a: RunAt, b: RunAt, tolerance: float | None) -> tuple[str, str]:
 def first_divergence(trace_a, trace_b, tokenizer=None, tolerance: float | None = None) -> Divergence | None:
     """The first generated token where two runs of the same prompt differ, and why; None when equal.
 
-    ``tolerance`` overrides the largest logit margin counted as a near-tie (default: a few machine
-    epsilons of the lower-precision run's dtype times its logit magnitude)."""
+    ``tolerance`` overrides the largest logit margin counted as a near-tie (default: NEAR_TIE_RELATIVE
+    of the lower-precision run's dtype times the logit magnitude)."""
     ta, tb = _as_trace(trace_a, "trace_a"), _as_trace(trace_b, "trace_b")
     pa, pb = ta.meta.get("prompt_ids"), tb.meta.get("prompt_ids")
     if pa != pb:
