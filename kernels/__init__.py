@@ -5,8 +5,8 @@ The directory is ``kernels/`` (design card); the import name is not the bare wor
 
 Data flow of one cycle: ``build_tree`` -> ``compile_tree`` -> (target verify) ->
 ``accept`` -> ``compact_kv``. Each kernel has an independent reference in
-``ddtree_kernels.oracles`` used by the parity tests; backend choice (torch or
-SGLang's Triton kernel) happens only in ``ddtree_kernels.dispatch``.
+``ddtree_kernels.oracles`` used by the parity tests; backend choice (torch, SGLang's
+CUDA JIT kernel or its Triton kernel) happens only in ``ddtree_kernels.dispatch``.
 """
 from ddtree_kernels.accept import Accepted, accept_walk
 from ddtree_kernels.dispatch import BACKENDS, accept, check_backend

@@ -1,4 +1,11 @@
-"""The one place where a kernel backend is chosen: ``torch`` (default) or ``sglang``."""
+"""The one place where a kernel backend is chosen.
+
+- ``torch`` (default): the vectorized accept walk in ``ddtree_kernels.accept``.
+- ``sglang``: the kernel SGLang itself runs on that device: its CUDA JIT
+  ``verify_tree_greedy`` on CUDA tensors, its Triton ``verify_tree_greedy_triton``
+  (under Triton's interpreter) on CPU tensors.
+- ``sglang-triton``: SGLang's Triton kernel on every device.
+"""
 from __future__ import annotations
 
 import importlib.util
@@ -10,34 +17,40 @@ from ddtree_kernels.accept import Accepted, accept_walk
 from ddtree_kernels.tree_build import Tree
 from ddtree_kernels.tree_compile import CompiledTree
 
-BACKENDS = ("torch", "sglang")
+BACKENDS = ("torch", "sglang", "sglang-triton")
 
 
-def check_backend(name: str) -> None:
-    """Fail early, in one line, when a backend is unknown or not installed."""
+def check_backend(name: str, device=None) -> None:
+    """Fail early, in one line, when a backend is unknown or not installed. With a CUDA ``device``,
+    ``sglang`` also builds (or loads the cached build of) SGLang's JIT kernel now, not mid-run."""
     if name not in BACKENDS:
         raise ValueError(f"kernel_backend={name!r} is not one of {', '.join(BACKENDS)}")
-    if name == "sglang":
+    if name.startswith("sglang"):
         from ddtree_kernels.sglang_backend import INSTALL_HINT
 
         for mod in ("sglang", "triton"):
             if importlib.util.find_spec(mod) is None:
-                raise RuntimeError(f"kernel_backend='sglang' needs the {mod!r} package; {INSTALL_HINT}")
+                raise RuntimeError(f"kernel_backend={name!r} needs the {mod!r} package; {INSTALL_HINT}")
+    if device is not None:
+        from ddtree_kernels.sglang_backend import load_jit, uses_jit
+
+        if uses_jit(name, device):
+            load_jit()
 
 
 def accept(backend: str, tree: Tree, compiled: CompiledTree, choice: Tensor, max_depth: int) -> Accepted:
     """Accept walk through the chosen backend. choice: [bs, n] target argmax or samples."""
     if backend == "torch":
         return accept_walk(tree.tokens, tree.parents, tree.depth, compiled.visibility, choice, max_depth)
-    if backend == "sglang":
-        from ddtree_kernels.sglang_backend import verify_tree_greedy
+    if backend in ("sglang", "sglang-triton"):
+        from ddtree_kernels.sglang_backend import uses_jit, verify_tree_greedy
 
         bs, n = tree.tokens.shape
         index, num, predicts = verify_tree_greedy(
             tree.tokens, compiled.retrieve_index, compiled.retrieve_next_token,
-            compiled.retrieve_next_sibling, choice, max_depth,
+            compiled.retrieve_next_sibling, choice, max_depth, jit=uses_jit(backend, tree.tokens.device),
         )
-        index = index.long()
+        index = index.long()  # [bs, max_depth + 1] flat rows -> node indices within each request
         local = torch.where(index >= 0, index - torch.arange(bs, device=index.device)[:, None] * n, -1)
         num = num.long()
         last_row = index.gather(1, num[:, None])[:, 0]

@@ -1,57 +1,146 @@
-"""SGLang's own tree-verify kernel (``verify_tree_greedy_triton``), called directly.
+"""SGLang's own tree-verify kernels, called directly: the CUDA JIT one and the Triton one.
 
-The dispatching wrapper ``verify_tree_greedy_func`` picks a device path at import
-time and silently does nothing on a plain CPU machine, so we never call it. On a
-CPU the Triton kernel runs in Triton's interpreter: ``TRITON_INTERPRET=1`` must be
-set before sglang's ``spec_tree`` module is first imported (``@triton.jit`` reads
-it at definition time), and must never be set on a CUDA machine.
+On CUDA, SGLang's dispatcher ``verify_tree_greedy_func`` calls
+``sglang.kernels.ops.speculative.tree.verify_tree_greedy``, a CUDA kernel that
+``apache-tvm-ffi`` JIT-compiles with nvcc at first use (about 20 s, then cached).
+``kernel_backend="sglang"`` calls that same kernel on CUDA tensors and SGLang's
+Triton kernel ``verify_tree_greedy_triton`` on CPU tensors (under Triton's
+interpreter); ``kernel_backend="sglang-triton"`` calls the Triton kernel everywhere.
+
+The dispatcher itself picks a device path at import time and silently does
+nothing on a plain CPU machine, so we never call it. For the interpreter,
+``TRITON_INTERPRET=1`` must be set before sglang's ``spec_tree`` module is first
+imported (``@triton.jit`` reads it at definition time), and never on a CUDA machine.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import sys
 
 import torch
 from torch import Tensor
 
 INSTALL_HINT = "install it with `make install-sglang` (pip install --no-deps sglang==0.5.23 plus its light imports)"
-_module = None
+TVM_FFI_PIN = "apache-tvm-ffi==0.1.11"  # the version sglang 0.5.23 pins
+JIT_KERNEL = "sglang.kernels.ops.speculative.tree.verify_tree_greedy"
+TRITON_KERNEL = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton"
+_spec_tree = None
+_jit = None
+
+
+def uses_jit(backend: str, device: torch.device) -> bool:
+    """True where ``backend`` runs SGLang's CUDA JIT kernel on tensors of ``device``."""
+    return backend == "sglang" and torch.device(device).type == "cuda"
+
+
+def kernel_name(backend: str, device) -> str:
+    """Which SGLang kernel ``backend`` runs on ``device``, in words (for notebooks and reports)."""
+    if uses_jit(backend, device):
+        return f"{JIT_KERNEL} (CUDA, JIT-compiled by apache-tvm-ffi)"
+    where = "Triton interpreter on the CPU" if torch.device(device).type == "cpu" else "Triton"
+    return f"{TRITON_KERNEL} ({where})"
 
 
 def load_spec_tree(device: torch.device):
     """Import sglang's spec_tree, under the Triton interpreter when the tensors live on a CPU."""
-    global _module
-    if _module is not None:
-        return _module
-    if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            import sys
-
-            if "sglang.kernels.ops.speculative.spec_tree" in sys.modules:
-                raise RuntimeError(
-                    "sglang's spec_tree was imported without TRITON_INTERPRET=1, so its Triton kernels "
-                    "cannot run on the CPU; import workbench before sglang, or set TRITON_INTERPRET=1"
-                )
-            os.environ["TRITON_INTERPRET"] = "1"
+    global _spec_tree
+    if _spec_tree is not None:
+        return _spec_tree
+    if torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if "sglang.kernels.ops.speculative.spec_tree" in sys.modules:
+            raise RuntimeError(
+                "sglang's spec_tree was imported without TRITON_INTERPRET=1, so its Triton kernels "
+                "cannot run on the CPU; import workbench before sglang, or set TRITON_INTERPRET=1"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
         from sglang.kernels.ops.speculative import spec_tree
     except ImportError as e:
         raise RuntimeError(f"kernel backend 'sglang' is unavailable ({e}); {INSTALL_HINT}") from e
-    _module = spec_tree
+    _spec_tree = spec_tree
     return spec_tree
 
 
+def nvcc_path() -> str | None:
+    """The nvcc that SGLang's JIT would run (resolved as sglang/tvm-ffi do), or None when it is missing."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        found = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(found)) if found else "/usr/local/cuda"
+    path = os.path.join(home, "bin", "nvcc")
+    return path if os.path.isfile(path) else None
+
+
+def ninja_on_path() -> bool:
+    """SGLang's JIT runs the ``ninja`` executable. A pip-installed ninja sits next to the interpreter or in the
+    ``ninja`` package, neither on PATH when a venv's python is run without activating it: add it."""
+    if shutil.which("ninja"):
+        return True
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, "ninja")):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            return True
+    return False
+
+
+def load_jit():
+    """Import SGLang's CUDA tree module and build (or load the cached build of) its kernel.
+
+    Raises a one-line RuntimeError naming the missing piece: sglang, apache-tvm-ffi, nvcc or ninja."""
+    global _jit
+    if _jit is not None:
+        return _jit
+    fallback = "or use kernel_backend='sglang-triton' (SGLang's Triton kernel, no compiler needed)"
+    if importlib.util.find_spec("tvm_ffi") is None:
+        raise RuntimeError(
+            f"kernel_backend='sglang' on CUDA needs SGLang's JIT kernel, which needs the 'apache-tvm-ffi' "
+            f"package (tvm_ffi) to build it: pip install {TVM_FFI_PIN}; {fallback}"
+        )
+    try:
+        from sglang.kernels.ops.speculative import tree
+    except ImportError as e:
+        raise RuntimeError(f"kernel backend 'sglang' is unavailable ({e}); {INSTALL_HINT}") from e
+    has_ninja = ninja_on_path()
+    try:
+        tree._jit_tree_module()  # compiles at first use; cached under ~/.cache afterwards
+    except Exception as e:  # noqa: BLE001  (any build failure becomes one line naming its cause)
+        detail = " ".join(str(e).split())[:300] or type(e).__name__
+        if nvcc_path() is None:
+            raise RuntimeError(
+                "kernel_backend='sglang' on CUDA needs nvcc to JIT-compile SGLang's tree kernel the first time, "
+                f"and none was found (CUDA_HOME/CUDA_PATH, PATH, /usr/local/cuda); install the CUDA toolkit "
+                f"or set CUDA_HOME; {fallback} ({detail})"
+            ) from e
+        if not has_ninja:
+            raise RuntimeError(
+                "kernel_backend='sglang' on CUDA needs the ninja build tool to JIT-compile SGLang's tree kernel "
+                f"the first time: pip install ninja; {fallback} ({detail})"
+            ) from e
+        raise RuntimeError(f"SGLang's JIT tree kernel failed to build: {detail}; {fallback}") from e
+    _jit = tree
+    return tree
+
+
 def verify_tree_greedy(candidates: Tensor, retrieve_index: Tensor, next_token: Tensor, next_sibling: Tensor,
-                       target_predict: Tensor, max_depth: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Run SGLang's kernel. All inputs int64 [bs, n]. -> (accept_index int32 [bs, max_depth+1] flat rows,
-    accept_token_num int32 [bs], predicts int32 [bs*n])."""
-    spec_tree = load_spec_tree(candidates.device)
+                       target_predict: Tensor, max_depth: int, jit: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Run SGLang's kernel (the CUDA JIT one when ``jit``, else the Triton one). All inputs int64 [bs, n].
+    -> (accept_index int32 [bs, max_depth+1] flat rows, accept_token_num int32 [bs], predicts int32 [bs*n])."""
+    dev = candidates.device
+    fn = load_jit().verify_tree_greedy if jit else load_spec_tree(dev).verify_tree_greedy_triton
     bs, n = candidates.shape
-    predicts = torch.zeros(bs * n, dtype=torch.int32, device=candidates.device)
-    accept_index = torch.full((bs, max_depth + 1), -1, dtype=torch.int32, device=candidates.device)
-    accept_token_num = torch.zeros(bs, dtype=torch.int32, device=candidates.device)
-    spec_tree.verify_tree_greedy_triton(
-        predicts, accept_index, accept_token_num,
-        candidates.contiguous(), retrieve_index.contiguous(), next_token.contiguous(),
-        next_sibling.contiguous(), target_predict.contiguous(),
-    )
+    predicts = torch.zeros(bs * n, dtype=torch.int32, device=dev)
+    accept_index = torch.full((bs, max_depth + 1), -1, dtype=torch.int32, device=dev)
+    accept_token_num = torch.zeros(bs, dtype=torch.int32, device=dev)
+    fn(predicts, accept_index, accept_token_num,
+       candidates.long().contiguous(), retrieve_index.long().contiguous(), next_token.long().contiguous(),
+       next_sibling.long().contiguous(), target_predict.long().contiguous())
     return accept_index, accept_token_num, predicts

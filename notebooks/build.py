@@ -515,6 +515,70 @@ if has_cuda and has_models:
 else:
     print("skipped: needs a CUDA device and local checkpoints (set WB_TARGET and WB_DRAFT)")
 """),
+    md("""
+## Lossless, precisely: float32 vs bfloat16
+
+Greedy speculative decoding is **token-for-token lossless in float32** and **lossless up to
+near-ties in reduced precision**. A tree-verify forward and a one-token decode (or a CPU and a CUDA
+kernel) round differently; where the target's two best tokens are within rounding of each other
+(bfloat16 keeps 8 bits of mantissa) the argmax can flip, and the outputs go their own ways from
+there. Every `Cycle` keeps the target's top-2 tokens and logits at each verified node, so
+`wb.first_divergence` shows where two runs part and whether a near-tie explains it. In float32 the
+same engine's DDTree and AR outputs are identical:
+"""),
+    code("""
+from workbench.prompts import eval_prompts
+cpu32 = wb.load()
+p = eval_prompts()[0]["prompt"]
+fp32_ar, fp32_tree = (cpu32.session(p, policy=pol, max_new_tokens=64) for pol in (wb.AR(), wb.DDTree(32)))
+fp32_ar.run(); fp32_tree.run()
+print("float32 DDTree(32) == AR:", fp32_tree.tokens == fp32_ar.tokens, "| first divergence:", wb.first_divergence(fp32_tree, fp32_ar))
+"""),
+    md("""
+A real divergence on this CPU: bfloat16 DDTree(32) against float32 AR on the evaluation prompts,
+stopping at the first prompt whose outputs differ (its output is not compared by the tests: bfloat16
+rounding on a CPU depends on its instruction set; the cell still fails if a divergence is not a near-tie).
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+cpu16 = wb.load(dtype="bfloat16")
+found = None
+for i, item in enumerate(eval_prompts()[:12]):
+    ref = cpu32.session(item["prompt"], policy=wb.AR(), max_new_tokens=64); ref.run()
+    low = cpu16.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); low.run()
+    found = wb.first_divergence(low, ref, tokenizer=cpu32.tokenizer)
+    if found is not None:
+        break
+if found is None:
+    print(f"no divergence: bfloat16 and float32 agreed token for token on all {i + 1} prompts tried")
+else:
+    print(f"prompt {i}: {found.position} tokens agree, then")
+    print(found)
+    assert found.near_tie, found.cause
+"""),
+    md("""
+On a GPU host the same comparison runs on CUDA, with the accept walk in SGLang's CUDA JIT kernel
+(`kernel_backend="sglang"`): the kernel in use, a bfloat16 run beside a float32 run, and the
+divergence explanation. `tests/gpu/check_cuda.py` runs this (and more) as a check.
+"""),
+    code("""
+# Needs CUDA: skipped with a reason otherwise.
+if has_cuda:
+    from ddtree_kernels.sglang_backend import kernel_name
+    gpu16 = wb.load(device="cuda", dtype="bfloat16", kernel_backend="sglang")
+    gpu32 = wb.load(device="cuda", dtype="float32", kernel_backend="sglang")
+    print("accept kernel:", kernel_name(gpu16.kernel_backend, gpu16.device))
+    for item in eval_prompts()[:8]:
+        r16 = gpu16.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); r16.run()
+        r32 = gpu32.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); r32.run()
+        d = wb.first_divergence(r16, r32, tokenizer=gpu16.tokenizer)
+        print(f"bf16: {r16.text[:60]!r}")
+        print(f"fp32: {r32.text[:60]!r}")
+        print("  ->", d if d else "identical")
+else:
+    print("skipped: no CUDA device here (torch.cuda.is_available() is False); on a GPU host this cell "
+          "runs the embedded pair in bfloat16 and float32 through SGLang's CUDA JIT kernel")
+"""),
     md("Planning a deployment needs no GPU and no weights: shapes from the config alone."),
     code("""
 import pathlib
@@ -599,7 +663,9 @@ print(next(l for l in (work / "server.log").read_text().splitlines() if "stopped
     md("""
 **What we learned.** Nothing in the workbench is specific to the embedded models: `wb.load` takes
 local directories, a device and a dtype, validates the pair, and never downloads. With CUDA the
-accept walk runs through SGLang's kernel natively. And the engine need not live in the notebook:
+accept walk runs through SGLang's own CUDA JIT kernel. Greedy speculative decoding is lossless token
+for token in float32 and up to near-ties in reduced precision, and `wb.first_divergence` tells the
+two apart from the recorded top-2 logits. And the engine need not live in the notebook:
 `python -m workbench serve` keeps it loaded, and `wb.connect` attaches any notebook to it with the same API.
 """),
 ]

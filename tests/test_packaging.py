@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def pyproject_requirements() -> list[str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(data["dependencies"])
-    for extra in ("sglang-kernels", "test"):
-        reqs += data["optional-dependencies"][extra]
+    for extra in data["optional-dependencies"].values():  # in file order: sglang-kernels, test, gpu
+        reqs += extra
     return reqs
 
 

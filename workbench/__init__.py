@@ -8,18 +8,30 @@
     print(s.text, t.summary())
 """
 from workbench.cycle import Cycle, Summary, Trace, TraceFileError
+from workbench.divergence import Divergence, first_divergence
 from workbench.engine import Engine, Session, SessionFinished, load
 from workbench.forward import ForwardMode, ForwardRecord
 from workbench.loading import ModelPairError, load_models
 from workbench.policies import AR, DDTree, DFlash, parse_policy
-from workbench import shapes, views  # after the engine: both read its records
-from workbench.views import Stepper
+from workbench import shapes  # after the engine: it reads its records
 from workbench.remote import RemoteEngine, RemoteSession, connect
 
+
+def __getattr__(name: str):
+    """``wb.views`` and ``wb.Stepper`` import plotly / ipywidgets on first use, so the engine, the CLI's
+    run/bench and tests/gpu/check_cuda.py run without the notebook stack."""
+    if name in ("views", "Stepper"):
+        import importlib
+
+        views = importlib.import_module("workbench.views")  # a one-line ImportError names a missing package
+        return views if name == "views" else views.Stepper
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
 __all__ = [
-    "AR", "connect", "Cycle", "DDTree", "DFlash", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError", "Session",
-    "RemoteEngine", "RemoteSession",
-    "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError", "load", "load_models", "parse_policy",
+    "AR", "Cycle", "DDTree", "DFlash", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
+    "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
+    "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]
 __version__ = "0.1.0"

@@ -96,7 +96,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with --target)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
-    g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default) or sglang")
+    g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default), sglang (SGLang's CUDA JIT kernel "
+                   "on CUDA, its Triton kernel on CPU) or sglang-triton")
     g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: up to 8)")
 
 

@@ -12,7 +12,7 @@ import math
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -76,6 +76,9 @@ class Cycle:
     def setting(self) -> str:
         """Policy and sampling in one label, e.g. 'DDTree(32)' (greedy) or 'DFlash T=0.8 top_p=0.9'."""
         return setting_label(self.policy, self.temperature, self.top_p, self.top_k)
+    # the target's two best tokens and their logits at every node (logits as computed, in the model's dtype)
+    target_top2_tokens: Tensor | None = None  # int64 [n, 2]
+    target_top2_logits: Tensor | None = None  # float32 [n, 2]
 
     @property
     def n_nodes(self) -> int:
@@ -126,6 +129,8 @@ class Cycle:
                 v = d[f.name]
             elif f.name in defaults:
                 v = defaults[f.name]
+            elif f.default is not MISSING:  # a field added later: older files lack it
+                continue
             else:
                 raise ValueError(f"the cycle record has no {f.name!r}")
             try:

@@ -81,7 +81,7 @@ class Engine:
     """Loaded models; holds no generation state, so its sessions are independent."""
 
     def __init__(self, models: Models, kernel_backend: str = "torch"):
-        check_backend(kernel_backend)
+        check_backend(kernel_backend, models.device)  # on CUDA, 'sglang' builds its JIT kernel now
         self.models = models
         self.kernel_backend = kernel_backend
 
@@ -129,7 +129,7 @@ class Session:
         m = engine.models
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
-        check_backend(kernel_backend)
+        check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
@@ -277,6 +277,8 @@ class Session:
         out = run_target(m.target, ids, pos, self._target_cache, ForwardMode.EXTEND, m.target_layer_ids,
                          capture=self.capture)
         choice, _ = target_choice(out.logits[:, -1:], self.sampling, self.generator)
+        top2 = out.logits[0, -1].topk(2)  # the first token's runner-up, for wb.first_divergence
+        self.trace.meta["prefill_top2"] = {"tokens": top2.indices.tolist(), "logits": top2.values.float().tolist()}
         self._context = out.features  # [1, P, F]: drafter context not yet in its cache
         self.trace.prefill = out.record
         self.trace.prefill_seconds = self._clock() - t0
@@ -367,6 +369,8 @@ class Session:
             stage_seconds=times,
             forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
             temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=self.sampling.top_k,
+            target_top2_tokens=verified.top2_tokens[0].to(cpu),
+            target_top2_logits=verified.top2_logits[0].float().to(cpu),
         )
 
     def run(self, max_new_tokens: int | None = None) -> Trace:

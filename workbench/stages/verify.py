@@ -18,6 +18,8 @@ class Verified:
     features: Tensor | None  # [1, n, F]: drafter context for the accepted rows
     mask: Tensor | None  # additive [1, 1, n, start + n] (0 = visible, -inf = hidden); None for one token
     record: ForwardRecord
+    top2_tokens: Tensor | None = None  # int64 [1, n, 2]: the target's two best tokens at every node
+    top2_logits: Tensor | None = None  # [1, n, 2] in the model's dtype: their logits (explain divergences)
 
 
 class MaskBuffer:
@@ -66,4 +68,5 @@ def verify(models, cache, tree: Tree, compiled: CompiledTree, start: int, mode: 
     out = run_target(models.target, tree.tokens, compiled.positions, cache, mode,
                      models.target_layer_ids if need_features else None, mask, capture)
     choice, prob = target_choice(out.logits, sampling, generator)
-    return Verified(choice, prob, out.features, mask, out.record)
+    top2 = out.logits.topk(2, dim=-1)  # one small kernel; lets wb.first_divergence name near-ties
+    return Verified(choice, prob, out.features, mask, out.record, top2.indices, top2.values)

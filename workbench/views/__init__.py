@@ -5,14 +5,22 @@
     views.Stepper(engine.session("def f(x):"))          # a notebook widget; .step(), .run(n), .reset()
     views.save_html(fig, "tree.html"); views.write_report("run.jsonl", "report.html")
 """
-from workbench.views.export import save_html, to_html
-from workbench.views.figures import (
-    acceptance_figure, budget_sweep_figure, draft_heatmap, mask_figure, node_outcomes, stage_times_figure, token_stream, token_text,
-    tree_figure, tree_layout, tree_node_count, visible,
-)
-from workbench.views.report import report_html, write_report
-from workbench.views.stepper import Stepper
-from workbench.views.batch_stepper import BatchStepper
+NOTEBOOK_STACK = "pip install plotly ipywidgets anywidget"
+
+try:
+    from workbench.views.export import save_html, to_html
+    from workbench.views.figures import (
+        acceptance_figure, budget_sweep_figure, draft_heatmap, mask_figure, node_outcomes, stage_times_figure, token_stream, token_text,
+        tree_figure, tree_layout, tree_node_count, visible,
+    )
+    from workbench.views.report import report_html, write_report
+    from workbench.views.stepper import Stepper
+    from workbench.views.batch_stepper import BatchStepper
+except ImportError as e:  # the engine runs without the notebook stack; only the views need it
+    if e.name and e.name.split(".")[0] in ("plotly", "ipywidgets"):
+        raise ImportError(f"workbench.views needs the {e.name.split('.')[0]!r} package, which is not installed; "
+                          f"the engine and CLI run/bench work without it ({NOTEBOOK_STACK})", name=e.name) from e
+    raise
 
 __all__ = [
     "BatchStepper", "Stepper", "acceptance_figure", "budget_sweep_figure", "draft_heatmap", "mask_figure", "node_outcomes", "report_html", "save_html",
