@@ -13,8 +13,11 @@ from ddtree_kernels.dispatch import BACKENDS, accept, check_backend
 from ddtree_kernels.kv_compact import compact_kv
 from ddtree_kernels.tree_build import Tree, build_tree, chain_tree
 from ddtree_kernels.tree_compile import CompiledTree, compile_tree
+from ddtree_kernels.tree_check import InvalidTree, validate_tree
+from ddtree_kernels.eagle_tree import EagleSelection, build_eagle_tree, eagle_select
 
 __all__ = [
     "Accepted", "BACKENDS", "CompiledTree", "Tree", "accept", "accept_walk", "build_tree", "chain_tree",
-    "check_backend", "compact_kv", "compile_tree",
+    "check_backend", "compact_kv", "compile_tree", "InvalidTree", "validate_tree", "EagleSelection",
+    "build_eagle_tree", "eagle_select",
 ]

@@ -11,13 +11,13 @@ from workbench.cycle import Cycle, Summary, Trace, TraceFileError
 from workbench.engine import Engine, Session, SessionFinished, load
 from workbench.forward import ForwardMode, ForwardRecord
 from workbench.loading import ModelPairError, load_models
-from workbench.policies import AR, DDTree, DFlash, parse_policy
-from workbench import shapes, views  # after the engine: both read its records
+from workbench.policies import AR, DDTree, DFlash, EagleTree, TreePolicy, parse_policy
+from workbench import analysis, shapes, views  # after the engine: they read its records
 from workbench.views import Stepper
 
 __all__ = [
     "AR", "Cycle", "DDTree", "DFlash", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError", "Session",
     "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError", "load", "load_models", "parse_policy",
-    "shapes", "views",
+    "shapes", "views", "EagleTree", "TreePolicy", "analysis",
 ]
 __version__ = "0.1.0"
