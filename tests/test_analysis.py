@@ -160,3 +160,34 @@ def test_predicted_tau_matches_a_real_budget_sweep(engine, eval_prompts):
         runs = [engine.session(p, policy=wb.DDTree(b), max_new_tokens=40).run() for p in prompts]
         meas = np.mean([a for r in runs for a in r.accept_lengths])
         assert abs(pred - meas) <= 0.15 * meas, (b, pred, meas)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("budget", [1, 5, 24])
+def test_continuation_ranks_equal_node_index_in_the_engines_tree(seed, budget):
+    """The score-only beams reproduce build_tree's order exactly, ties included (coarse log-probs)."""
+    from ddtree_kernels import build_tree
+    from workbench.analysis.budget import _sorted_topk, continuation_ranks
+
+    g = torch.Generator().manual_seed(seed)
+    bs, D, V = 6, 5, 12
+    lp = torch.log_softmax((torch.randn(bs, D, V, generator=g) * 2).round() / 2, -1)  # many equal values
+    tree = build_tree(lp, torch.zeros(bs, dtype=torch.long), budget)
+    # continuations: the path to a random tree node, then random tokens
+    y = torch.randint(V, (bs, D), generator=g)
+    for b in range(bs):
+        i = int(torch.randint(tree.n, (1,), generator=g))
+        path = []
+        while i > 0:
+            path.append(int(tree.tokens[b, i]))
+            i = int(tree.parents[b, i])
+        y[b, : len(path)] = torch.tensor(path[::-1], dtype=torch.long)
+    # the whole vocabulary recorded: torch.topk may cut a tie at the k-th place differently than the build
+    top = torch.topk(lp, V, dim=-1)
+    ranks = continuation_ranks(*_sorted_topk(top.values, top.indices), y, budget)
+    for b in range(bs):
+        node = 0
+        for L in range(1, D + 1):
+            kids = [j for j in range(tree.n) if int(tree.parents[b, j]) == node and int(tree.tokens[b, j]) == int(y[b, L - 1])]
+            node = kids[0] if kids and node >= 0 else -1
+            assert ranks[b, L - 1] == (node if node > 0 else math.inf), (b, L)

@@ -4,8 +4,8 @@ After a run the target's continuation after every cycle's root is known: the gen
 tokens that follow it (under greedy decoding, the target's own choices). DDTree's tree at
 budget B is the B highest-scoring prefixes of the drafter's per-slot log-probs, so a cycle
 accepts L tokens at budget B exactly when the continuation's length-L prefix ranks within
-the best B. This module recomputes those ranks from the recorded drafter top-k with the same
-kernel and tie rule as the engine.
+the best B. This module recomputes those ranks from the recorded drafter top-k, in the
+tree build's order and tie rule, with per-depth beams of scores only (no tree is built).
 
 Limit: a cycle records only the drafter's top ``record_topk`` tokens per slot (8 by
 default). A prefix in the best B uses tokens of rank < B at every slot, so ranks are exact
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ddtree_kernels import build_tree
 from workbench.analysis.calibration import cycles_of
 from workbench.cycle import Trace
 
@@ -46,14 +45,72 @@ def continuation_stream(trace: Trace) -> tuple[list[int], list[int]]:
     return stream, roots
 
 
-def _sorted_topk(c) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recorded top-k per slot in the kernel's order: log-prob descending, then token id ascending."""
-    v, i = c.draft_topk_logprobs.float(), c.draft_topk_tokens.long()
-    # Sort by token id, then stably by value: equal values end up by ascending id.
-    o = torch.argsort(i, dim=1)
-    v, i = v.gather(1, o), i.gather(1, o)
-    o = torch.sort(v, dim=1, descending=True, stable=True).indices
-    return v.gather(1, o), i.gather(1, o)
+def _sorted_topk(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recorded top-k [g, D, k] in the tree build's order: log-prob descending, then token id ascending."""
+    o = torch.argsort(ids, dim=-1)
+    vals, ids = vals.gather(-1, o), ids.gather(-1, o)
+    o = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # equal values keep ascending ids
+    return vals.gather(-1, o), ids.gather(-1, o)
+
+
+def continuation_ranks(vals: torch.Tensor, ids: torch.Tensor, y: torch.Tensor, budget: int) -> torch.Tensor:
+    """Rank of every prefix of ``y`` in DDTree's best-first order, exact up to ``budget``.
+
+    vals/ids: [g, D, k] per-slot top-k (sorted, k >= budget); y: int64 [g, D] continuation (-1: unknown).
+    -> float64 [g, D]: 1-based rank of y[:L] (column L-1), inf when beyond ``budget``.
+
+    Same order as ``build_tree``: score descending, then depth ascending, then the position in its
+    depth's beam (parent's beam position, then token rank). Only the best ``budget`` prefixes of each
+    depth can be in the tree, so per depth a beam of that many scores is enough: the rank of y[:L] is
+    1 + (beam scores >= s at smaller depths) + (its own beam position) + (scores > s at larger depths).
+    """
+    g, D, _ = vals.shape
+    B = budget
+    v, t = vals[:, :, :B].float(), ids[:, :, :B]
+    hit = t == y[:, :, None]  # [g, D, B]
+    yr = torch.where(hit.any(-1), hit.float().argmax(-1), -1)  # token rank of y at each slot, -1 if beyond B
+    # Candidate (parent beam position p, token rank j) pairs that can make a depth's best B, row-major:
+    # (p, j) trails every (p' <= p, j' <= j), so (p+1)(j+1) > B never makes it (as in the tree build).
+    p_all = torch.arange(B)[:, None].expand(B, B)
+    j_all = torch.arange(B)[None, :].expand(B, B)
+    keep = (p_all + 1) * (j_all + 1) <= B
+    pp, jj = p_all[keep], j_all[keep]  # [m]
+    where = torch.full((B, B), -1, dtype=torch.long)
+    where[keep] = torch.arange(int(keep.sum()))
+    beams, s_y, pos_y = [], [], []
+    beam = v[:, 0]  # [g, B]: float32 sums, as the tree build adds them
+    pos = yr[:, 0]
+    s = torch.where(pos >= 0, beam.gather(1, pos.clamp(min=0)[:, None])[:, 0], float("nan"))
+    beams.append(beam), s_y.append(s), pos_y.append(pos)
+    for d in range(1, D):
+        ok_pair = (pp < beam.shape[1]) & (jj < v.shape[2])  # fewer when the vocabulary is below B
+        sub = torch.full((pp.shape[0] + 1,), -1, dtype=torch.long)  # kept-pair index -> column of cand
+        sub[:-1][ok_pair] = torch.arange(int(ok_pair.sum()))
+        cand = beam[:, pp[ok_pair]] + v[:, d, jj[ok_pair]]  # [g, m]
+        j = yr[:, d]
+        yi = sub[where[pos.clamp(min=0), j.clamp(min=0)]]  # where == -1 reads the spare -1 entry
+        ok = (pos >= 0) & (j >= 0) & (yi >= 0) & (yi < cand.shape[1])
+        yi = yi.clamp(min=0, max=cand.shape[1] - 1)
+        s = torch.where(ok, cand.gather(1, yi[:, None])[:, 0], float("nan"))
+        idx = torch.arange(cand.shape[1])
+        ahead = (cand > s[:, None]) | ((cand == s[:, None]) & (idx[None, :] < yi[:, None]))
+        pos = torch.where(ok, ahead.sum(1), -1)
+        pos = torch.where(pos < B, pos, -1)
+        beam = torch.topk(cand, min(B, cand.shape[1]), dim=1).values
+        beams.append(beam), s_y.append(s), pos_y.append(pos)
+    S = torch.stack(s_y, 1)  # [g, D]: score of y[:L] (nan when not in its depth's beam)
+    P = torch.stack(pos_y, 1)  # [g, D]: its position in its depth's beam, -1 if not there
+    # Per-depth beams as ascending negated scores, padded with +inf: counts by binary search.
+    neg = torch.stack([torch.nn.functional.pad(-b, (0, B - b.shape[1]), value=float("inf")) for b in beams], 1)
+    q = (-S)[:, None, :].expand(g, D, D).contiguous()  # [g, D(d), D(L)]
+    ge = torch.searchsorted(neg.contiguous(), q, right=True)  # beam_d scores >= s_L
+    gt = torch.searchsorted(neg.contiguous(), q, right=False)  # beam_d scores > s_L
+    dd = torch.arange(D)[:, None]
+    LL = torch.arange(D)[None, :]
+    before = torch.where(dd < LL, ge, 0).sum(1)  # [g, D(L)]
+    after = torch.where(dd > LL, gt, 0).sum(1)
+    rank = (1 + before + P + after).double()
+    return torch.where((P >= 0) & (rank <= B), rank, float("inf"))
 
 
 @dataclass(frozen=True)
@@ -145,7 +202,7 @@ def budget_needed(trace: Trace, max_budget: int | None = None) -> BudgetNeeded:
         raise ValueError(f"max_budget={max_budget} but the trace recorded only the drafter's top-{k} per slot, so "
                          f"ranks are exact up to {k}; rerun with engine.session(..., record_topk={max_budget})")
     stream, roots = continuation_stream(trace)
-    S = torch.tensor(stream + [-1] * 64)
+    S = torch.tensor(stream)
     Dmax = max(int(c.draft_topk_tokens.shape[0]) for c in cycles)
     ranks = np.full((len(cycles), Dmax), np.nan)
     by_depth: dict[int, list[int]] = {}
@@ -154,28 +211,12 @@ def budget_needed(trace: Trace, max_budget: int | None = None) -> BudgetNeeded:
     for D, idx in by_depth.items():
         if D == 0:  # a root-only cycle (the last token of a run): nothing drafted, nothing to rank
             continue
-        vals, ids = zip(*(_sorted_topk(cycles[i]) for i in idx))
-        vals, ids = torch.stack(vals), torch.stack(ids)  # [g, D, k]
-        g = len(idx)
-        # Best-first tree over the recorded columns; node order = rank (index 1 = the best prefix).
-        tree = build_tree(vals, torch.zeros(g, dtype=torch.long), max_budget)
-        d = tree.depth
-        col = tree.tokens.clamp(max=k - 1)
-        tok = ids.gather(2, col[:, None, :].expand(g, D, -1)).gather(1, (d - 1).clamp(min=0)[:, None, :])[:, 0]
-        start = torch.tensor([roots[i] for i in idx])
-        y = S[(start[:, None] + torch.arange(1, D + 1)[None, :]).clamp(max=S.numel() - 1)]  # [g, D] continuation
-        y = torch.where(start[:, None] + torch.arange(1, D + 1)[None, :] < len(stream), y, -1)
-        agree = tok == y.gather(1, (d - 1).clamp(min=0))
-        agree[:, 0] = True
-        match = agree.clone()
-        for _ in range(D):  # a node matches when it and every ancestor agree with the continuation
-            match = agree & match.gather(1, tree.parents.clamp(min=0))
-        r = torch.full((g, D + 1), float("inf"), dtype=torch.float64)
-        pos = torch.arange(tree.n, dtype=torch.float64).expand(g, -1)
-        r.scatter_reduce_(1, torch.where(match, d, 0), torch.where(match, pos, float("inf")), reduce="amin")
-        r = r[:, 1:]
-        avail = (start[:, None] + torch.arange(1, D + 1)[None, :]) < len(stream)
-        r = torch.where(avail, r, float("nan"))
-        ranks[idx, :D] = r.numpy()
+        vals, ids = _sorted_topk(torch.stack([cycles[i].draft_topk_logprobs.float() for i in idx]),
+                                 torch.stack([cycles[i].draft_topk_tokens.long() for i in idx]))  # [g, D, k]
+        at = torch.tensor([roots[i] for i in idx])[:, None] + torch.arange(1, D + 1)[None, :]  # stream index
+        avail = at < len(stream)
+        y = torch.where(avail, S[at.clamp(max=S.numel() - 1)], -1)  # [g, D] the target's continuation
+        r = continuation_ranks(vals, ids, y, max_budget)
+        ranks[idx, :D] = torch.where(avail, r, float("nan")).numpy()
     accepted = np.array([c.accepted for c in cycles])
     return BudgetNeeded(ranks, accepted, max_budget, k, trace.policy)
