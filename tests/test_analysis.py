@@ -191,3 +191,33 @@ def test_continuation_ranks_equal_node_index_in_the_engines_tree(seed, budget):
             kids = [j for j in range(tree.n) if int(tree.parents[b, j]) == node and int(tree.tokens[b, j]) == int(y[b, L - 1])]
             node = kids[0] if kids and node >= 0 else -1
             assert ranks[b, L - 1] == (node if node > 0 else math.inf), (b, L)
+
+
+# ------------------------------------------------------------------------- views
+def test_reliability_figure_shows_the_bins_and_the_ece():
+    cal = wb.analysis.calibration(list(hand_cycles()), bins=2)
+    fig = wb.views.reliability_figure(cal)
+    bars = [t for t in fig.data if t.type == "bar"][0]
+    assert list(bars.y) == pytest.approx([1 / 3, 1.0]) and list(bars.x) == [0.25, 0.75]
+    assert fig.layout.meta["ece"] == pytest.approx(cal.ece) and "ECE 0.16" in fig.layout.annotations[0].text
+    measured = [t for t in fig.data if t.name == "measured"][0]
+    assert list(measured.y) == pytest.approx([1.0, 0.5])
+
+
+def test_budget_needed_figure_plots_the_curve_and_measured_points():
+    need = wb.analysis.budget_needed(hand_trace())
+    fig = wb.views.budget_needed_figure(need, budgets=[1, 2, 3], measured={2: 2.4})
+    by = {t.name: t for t in fig.data}
+    assert list(by["accepted path"].y) == [0.5, 1.0, 1.0]
+    assert list(by["prefix of length 2"].y) == [0.0, 1.0, 1.0]
+    assert list(by["predicted tau"].y) == [1.5, 2.5, 2.5] and list(by["measured tau"].y) == [2.4]
+
+
+def test_policy_compare_figure_divides_by_verified_tokens():
+    rows = [{"family": "DDTree", "policy": "DDTree(15)", "verified": 16, "tau": 4.0},
+            {"family": "DDTree", "policy": "DDTree(31)", "verified": 32, "tau": 4.8},
+            {"family": "<b>x</b>", "verified": 16, "tau": 2.0}]
+    fig = wb.views.policy_compare_figure(rows)
+    per = [t for t in fig.data if t.name == "DDTree"][1]  # [tau, tau per verified token]
+    assert list(per.y) == pytest.approx([0.25, 0.15])
+    assert all("<b>" not in (t.name or "") for t in fig.data)

@@ -182,14 +182,25 @@ def default_budgets(max_budget: int) -> list[int]:
     return out + [max_budget]
 
 
-def budget_needed(trace: Trace, max_budget: int | None = None) -> BudgetNeeded:
+def budget_needed(trace, max_budget: int | None = None) -> BudgetNeeded:
     """Rank of the target's continuation prefix of every length among the drafter's prefixes, per cycle.
 
-    ``max_budget`` (default: the recorded top-k width) bounds the ranks computed; it cannot exceed
-    the recorded width (``Cycle.draft_topk_*``), where ranks stop being exact.
+    ``trace``: one session's Trace, or a list of them (pooled cycle by cycle). ``max_budget``
+    (default: the recorded top-k width) bounds the ranks computed; it cannot exceed the recorded
+    width (``Cycle.draft_topk_*``), where ranks stop being exact.
     """
+    if isinstance(trace, (list, tuple)):
+        if not trace:
+            raise ValueError("budget_needed got an empty list of traces")
+        parts = [budget_needed(t, max_budget) for t in trace]
+        D = max(p.ranks.shape[1] for p in parts)
+        ranks = np.concatenate([np.pad(p.ranks, ((0, 0), (0, D - p.ranks.shape[1])), constant_values=np.nan)
+                                for p in parts])
+        policies = sorted({p.policy for p in parts})
+        return BudgetNeeded(ranks, np.concatenate([p.accepted for p in parts]), min(p.max_budget for p in parts),
+                            min(p.record_topk for p in parts), ", ".join(policies))
     if not isinstance(trace, Trace):
-        raise TypeError(f"budget_needed takes one session's Trace, got {type(trace).__name__}")
+        raise TypeError(f"budget_needed takes a session's Trace (or a list of them), got {type(trace).__name__}")
     cycles = trace.cycles
     if not cycles_of(trace):
         raise ValueError("no drafted cycles in this trace (AR drafts nothing); record a DFlash, DDTree or "
