@@ -13,8 +13,11 @@ from ddtree_kernels.dispatch import BACKENDS, accept, check_backend
 from ddtree_kernels.kv_compact import compact_kv, compact_kv_
 from ddtree_kernels.tree_build import Tree, build_tree, build_tree_from_topk, chain_tree
 from ddtree_kernels.tree_compile import CompiledTree, compile_tree
+from ddtree_kernels.tree_check import InvalidTree, validate_tree
+from ddtree_kernels.eagle_tree import EagleSelection, build_eagle_tree, eagle_select
 
 __all__ = [
-    "Accepted", "BACKENDS", "CompiledTree", "Tree", "accept", "accept_walk", "build_tree", "build_tree_from_topk",
-    "chain_tree", "check_backend", "compact_kv", "compact_kv_", "compile_tree",
+    "Accepted", "BACKENDS", "CompiledTree", "EagleSelection", "InvalidTree", "Tree", "accept", "accept_walk",
+    "build_eagle_tree", "build_tree", "build_tree_from_topk", "chain_tree", "check_backend", "compact_kv", "compact_kv_",
+    "compile_tree", "eagle_select", "validate_tree",
 ]

@@ -102,3 +102,62 @@ def build_tree_host_heap(logprobs: Tensor, root_tokens: Tensor, budget: int, wid
     dev = logprobs.device
     cols = [torch.tensor(np.array([r[f] for r in rows]), device=dev) for f in range(4)]
     return Tree(*cols, torch.tensor(np.array([r[4] for r in rows], dtype=np.float32), device=dev))
+
+
+def eagle_select_python(logprobs: Tensor, topk: int, steps: int, num_draft_tokens: int) -> dict:
+    """SGLang's EAGLE selection for one request (logprobs [D, V]), step by step with Python lists.
+
+    Candidates carry SGLang's flat ids; ties: score descending, then id ascending.
+    Returns parent_list, selected_index and the Tree fields of the drafted nodes.
+    """
+    lp = logprobs.detach().float().cpu().numpy()
+    order = [sorted(range(lp.shape[1]), key=lambda t, row=row: (-row[t], t))[:topk] for row in lp[:steps]]
+    cands = []  # (id, score, token, rank, parent id, depth)
+    beam = []  # (score, id)
+    for j in range(topk):
+        s = np.float32(lp[0][order[0][j]])
+        cands.append((j, s, order[0][j], j, -1, 1))
+        beam.append((s, j))
+    parent_list = [-1] + list(range(topk))
+    for i in range(1, steps):
+        offset = topk + topk * topk * (i - 1)
+        step = []
+        for p, (ps, pid) in enumerate(beam):
+            for j in range(topk):
+                s = np.float32(ps + np.float32(lp[i][order[i][j]]))
+                cid = offset + p * topk + j
+                cands.append((cid, s, order[i][j], j, pid, i + 1))
+                step.append((s, cid))
+        beam = sorted(step, key=lambda x: (-x[0], x[1]))[:topk]
+        if i < steps - 1:
+            parent_list += [cid for _, cid in beam]
+    chosen = sorted(sorted(cands, key=lambda c: (-c[1], c[0]))[: num_draft_tokens - 1], key=lambda c: c[0])
+    where = {c[0]: i + 1 for i, c in enumerate(chosen)}
+    return {
+        "parent_list": parent_list if steps > 1 else [],
+        "selected_index": [c[0] for c in chosen],
+        "tokens": [c[2] for c in chosen],
+        "parents": [0 if c[4] < 0 else where[c[4]] for c in chosen],
+        "depth": [c[5] for c in chosen],
+        "rank": [c[3] for c in chosen],
+        "score": [float(c[1]) for c in chosen],
+    }
+
+
+def compile_sglang_python(parents, seq_len: int) -> dict:
+    """What SGLang's build kernel writes for one request, from the parent list (root first), as lists:
+    positions, retrieve_next_token / _sibling (children linked in descending-index insertion), and the
+    tree part of the mask row by row (ancestor-or-self)."""
+    n = len(parents)
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    nxt, sib = [-1] * n, [-1] * n
+    for i in range(n - 1, 0, -1):  # as the kernel: walk backwards, push i in front of its parent's list
+        p = parents[i]
+        if nxt[p] != -1:
+            sib[i] = nxt[p]
+        nxt[p] = i
+    anc = ancestors_python(parents)
+    return {"positions": [seq_len + d for d in depth], "next_token": nxt, "next_sibling": sib,
+            "mask": [[j in anc[i] for j in range(n)] for i in range(n)]}

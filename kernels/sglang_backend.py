@@ -144,3 +144,29 @@ def verify_tree_greedy(candidates: Tensor, retrieve_index: Tensor, next_token: T
        candidates.long().contiguous(), retrieve_index.long().contiguous(), next_token.long().contiguous(),
        next_sibling.long().contiguous(), target_predict.long().contiguous())
     return accept_index, accept_token_num, predicts
+
+
+def build_tree_efficient(parent_list: Tensor, selected_index: Tensor, seq_lens: Tensor, topk: int, steps: int,
+                         num_verify_tokens: int, mode: str = "FULL_MASK") -> dict[str, Tensor]:
+    """SGLang's EAGLE tree compile (``build_tree_kernel_efficient`` of ``eagle_utils``) on its Triton kernel.
+
+    ``eagle_utils`` itself cannot be imported without a GPU stack (it reaches image processors and
+    tvm_ffi), so this allocates the buffers as it does (mask all True, retrieve arrays -1) and calls
+    ``sgl_build_tree_kernel_triton``. parent_list / selected_index: int64, SGLang's layout
+    (``ddtree_kernels.eagle_tree.EagleSelection``); seq_lens: int64 [bs] committed tokens per request.
+    -> tree_mask bool (flat, ``mode`` layout), positions int64 [bs*n], retrieve_index /
+    retrieve_next_token / retrieve_next_sibling int64 [bs, n].
+    """
+    spec_tree = load_spec_tree(seq_lens.device)
+    mask_mode = getattr(spec_tree.TreeMaskMode, mode)
+    bs, n, dev = seq_lens.numel(), num_verify_tokens, seq_lens.device
+    size = int(seq_lens.sum()) * n + n * n * bs if mode == "FULL_MASK" else n * n * bs
+    tree_mask = torch.full((size,), True, dtype=torch.bool, device=dev)
+    retrieve = torch.full((3, bs, n), -1, dtype=torch.long, device=dev)
+    positions = torch.empty(bs * n, dtype=torch.long, device=dev)
+    spec_tree.sgl_build_tree_kernel_triton(
+        parent_list.contiguous(), selected_index.contiguous(), seq_lens.contiguous(), tree_mask, positions,
+        retrieve[0], retrieve[1], retrieve[2], topk, steps, n, mask_mode,
+    )
+    return {"tree_mask": tree_mask, "positions": positions, "retrieve_index": retrieve[0],
+            "retrieve_next_token": retrieve[1], "retrieve_next_sibling": retrieve[2]}

@@ -275,7 +275,7 @@ def test_trace_and_cycle_reprs_are_compact(eng):
 
 # ------------------------------------------------------------------------------ policies
 @pytest.mark.parametrize("policy", [wb.AR(), wb.DFlash(), wb.DDTree(1), wb.DDTree(32), wb.DDTree(16, width=1),
-                                    wb.DDTree(4096, width=7)])
+                                    wb.DDTree(4096, width=7), wb.EagleTree(4, 5, 16)])
 def test_parse_policy_accepts_every_label_it_prints(policy):
     assert parse_policy(str(policy)) == policy
     assert parse_policy(repr(policy)) == policy  # DDTree(budget=16, width=1) too

@@ -12,8 +12,8 @@ from workbench.divergence import Divergence, first_divergence
 from workbench.engine import Engine, Session, SessionFinished, load
 from workbench.forward import ForwardMode, ForwardRecord
 from workbench.loading import ModelPairError, load_models
-from workbench.policies import AR, DDTree, DFlash, parse_policy
-from workbench import shapes  # after the engine: it reads its records
+from workbench.policies import AR, DDTree, DFlash, EagleTree, TreePolicy, parse_policy
+from workbench import analysis, shapes  # after the engine: they read its records
 from workbench.remote import RemoteEngine, RemoteSession, connect
 
 
@@ -31,7 +31,7 @@ def __getattr__(name: str):
 __all__ = [
     "AR", "Cycle", "DDTree", "DFlash", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
-    "connect", "first_divergence", "load", "load_models", "parse_policy",
+    "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]
 __version__ = "0.1.0"

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_kernels import Tree, build_tree_from_topk, chain_tree
-from workbench.policies import AR, DDTree, DFlash, Policy
+from ddtree_kernels import Tree, build_tree_from_topk, chain_tree, validate_tree
+from ddtree_kernels.eagle_tree import build_eagle_tree
+from workbench.policies import AR, DDTree, DFlash, EagleTree, Policy, TreePolicy
 from workbench.stages.draft import Draft
 
 
 def tree_build(policy: Policy, drafted: Draft | None, root: int, device) -> Tree:
-    """AR: the root alone; DFlash: the argmax chain; DDTree: the ``budget`` best prefixes."""
+    """AR: the root alone; DFlash: the argmax chain; DDTree: the ``budget`` best prefixes;
+    EagleTree: SGLang's top-k-per-step tree; TreePolicy: the user's function, validated."""
     roots = torch.tensor([root], device=device)
     if isinstance(policy, AR) or drafted is None or drafted.logprobs.shape[1] == 0:
         z = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -20,4 +22,14 @@ def tree_build(policy: Policy, drafted: Draft | None, root: int, device) -> Tree
     if isinstance(policy, DDTree):
         return build_tree_from_topk(*drafted.top(min(policy.budget, policy.width or policy.budget)), roots,
                                     policy.budget)
+    if isinstance(policy, EagleTree):
+        # Near the end of a generation fewer slots are drafted: the tree gets shallower, not invalid.
+        steps = min(policy.steps, lp.shape[1])
+        k = policy.topk
+        n = min(policy.num_draft_tokens, 1 + k + (steps - 1) * k * k)
+        return build_eagle_tree(lp, roots, k, steps, n)
+    if isinstance(policy, TreePolicy):
+        tree = policy.build(lp, roots, policy.budget)
+        validate_tree(tree, policy.budget, lp.shape[-1], roots, lp.shape[1], who=f"TreePolicy {policy.name!r}")
+        return tree
     raise TypeError(f"unknown policy {policy!r}")

@@ -8,6 +8,7 @@
 NOTEBOOK_STACK = "pip install plotly ipywidgets anywidget"
 
 try:
+    from workbench.views.analysis_figures import budget_needed_figure, policy_compare_figure, reliability_figure
     from workbench.views.export import save_html, to_html
     from workbench.views.figures import (
         acceptance_figure, budget_sweep_figure, draft_heatmap, mask_figure, node_outcomes, stage_times_figure, token_stream, token_text,
@@ -25,5 +26,5 @@ except ImportError as e:  # the engine runs without the notebook stack; only the
 __all__ = [
     "BatchStepper", "Stepper", "acceptance_figure", "budget_sweep_figure", "draft_heatmap", "mask_figure", "node_outcomes", "report_html", "save_html",
     "stage_times_figure", "to_html", "token_stream", "token_text", "tree_figure", "tree_layout", "tree_node_count",
-    "visible", "write_report",
+    "visible", "write_report", "budget_needed_figure", "policy_compare_figure", "reliability_figure",
 ]

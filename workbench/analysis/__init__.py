@@ -1,0 +1,13 @@
+"""Analyses over recorded runs: is the drafter calibrated, and how large a tree was needed?
+
+    cal = wb.analysis.calibration([trace1, trace2])      # drafted path probability vs acceptance
+    cal.ece, cal.table(); wb.views.reliability_figure(cal)
+    need = wb.analysis.budget_needed(trace)              # ranks of the target's continuation
+    need.tau_at(16); wb.views.budget_needed_figure(need)
+
+Pure data (numpy); no model runs, no plotting.
+"""
+from workbench.analysis.budget import BudgetNeeded, budget_needed
+from workbench.analysis.calibration import Calibration, calibration
+
+__all__ = ["BudgetNeeded", "Calibration", "budget_needed", "calibration"]
