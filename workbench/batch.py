@@ -309,12 +309,14 @@ class BatchSession:
         sw.start("record")
         times = sw.times
         cycles = []
+        top2 = out.logits.topk(2, dim=-1)  # [bs, N, 2]: what wb.first_divergence reads, as in a single session
         for b, s in enumerate(reqs):
             n = trees[b].n
-            v = Verified(choice[b : b + 1, :n], prob[b : b + 1, :n], None, None, out.record)
+            v = Verified(choice[b : b + 1, :n], prob[b : b + 1, :n], None, None, out.record,
+                         top2.indices[b : b + 1, :n], top2.values[b : b + 1, :n])
             cyc = s._record(policies[b], starts[b], roots[b], drafted[b], trees[b], compiled[b],
                             v, committed[b], kept[b], times)
-            s.trace.cycles.append(cyc)
+            s.trace.append(cyc)
             cycles.append(cyc)
         forwards = tuple(r for r in (draft_rec, out.record) if r is not None)
         bc = BatchCycle(len(self.cycles), tuple(self._live), tuple(cycles), tuple(t.n for t in trees),

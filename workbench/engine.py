@@ -59,6 +59,16 @@ class Stopwatch:
         return now
 
 
+def to_host(**tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """CPU copies of a cycle's record tensors. From a GPU: every copy queued without waiting, then one
+    wait for them all (one host synchronisation per record instead of one per tensor)."""
+    cuda = any(t.device.type == "cuda" for t in tensors.values())
+    out = {k: t.to("cpu", non_blocking=cuda) for k, t in tensors.items()}
+    if cuda:
+        torch.cuda.current_stream().synchronize()
+    return out
+
+
 class SessionFinished(RuntimeError):
     """``step()`` was called on a session that has already ended."""
 
@@ -348,29 +358,25 @@ class Session:
         return cycle
 
     def _record(self, policy, start, root, drafted, tree, compiled, verified, committed, kept, times) -> Cycle:
-        cpu = torch.device("cpu")
         k = self.record_topk
-        if drafted is not None and k > 0:
-            topv, topi = (x[0].to(cpu) for x in drafted.top(k))  # shared with the tree build when it ran
-        else:
-            topv, topi = torch.zeros(0, k), torch.zeros(0, k, dtype=torch.long)
-        nodes = committed.nodes.to(cpu)
-        tokens = tree.tokens[0].to(cpu)
+        top = drafted.top(k) if drafted is not None and k > 0 else None  # shared with the tree build when it ran
+        host = to_host(
+            tokens=tree.tokens[0], parents=tree.parents[0], depth=tree.depth[0], rank=tree.rank[0],
+            score=tree.score[0].float(), position_ids=compiled.positions[0], visibility=compiled.visibility[0],
+            retrieve_next_token=compiled.retrieve_next_token[0],
+            retrieve_next_sibling=compiled.retrieve_next_sibling[0], target_choice=verified.choice[0],
+            target_prob=verified.choice_prob[0].float(), accepted_nodes=committed.nodes,
+            target_top2_tokens=verified.top2_tokens[0], target_top2_logits=verified.top2_logits[0].float(),
+            draft_topk_logprobs=top[0][0] if top else torch.zeros(0, k),
+            draft_topk_tokens=top[1][0] if top else torch.zeros(0, k, dtype=torch.long),
+        )
         return Cycle(
             index=len(self.trace.cycles), policy=str(policy), start=start, root_token=root,
-            draft_topk_tokens=topi, draft_topk_logprobs=topv,
-            tokens=tokens, parents=tree.parents[0].to(cpu), depth=tree.depth[0].to(cpu),
-            rank=tree.rank[0].to(cpu), score=tree.score[0].float().to(cpu),
-            position_ids=compiled.positions[0].to(cpu), visibility=compiled.visibility[0].to(cpu),
-            retrieve_next_token=compiled.retrieve_next_token[0].to(cpu),
-            retrieve_next_sibling=compiled.retrieve_next_sibling[0].to(cpu),
-            target_choice=verified.choice[0].to(cpu), target_prob=verified.choice_prob[0].float().to(cpu),
-            accepted_nodes=nodes, accepted_tokens=tokens[nodes], bonus=committed.bonus, committed=kept,
+            accepted_tokens=host["tokens"][host["accepted_nodes"]], bonus=committed.bonus, committed=kept,
             stage_seconds=times,
             forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
             temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=self.sampling.top_k,
-            target_top2_tokens=verified.top2_tokens[0].to(cpu),
-            target_top2_logits=verified.top2_logits[0].float().to(cpu),
+            **host,
         )
 
     def run(self, max_new_tokens: int | None = None) -> Trace:

@@ -12,7 +12,7 @@ from workbench.stages.draft import Draft
 def tree_build(policy: Policy, drafted: Draft | None, root: int, device) -> Tree:
     """AR: the root alone; DFlash: the argmax chain; DDTree: the ``budget`` best prefixes;
     EagleTree: SGLang's top-k-per-step tree; TreePolicy: the user's function, validated."""
-    roots = torch.tensor([root], device=device)
+    roots = torch.full((1,), root, dtype=torch.long, device=device)  # a fill, not a host-to-device copy
     if isinstance(policy, AR) or drafted is None or drafted.logprobs.shape[1] == 0:
         z = torch.zeros(1, 1, dtype=torch.long, device=device)
         return Tree(roots[:, None], z - 1, z, z.clone(), torch.zeros(1, 1, device=device))
