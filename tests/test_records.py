@@ -458,7 +458,8 @@ def test_kernels_progress_moves_within_a_budget(capsys):
 
     kernel_bench([16], repeats=1, progress=True, backends=("torch",))
     err = capsys.readouterr().err
-    assert "1/3" in err and "3/3" in err and "accept walk" in err
+    # Each step's label is shown with the count so far (the final 3/3 may be cleared before it is drawn).
+    assert "1/3" in err and "2/3" in err and "accept walk" in err and "KV compaction" in err
 
 
 # ------------------------------------------------------------------------------ the report
