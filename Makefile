@@ -46,7 +46,6 @@ browser:
 # The shipped pair: the full recipe, then a second drafter phase (lower LR, fresh distillation prompts).
 train: $(STAMP)
 	$(BIN)/python -m workbench.train --out workbench/assets
-	$(BIN)/python -m workbench.train --out workbench/assets --stage draft --resume-draft --draft-steps 2000 --draft-lr 1e-3 --seed 1
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench --policies ar,dflash,ddtree:16,ddtree:32,ddtree:64
