@@ -513,7 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--resume-draft", action="store_true", help="with --stage draft: continue the drafter in --out")
     ap.add_argument("--draft-lr", type=float)
+    ap.add_argument("--distill-prompts", type=int)
+    ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
+    ap.add_argument("--checkpoint-every", type=int, help="save the drafter every N steps (0: only at the end)")
     args = ap.parse_args(argv)
+    if args.short_share is not None and not 0.0 <= args.short_share <= 1.0:
+        ap.error(f"--short-share {args.short_share} must be between 0 and 1")
 
     torch.set_num_threads(args.threads)
     recipe = smoke_recipe() if args.smoke else Recipe()
@@ -521,8 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe.target_steps = args.target_steps
     if args.draft_steps is not None:
         recipe.draft_steps = args.draft_steps
-    if args.draft_lr is not None:
-        recipe.draft_lr = args.draft_lr
+    for name in ("draft_lr", "distill_prompts", "short_share", "checkpoint_every"):
+        if getattr(args, name) is not None:
+            setattr(recipe, name, getattr(args, name))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     random.seed(args.seed)
@@ -559,8 +565,15 @@ def main(argv: list[str] | None = None) -> int:
         draft = DFlashDraftModel.from_pretrained(out / "draft").eval()
     metrics = report(target, draft, tokenizer, held_ids, prompts, recipe, out, new_tokens=recipe.eval_new_tokens)
     old = out / "training_report.json"
-    if args.stage == "report" and old.exists():  # re-measuring: the recipe is whatever trained these models
-        metrics.update({k: v for k, v in json.loads(old.read_text()).items() if k in ("recipe", "draft_phase2")})
+    if args.stage in ("report", "draft") and old.exists():  # the recipe is whatever trained the target
+        earlier = json.loads(old.read_text())
+        metrics.update({k: v for k, v in earlier.items() if k in ("recipe", "draft_phase2", "draft_finetune")})
+        if args.stage == "draft":
+            metrics["draft_finetune"] = {
+                "resume_draft": args.resume_draft, "seed": args.seed,
+                **{k: getattr(recipe, k) for k in ("draft_steps", "draft_lr", "distill_prompts", "short_share")},
+                "note": "drafter (re)trained on the target above with --stage draft",
+            }
     else:
         metrics["recipe"] = asdict(recipe)
     tmp = out / "training_report.json.tmp"
