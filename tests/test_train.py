@@ -163,3 +163,17 @@ def test_draft_batches_never_mix_lengths():
         anchors = pos[:, ids.shape[1]:: recipe.block_size]  # block positions of each anchor
         assert anchors.min() >= prompt_len - 1 and anchors.max() <= ids.shape[1] - recipe.block_size
     assert seen == {40, 80}
+
+
+def test_default_recipe_is_the_one_that_trained_the_shipped_target():
+    from dataclasses import asdict
+
+    from workbench.loading import ASSETS
+    from workbench.train import V2, Recipe
+
+    shipped = json.loads((ASSETS / "training_report.json").read_text())["recipe"]
+    default = asdict(Recipe())
+    # `make train` must reproduce the shipped pair: every recipe field it recorded is today's default.
+    assert {k: v for k, v in shipped.items() if k in default} == {
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in default.items() if k in shipped}
+    assert set(V2) <= set(default) and any(V2[k] != default[k] for k in V2)

@@ -495,7 +495,8 @@ def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out
     """Every figure, for each split of the evaluation prompts."""
     import workbench as wb
 
-    engine = wb.load(target=out / "target", draft=out / "draft")
+    # Same thread count as training: wb.load's default (up to 8) thrashes a shared 2-core machine.
+    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
     n_win = max(1, (len(held_ids) - 1) // recipe.seq_len)
     spread = held_ids[: n_win * recipe.seq_len].view(n_win, recipe.seq_len)[:: max(1, n_win // 64)].flatten()
     return {
