@@ -64,7 +64,7 @@ class Recipe:
 
 
 # v2: short-shape distillation prompts, fewer codec tables, one drafter phase as long as v1's two.
-# Written down, not yet trained: a full run did not fit the shared machine (see README). `make train-v2`.
+# Not yet trained in full (a run did not fit the shared machine); `make train-v2`.
 V2 = dict(distill_prompts=6144, short_share=0.55, table_keep_one_in=4, bucket_by_length=True, draft_steps=3500)
 
 
