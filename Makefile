@@ -13,7 +13,7 @@ SGLANG := sglang==0.5.23
 # Jupyter refuses to run as root without this flag (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install install-sglang browser train bench clean
+.PHONY: lab test install install-sglang browser train train-v2 bench clean
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.open_browser=True $(ROOT_FLAG) notebooks/01_quickstart.ipynb
@@ -47,6 +47,11 @@ browser:
 train: $(STAMP)
 	$(BIN)/python -m workbench.train --out workbench/assets
 	$(BIN)/python -m workbench.train --out workbench/assets --stage draft --resume-draft --draft-steps 2000 --draft-lr 1e-3 --seed 1
+
+# The v2 recipe (short-prompt distillation, fewer codec tables, one drafter phase); writes to out/v2
+# for comparison before anything replaces the shipped pair.
+train-v2: $(STAMP)
+	$(BIN)/python -m workbench.train --out out/v2 --recipe v2
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench --policies ar,dflash,ddtree:16,ddtree:32,ddtree:64

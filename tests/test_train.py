@@ -1,11 +1,17 @@
-"""The training script runs end to end in seconds (smoke recipe) and writes loadable models."""
+"""The training script runs end to end in seconds (smoke recipe) and writes loadable models; the
+evaluation splits are held out and shaped as documented; distillation draws on training files only."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
+import pytest
+
 import workbench as wb
+from workbench import corpus
+from workbench.prompts import eval_prompts
 
 
 def test_train_help():
@@ -15,22 +21,159 @@ def test_train_help():
 
 def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
-    assert {"held_out_loss_nats", "dflash_tau", "distinct_token_share"} <= set(metrics)
+    assert {"held_out_loss_nats", "held_out_loss_spread_nats", "splits"} <= set(metrics)
+    for split in ("long", "short"):
+        fig = metrics["splits"][split]
+        assert {"dflash_tau", "ddtree32_tau", "ddtree32_over_dflash", "distinct_token_share"} <= set(fig)
+        assert fig["dflash_tau"] >= 1.0 and fig["ddtree32_tau"] >= 1.0 and 0 < fig["distinct_token_share"] <= 1
     report = json.loads((tmp_path / "training_report.json").read_text())
-    assert report["recipe"]["block_size"] == 8
-    prompts = [json.loads(x) for x in (tmp_path / "eval_prompts.jsonl").read_text().splitlines()]
-    assert prompts and all(p["prompt"] for p in prompts)
+    assert report["recipe"]["block_size"] == 8 and report["splits"] == metrics["splits"]
+    long_ = [json.loads(x) for x in (tmp_path / "eval_prompts.jsonl").read_text().splitlines()]
+    short = [json.loads(x) for x in (tmp_path / "eval_prompts_short.jsonl").read_text().splitlines()]
+    assert long_ and all(p["prompt"] and p["split"] == "long" for p in long_)
+    assert short and all(p["prompt"] and p["split"] == "short" for p in short)
+    assert metrics["splits"]["short"]["prompts"] == len(short)
     engine = wb.load(target=tmp_path / "target", draft=tmp_path / "draft")
-    s = engine.session(prompts[0]["prompt"], policy=wb.DDTree(4), max_new_tokens=8)
-    ar = engine.session(prompts[0]["prompt"], policy=wb.AR(), max_new_tokens=8)
-    assert s.run() and ar.run() and s.tokens == ar.tokens
+    for prompt in (long_[0]["prompt"], short[0]["prompt"]):
+        s = engine.session(prompt, policy=wb.DDTree(4), max_new_tokens=8)
+        ar = engine.session(prompt, policy=wb.AR(), max_new_tokens=8)
+        assert s.run() and ar.run() and s.tokens == ar.tokens
 
 
-def test_shipped_eval_prompts_are_held_out(eval_prompts):
-    from workbench.corpus import is_held_out
+@pytest.mark.parametrize("split", ["long", "short"])
+def test_shipped_eval_prompts_are_held_out(split):
+    prompts = eval_prompts(split)
+    assert len(prompts) >= 32
+    assert all(p["split"] == split for p in prompts)
+    assert all(corpus.is_held_out(p["source"]) for p in prompts)
+    assert len({p["id"] for p in prompts}) == len(prompts)
 
-    assert len(eval_prompts) >= 32
-    assert all(is_held_out(p["source"]) for p in eval_prompts)
+
+def test_eval_prompts_rejects_an_unknown_split():
+    with pytest.raises(ValueError, match="'tiny'"):
+        eval_prompts("tiny")
+
+
+def test_short_split_is_short_covers_every_shape_and_was_never_trained_on():
+    short, long_ = eval_prompts("short"), eval_prompts("long")
+    assert all(1 <= p["prompt"].count("\n") + 1 <= corpus.MAX_SHORT_LINES for p in short)
+    counts = {shape: sum(p["kind"] == shape for p in short) for shape in corpus.SHORT_SHAPES}
+    assert min(counts.values()) >= 4, counts
+    assert not {p["prompt"] for p in short} & {p["prompt"] for p in long_}
+    trained = {f.relpath for f in corpus.list_sources() if not f.held_out}  # the target's corpus (superset)
+    assert not {p["source"] for p in short} & trained
+    # Every short prompt starts with a line cut from its source file (after dedenting).
+    sources = {f.relpath: f.text for f in corpus.list_sources() + corpus.list_sources(tests=True)}
+    for p in short:
+        first = p["prompt"].split("\n")[0].strip()
+        assert first and first in sources[p["source"]], (p["id"], first)
+
+
+MODULE = '''import os
+import sys
+
+
+class Box(object):
+    """A box."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def area(self, scale=1):
+        """The area of the box."""
+        total = self.size * self.size * scale
+        return total
+
+
+class BoxTests(unittest.TestCase):
+    def test_area(self):
+        self.assertEqual(Box(2).area(), 4)
+'''
+
+
+@pytest.mark.parametrize("shape,expected", [
+    ("def_doc", ['def area(self, scale=1):\n    """The area of the box."""\n    ']),
+    ("class_init", ['class Box(object):\n    """A box."""\n\n    def __init__(self, size):\n        ']),
+    ("test_opening", ["class BoxTests(unittest.TestCase):\n    def test_area(self):\n"
+                      "        self.assertEqual(Box(2).area(), 4)\n        "]),
+])
+def test_short_prompt_shapes_on_a_known_module(shape, expected):
+    assert corpus.short_prompts(MODULE, random.Random(0), 10, shape) == expected
+
+
+def test_imports_main_and_expression_shapes_on_a_known_module():
+    got = corpus.short_prompts(MODULE, random.Random(0), 10, "imports_main")
+    assert "import os\nimport sys\n\n\ndef main():\n    " in got and all(g.startswith("import os") for g in got)
+    for seed in range(5):
+        (expr,) = corpus.short_prompts(MODULE.split("class BoxTests")[0], random.Random(seed), 1, "expression")
+        head, last = expr.rsplit("\n", 1)
+        # the function so far, dedented, then a cut inside the assignment line
+        assert head == 'def area(self, scale=1):\n    """The area of the box."""'
+        assert "    total = self.size * self.size * scale".startswith(last.rstrip())
+        assert last.rstrip().endswith("=") and last.endswith(" ")
+
+
+def test_short_prompts_rejects_an_unknown_shape():
+    with pytest.raises(ValueError, match="'lambda'"):
+        corpus.short_prompts(MODULE, random.Random(0), 1, "lambda")
+
+
+def test_generated_tables_are_thinned_and_nothing_else_is():
+    files = corpus.list_sources()
+    tables = [f for f in files if corpus.is_generated_table(f)]
+    kept = corpus.thin_generated_tables(files, 4)
+    assert len(tables) > 20
+    assert [f for f in kept if not corpus.is_generated_table(f)] == [f for f in files if not corpus.is_generated_table(f)]
+    assert 0 < sum(corpus.is_generated_table(f) for f in kept) < len(tables) / 2
+
+
+def test_distillation_draws_on_training_files_only():
+    from workbench.train import Recipe, load_corpus, make_prompts
+
+    train, held, train_tests, held_tests = load_corpus(Recipe())
+    assert train and held and train_tests and held_tests
+    assert not any(f.held_out for f in train + train_tests)
+    assert all(f.held_out for f in held + held_tests)
+    rng = random.Random(0)
+    short = make_prompts(train[:40], train_tests[:40], rng, 64, short_share=1.0)
+    assert len(short) == 64 and all(is_short and p.count("\n") < corpus.MAX_SHORT_LINES for p, is_short in short)
+    long_ = make_prompts(train[:40], train_tests[:40], rng, 16, short_share=0.0)
+    assert long_ and not any(is_short for _, is_short in long_)
+    texts = "\n".join(f.text for f in train[:40] + train_tests[:40])
+    for p, _ in short + long_:  # each prompt's first line comes from one of the given training files
+        line = p.split("\n")[0].strip()
+        assert line in texts, line
+
+
+def test_draft_batches_never_mix_lengths():
+    from workbench.train import draft_batch, smoke_recipe
+
+    recipe = smoke_recipe()
+    seqs = [(list(range(40)), 10)] * 5 + [(list(range(100, 180)), 30)] * 7
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(40):
+        ids, block_ids, labels, mask, pos = draft_batch(seqs, recipe, rng, mask_id=1)
+        assert ids.shape[1] in (40, 80)
+        seen.add(ids.shape[1])
+        prompt_len = 10 if ids.shape[1] == 40 else 30
+        anchors = pos[:, ids.shape[1]:: recipe.block_size]  # block positions of each anchor
+        assert anchors.min() >= prompt_len - 1 and anchors.max() <= ids.shape[1] - recipe.block_size
+    assert seen == {40, 80}
+
+
+def test_default_recipe_is_the_one_that_trained_the_shipped_target():
+    from dataclasses import asdict
+
+    from workbench.loading import ASSETS
+    from workbench.train import V2, Recipe
+
+    shipped = json.loads((ASSETS / "training_report.json").read_text())["recipe"]
+    default = asdict(Recipe())
+    # `make train` must reproduce the shipped pair: every recipe field it recorded is today's default.
+    assert {k: v for k, v in shipped.items() if k in default} == {
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in default.items() if k in shipped}
+    assert set(V2) <= set(default) and any(V2[k] != default[k] for k in V2)

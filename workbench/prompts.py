@@ -7,6 +7,8 @@ from pathlib import Path
 from workbench.loading import ASSETS
 
 EVAL_PROMPTS = ASSETS / "eval_prompts.jsonl"
+EVAL_PROMPTS_SHORT = ASSETS / "eval_prompts_short.jsonl"
+SPLITS = {"long": EVAL_PROMPTS, "short": EVAL_PROMPTS_SHORT}
 
 
 class PromptFileError(ValueError):
@@ -62,6 +64,13 @@ def load_prompts(path) -> list[dict]:
     return items
 
 
-def eval_prompts() -> list[dict]:
-    """The shipped evaluation prompts: held-out standard-library files, never trained on."""
-    return load_prompts(EVAL_PROMPTS)
+def eval_prompts(split: str = "long") -> list[dict]:
+    """The shipped evaluation prompts, from held-out files never trained on.
+
+    split: 'long' (~10-line excerpts of held-out standard-library files) or 'short' (1-7 lines
+    cut the way people start code: a signature and docstring, a class and ``__init__``,
+    imports then ``main``, a test's opening, a half-written expression).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+    return load_prompts(SPLITS[split])

@@ -1,6 +1,6 @@
 """Train the embedded default: a byte-level BPE, a small Qwen3 target and a DFlash drafter.
 
-    python -m workbench.train --out workbench/assets            # the shipped models (~45 min, 2 cores)
+    python -m workbench.train --out workbench/assets            # the shipped models (~50 min, 2 cores)
     python -m workbench.train --out /tmp/smoke --smoke          # seconds, used by the tests
 
 Stages (each writes to ``--out`` and can be re-run alone with ``--stage``):
@@ -47,23 +47,34 @@ class Recipe:
     distill_prompts: int = 3072
     distill_prompt_tokens: int = 96
     distill_new_tokens: int = 96
+    short_share: float = 0.0  # share of distillation prompts in the short shapes people type
+    table_keep_one_in: int = 1  # generated codec tables kept in the target's corpus (1 in N)
+    bucket_by_length: bool = False  # drafter batches from one length bucket (needed with short prompts)
     draft_steps: int = 1500
     draft_batch: int = 16
     anchors_per_seq: int = 8
     draft_lr: float = 2e-3
     gamma: float = 7.0
     eval_prompts: int = 40
+    eval_short_prompts: int = 40
+    eval_new_tokens: int = 64
+    checkpoint_every: int = 500  # drafter saved every N steps, so a cut-short run still leaves one
     max_files: int = 0  # 0 = all files
     bf16: bool = True
 
 
+# v2: short-shape distillation prompts, fewer codec tables, one drafter phase as long as v1's two.
+# Not yet trained in full (a run did not fit the shared machine); `make train-v2`.
+V2 = dict(distill_prompts=6144, short_share=0.55, table_keep_one_in=4, bucket_by_length=True, draft_steps=3500)
+
+
 def smoke_recipe() -> Recipe:
-    return Recipe(
+    return Recipe(**{**V2, **dict(
         vocab_size=300, hidden=32, layers=4, heads=2, kv_heads=1, head_dim=16, intermediate=64,
-        max_positions=256, seq_len=64, batch=4, target_steps=3, draft_layers=1, target_layer_ids=(1, 2),
+        max_positions=1024, seq_len=64, batch=4, target_steps=3, draft_layers=1, target_layer_ids=(1, 2),
         block_size=8, distill_prompts=8, distill_prompt_tokens=24, distill_new_tokens=24, draft_steps=3,
-        draft_batch=4, anchors_per_seq=2, eval_prompts=4, max_files=12, bf16=False,
-    )
+        draft_batch=4, anchors_per_seq=2, eval_prompts=4, eval_short_prompts=5, eval_new_tokens=16, max_files=12, bf16=False,
+    )})
 
 
 def log(msg: str) -> None:
@@ -73,14 +84,19 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- corpus + tokenizer
 
 def load_corpus(recipe: Recipe):
+    """-> train, held-out, train test files, held-out test files (test files are prompt sources only)."""
     files = corpus.list_sources()
+    tests = corpus.list_sources(tests=True)
     if recipe.max_files:
         files = files[: recipe.max_files * 4]
-    train = [f for f in files if not f.held_out]
+    train = corpus.thin_generated_tables([f for f in files if not f.held_out], recipe.table_keep_one_in)
     held = [f for f in files if f.held_out]
+    train_tests = [f for f in tests if not f.held_out]
+    held_tests = [f for f in tests if f.held_out]
     if recipe.max_files:
         train, held = train[: recipe.max_files], (held or train[-2:])[:2]
-    return train, held
+        train_tests, held_tests = train_tests[: recipe.max_files], held_tests[:4]
+    return train, held, train_tests, held_tests
 
 
 def train_tokenizer(train_files, recipe: Recipe, out: Path):
@@ -179,16 +195,22 @@ def held_out_loss(model, held_ids: torch.Tensor, seq_len: int, n_windows: int = 
 
 # ---------------------------------------------------------------- distillation data
 
-def make_prompts(files, rng: random.Random, n: int) -> list[str]:
-    """Half function/class openings, half mid-file stops: what users will type."""
-    prompts: list[str] = []
+def make_prompts(files, test_files, rng: random.Random, n: int, short_share: float) -> list[tuple[str, bool]]:
+    """-> [(prompt, is_short)]: ``short_share`` in the short shapes people type (corpus.SHORT_SHAPES,
+    test openings from ``test_files``), the rest long: half def/class openings, half mid-file stops."""
+    prompts: list[tuple[str, bool]] = []
     files = list(files)
-    while len(prompts) < n and files:
-        f = rng.choice(files)
-        if rng.random() < 0.5:
-            prompts += corpus.opening_prompts(f.text, rng, 1)
+    for _ in range(50 * n):
+        if len(prompts) >= n or not files:
+            break
+        if short_share and rng.random() < short_share:  # no draw at 0: v1's prompts stay v1's
+            shape = rng.choice(corpus.SHORT_SHAPES)
+            src = test_files if shape == "test_opening" and test_files else files
+            prompts += [(p, True) for p in corpus.short_prompts(rng.choice(src).text, rng, 1, shape)]
         else:
-            prompts += corpus.midfile_prompts(f.text, rng, 1)
+            f = rng.choice(files)
+            make = corpus.opening_prompts if rng.random() < 0.5 else corpus.midfile_prompts
+            prompts += [(p, False) for p in make(f.text, rng, 1)]
     return prompts[:n]
 
 
@@ -208,12 +230,14 @@ def greedy_continue(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.T
     return torch.stack(toks, dim=1)
 
 
-def distill(recipe: Recipe, model, tokenizer, train_files, out: Path, seed: int) -> torch.Tensor:
+def distill(recipe: Recipe, model, tokenizer, train_files, train_tests, out: Path, seed: int) -> list:
+    """The target's greedy continuations of training prompts. -> [(token ids, prompt length)]"""
     rng = random.Random(seed + 1)
-    prompts = make_prompts(train_files, rng, recipe.distill_prompts)
+    prompts = make_prompts(train_files, train_tests, rng, recipe.distill_prompts, recipe.short_share)
     p = recipe.distill_prompt_tokens
-    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompts]
-    encoded = [e[-p:] for e in encoded if len(e) >= p // 2]
+    encoded = [(tokenizer(t, add_special_tokens=False)["input_ids"], short) for t, short in prompts]
+    # Long prompts keep their last p tokens; short ones are kept whole (they are the point).
+    encoded = [e[-p:] for e, short in encoded if len(e) >= (4 if short else p // 2)]
     # Equal lengths per batch without padding: group by length, cut to the group's shortest.
     encoded.sort(key=len)
     seqs = []
@@ -255,14 +279,33 @@ def draft_config(recipe: Recipe, tcfg, tokenizer):
     return cfg
 
 
-def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int):
+def length_buckets(seqs) -> list[list[int]]:
+    """Indices of sequences grouped by length (distillation makes equal-length groups)."""
+    by_len: dict[int, list[int]] = {}
+    for i, (ids, _) in enumerate(seqs):
+        by_len.setdefault(len(ids), []).append(i)
+    return list(by_len.values())
+
+
+def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int, buckets=None):
     """Sequences, anchors and the drafter's attention mask for one training step.
 
     Every block [anchor, MASK...] sees the target context strictly before its
     anchor and the whole of its own block (bidirectional), nothing else.
+    Rows come from one length bucket (picked in proportion to its size): mixing a short
+    prompt's sequence with a long one's would cut the long one's continuation away.
     """
     B = recipe.block_size
-    rows = [seqs[rng.randrange(len(seqs))] for _ in range(recipe.draft_batch)]
+    if recipe.bucket_by_length:
+        buckets = buckets or length_buckets(seqs)
+        r = rng.randrange(len(seqs))
+        for bucket in buckets:
+            if r < len(bucket):
+                break
+            r -= len(bucket)
+        rows = [seqs[bucket[rng.randrange(len(bucket))]] for _ in range(recipe.draft_batch)]
+    else:  # v1: any rows, cut to the shortest
+        rows = [seqs[rng.randrange(len(seqs))] for _ in range(recipe.draft_batch)]
     T = min(len(r[0]) for r in rows)
     ids = torch.tensor([r[0][:T] for r in rows])  # [bs, T]
     anchors = []
@@ -306,12 +349,13 @@ def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, r
     slot = torch.arange(B)
     weight = torch.where(slot == 0, 0.0, torch.exp(-(slot - 1).float() / recipe.gamma))
     mask_id = cfg.dflash_config["mask_token_id"]
+    buckets = length_buckets(seqs)
     draft.train()
     t0 = time.time()
     for step in range(recipe.draft_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, recipe.draft_steps, recipe.draft_lr)
-        ids, block_ids, labels, mask, pos = draft_batch(seqs, recipe, rng, mask_id)
+        ids, block_ids, labels, mask, pos = draft_batch(seqs, recipe, rng, mask_id, buckets)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
             with torch.no_grad():
                 hs = target(input_ids=ids, output_hidden_states=True).hidden_states
@@ -328,6 +372,8 @@ def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, r
         if step % 100 == 0 or step == recipe.draft_steps - 1:
             acc1 = (logits.argmax(-1) == labels).view(labels.shape[0], -1, B)[:, :, 1].float().mean().item()
             log(f"draft step {step} loss {loss.item():.3f} slot1-acc {acc1:.2f} ({time.time() - t0:.0f}s)")
+        if recipe.checkpoint_every and step and step % recipe.checkpoint_every == 0:
+            draft.save_pretrained(out / "draft")
     draft.eval()
     draft.save_pretrained(out / "draft")
     return draft
@@ -335,7 +381,15 @@ def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, r
 
 # ---------------------------------------------------------------- evaluation prompts + report
 
-def write_eval_prompts(held_files, recipe: Recipe, out: Path, seed: int) -> list[dict]:
+SPLITS = ("long", "short")
+
+
+def eval_prompts_path(out: Path, split: str) -> Path:
+    return out / ("eval_prompts.jsonl" if split == "long" else f"eval_prompts_{split}.jsonl")
+
+
+def long_eval_prompts(held_files, recipe: Recipe, seed: int) -> list[dict]:
+    """Long split: ~10-line excerpts of held-out files (def/class openings and mid-file stops)."""
     rng = random.Random(seed + 4)
     items = []
     files = sorted(held_files, key=lambda f: f.relpath)
@@ -347,21 +401,70 @@ def write_eval_prompts(held_files, recipe: Recipe, out: Path, seed: int) -> list
         if got and len(got[0]) <= 600:
             items.append({"id": f"eval-{len(items):03d}", "kind": kind, "source": f.relpath, "prompt": got[0]})
         i += 1
-    with open(out / "eval_prompts.jsonl", "w") as fh:
-        for it in items:
-            fh.write(json.dumps(it) + "\n")
     return items
 
 
+def short_eval_prompts(held_files, held_tests, recipe: Recipe, seed: int) -> list[dict]:
+    """Short split: 1-7 lines in each of corpus.SHORT_SHAPES, in turn, from held-out files only.
+
+    Files are visited round-robin (sorted by path) so no one file dominates a shape.
+    """
+    rng = random.Random(seed + 5)
+    files = sorted(held_files, key=lambda f: f.relpath)
+    tests = sorted(held_tests, key=lambda f: f.relpath) or files
+    items, seen = [], set()
+    cursor = {shape: 0 for shape in corpus.SHORT_SHAPES}
+    stalled = 0
+    while len(items) < recipe.eval_short_prompts and stalled < len(corpus.SHORT_SHAPES):
+        stalled = 0
+        for shape in corpus.SHORT_SHAPES:
+            if len(items) >= recipe.eval_short_prompts:
+                break
+            src = tests if shape == "test_opening" else files
+            for _ in range(len(src)):  # next file (round-robin) that has this shape
+                f = src[cursor[shape] % len(src)]
+                cursor[shape] += 1
+                got = [p for p in corpus.short_prompts(f.text, rng, 4, shape) if p not in seen]
+                if got:
+                    seen.add(got[0])
+                    items.append({"id": f"short-{len(items):03d}", "split": "short", "kind": shape,
+                                  "source": f.relpath, "prompt": got[0]})
+                    break
+            else:
+                stalled += 1
+    return items
+
+
+def write_eval_prompts(held_files, held_tests, recipe: Recipe, out: Path, seed: int) -> dict[str, list[dict]]:
+    splits = {"long": [{**it, "split": "long"} for it in long_eval_prompts(held_files, recipe, seed)],
+              "short": short_eval_prompts(held_files, held_tests, recipe, seed)}
+    for split, items in splits.items():
+        tmp = eval_prompts_path(out, split).with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(it) + "\n" for it in items))
+        tmp.replace(eval_prompts_path(out, split))
+    return splits
+
+
+def read_eval_prompts(out: Path) -> dict[str, list[dict]]:
+    return {split: [json.loads(line) for line in eval_prompts_path(out, split).read_text().splitlines()]
+            for split in SPLITS}
+
+
 @torch.no_grad()
-def report(target, draft, tokenizer, held_ids, prompts, recipe: Recipe, new_tokens: int = 64) -> dict:
+def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tree_budget: int) -> dict:
+    """Linear DFlash (dflash_generate, the reference) and DDTree(budget) (the engine) on one split."""
     import dflash.model as dm
+
+    from workbench.bench import run_one
+    from workbench.policies import DDTree
 
     # dflash_generate's stats path calls torch.cuda.synchronize(); on CPU a plain clock is right.
     if not torch.cuda.is_available():
         dm._cuda_time = time.perf_counter
-    taus, distinct, accepted, cycles = [], [], 0, 0
-    for item in prompts:
+    taus, distinct, accepted, cycles, tree_accepted, tree_cycles = [], [], 0, 0, 0, 0
+    for i, item in enumerate(prompts):
+        if i % 10 == 0:
+            log(f"evaluating {item.get('split', '')} prompt {i}/{len(prompts)}")
         x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
         r = dm.dflash_generate(draft, target, x, new_tokens, [tokenizer.eos_token_id], return_stats=True)
         gen = r.output_ids[0, x.shape[1]:].tolist()
@@ -369,15 +472,41 @@ def report(target, draft, tokenizer, held_ids, prompts, recipe: Recipe, new_toke
         taus.append(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
         accepted += sum(r.acceptance_lengths)
         cycles += len(r.acceptance_lengths)
+        t = run_one(engine, DDTree(tree_budget), item["prompt"], new_tokens)
+        tree_accepted += sum(t.accept_lengths)
+        tree_cycles += len(t.accept_lengths)
+    dflash_tau = accepted / cycles
+    tree_tau = tree_accepted / max(1, tree_cycles)
     return {
-        "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
         # Pooled = all accepted tokens / all cycles (Spec-Bench, SGLang); the per-prompt mean is
         # inflated by prompts where the target loops and every draft is accepted.
-        "dflash_tau": accepted / cycles,
+        "dflash_tau": dflash_tau,
         "dflash_tau_mean_of_prompts": sum(taus) / len(taus),
+        f"ddtree{tree_budget}_tau": tree_tau,
+        f"ddtree{tree_budget}_over_dflash": tree_tau / dflash_tau,
         "distinct_token_share": sum(distinct) / len(distinct),
-        "new_tokens": new_tokens,
         "prompts": len(prompts),
+    }
+
+
+@torch.no_grad()
+def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out: Path,
+           new_tokens: int = 64, tree_budget: int = 32) -> dict:
+    """Every figure, for each split of the evaluation prompts."""
+    import workbench as wb
+
+    # Same thread count as training: wb.load's default (up to 8) thrashes a shared 2-core machine.
+    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    n_win = max(1, (len(held_ids) - 1) // recipe.seq_len)
+    spread = held_ids[: n_win * recipe.seq_len].view(n_win, recipe.seq_len)[:: max(1, n_win // 64)].flatten()
+    return {
+        # The first 64 windows of the held-out files (in path order, mostly argparse.py), as in v1.
+        "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
+        # 64 windows spread evenly over all held-out files.
+        "held_out_loss_spread_nats": held_out_loss(target, spread, recipe.seq_len),
+        "new_tokens": new_tokens,
+        "splits": {split: split_figures(target, draft, engine, tokenizer, items, new_tokens, tree_budget)
+                   for split, items in splits.items()},
     }
 
 
@@ -386,33 +515,46 @@ def report(target, draft, tokenizer, held_ids, prompts, recipe: Recipe, new_toke
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for target/, draft/, eval_prompts.jsonl")
-    ap.add_argument("--smoke", action="store_true", help="tiny models and a few steps (seconds)")
+    ap.add_argument("--smoke", action="store_true", help="tiny models and a few steps (seconds; v2 recipe)")
+    ap.add_argument("--recipe", default="v1", choices=["v1", "v2"],
+                    help="v1: the shipped pair (two phases, see the Makefile); v2: short-prompt distillation")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stage", default="all", choices=["all", "target", "draft", "report"],
-                    help="'draft' and 'report' reuse the target (and tokenizer) already in --out")
+    ap.add_argument("--stage", default="all", choices=["all", "target", "draft", "report", "prompts"],
+                    help="'draft' and 'report' reuse the target (and tokenizer) already in --out; "
+                         "'prompts' only writes the evaluation prompts (both splits)")
     ap.add_argument("--target-steps", type=int)
     ap.add_argument("--draft-steps", type=int)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--resume-draft", action="store_true", help="with --stage draft: continue the drafter in --out")
     ap.add_argument("--draft-lr", type=float)
+    ap.add_argument("--distill-prompts", type=int)
+    ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
+    ap.add_argument("--checkpoint-every", type=int, help="save the drafter every N steps (0: only at the end)")
     args = ap.parse_args(argv)
+    if args.short_share is not None and not 0.0 <= args.short_share <= 1.0:
+        ap.error(f"--short-share {args.short_share} must be between 0 and 1")
 
     torch.set_num_threads(args.threads)
-    recipe = smoke_recipe() if args.smoke else Recipe()
+    recipe = smoke_recipe() if args.smoke else Recipe(**(V2 if args.recipe == "v2" else {}))
     if args.target_steps is not None:
         recipe.target_steps = args.target_steps
     if args.draft_steps is not None:
         recipe.draft_steps = args.draft_steps
-    if args.draft_lr is not None:
-        recipe.draft_lr = args.draft_lr
+    for name in ("draft_lr", "distill_prompts", "short_share", "checkpoint_every"):
+        if getattr(args, name) is not None:
+            setattr(recipe, name, getattr(args, name))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     random.seed(args.seed)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    train_files, held_files = load_corpus(recipe)
-    log(f"corpus: {len(train_files)} train files, {len(held_files)} held-out files")
+    train_files, held_files, train_tests, held_tests = load_corpus(recipe)
+    log(f"corpus: {len(train_files)} train files, {len(held_files)} held-out files "
+        f"(+{len(train_tests)}/{len(held_tests)} test files, prompts only)")
+    if args.stage == "prompts":
+        write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
+        return 0
     if args.stage in ("all", "target"):
         tokenizer = train_tokenizer(train_files, recipe, out)
         train_ids, held_ids = encode_files(tokenizer, train_files), encode_files(tokenizer, held_files)
@@ -422,22 +564,35 @@ def main(argv: list[str] | None = None) -> int:
         held_ids = encode_files(tokenizer, held_files)
         target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
     if args.stage in ("all", "target"):
-        prompts = write_eval_prompts(held_files, recipe, out, args.seed)
+        prompts = write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
     else:  # later stages evaluate on the prompts the first stage wrote, whatever their seed
-        prompts = [json.loads(line) for line in (out / "eval_prompts.jsonl").read_text().splitlines()]
+        prompts = read_eval_prompts(out)
     if args.stage == "target":
         return 0
     if args.stage in ("all", "draft"):
-        seqs = distill(recipe, target, tokenizer, train_files, out, args.seed)
+        seqs = distill(recipe, target, tokenizer, train_files, train_tests, out, args.seed)
         draft = train_draft(recipe, target, tokenizer, seqs, out, args.seed, resume=args.resume_draft)
         (out / "distill.pt").unlink(missing_ok=True)
     else:
         from dflash.model import DFlashDraftModel
 
         draft = DFlashDraftModel.from_pretrained(out / "draft").eval()
-    metrics = report(target, draft, tokenizer, held_ids, prompts, recipe)
-    metrics["recipe"] = asdict(recipe)
-    (out / "training_report.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    metrics = report(target, draft, tokenizer, held_ids, prompts, recipe, out, new_tokens=recipe.eval_new_tokens)
+    old = out / "training_report.json"
+    if args.stage in ("report", "draft") and old.exists():  # the recipe is whatever trained the target
+        earlier = json.loads(old.read_text())
+        metrics.update({k: v for k, v in earlier.items() if k in ("recipe", "draft_phase2", "draft_finetune")})
+        if args.stage == "draft":
+            metrics["draft_finetune"] = {
+                "resume_draft": args.resume_draft, "seed": args.seed,
+                **{k: getattr(recipe, k) for k in ("draft_steps", "draft_lr", "distill_prompts", "short_share")},
+                "note": "drafter (re)trained on the target above with --stage draft",
+            }
+    else:
+        metrics["recipe"] = asdict(recipe)
+    tmp = out / "training_report.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    tmp.replace(old)
     log(f"report: {json.dumps({k: v for k, v in metrics.items() if k != 'recipe'})}")
     print(json.dumps({k: v for k, v in metrics.items() if k != "recipe"}))
     return 0
