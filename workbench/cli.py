@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated, e.g. ar,dflash,ddtree:32 (default ar,dflash,ddtree:16,ddtree:32,ddtree:64)")
     p.add_argument("--prompts", metavar="FILE", help="JSON lines with id and prompt, or one prompt per line "
                                                      "(default: the shipped evaluation prompts)")
+    p.add_argument("--split", choices=["long", "short"], default="long",
+                   help="which shipped evaluation prompts when --prompts is not given: long held-out excerpts "
+                        "(default) or short openings of 1-7 lines")
     p.add_argument("--limit", type=_positive_int, default=None, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"new tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
@@ -233,7 +236,7 @@ def cmd_bench(args, out, err) -> int:
     from workbench.prompts import eval_prompts, load_prompts
 
     policies = parse_policies(args.policies)
-    prompts = load_prompts(args.prompts) if args.prompts else eval_prompts()
+    prompts = load_prompts(args.prompts) if args.prompts else eval_prompts(args.split)
     if args.limit:
         prompts = prompts[: args.limit]
     if args.out:
