@@ -53,10 +53,10 @@ BUILTIN = [wb.DDTree(8, width=2), wb.EagleTree(1, 6, 7), wb.EagleTree(2, 4, 9), 
 def test_greedy_equals_ar_for_every_policy_on_random_models(tiny_engines, shape):
     engine = tiny_engines[shape]
     for i, prompt in enumerate(["t1 t2 t3", "t4 t9 t4 t9 t1"]):
-        ref = engine.session(prompt, policy=wb.AR(), max_new_tokens=30, seed=i)
+        ref = engine.session(prompt, policy=wb.AR(), max_new_tokens=24, seed=i)
         ref.run()
         for policy in BUILTIN + CUSTOM:
-            s = engine.session(prompt, policy=policy, max_new_tokens=30, seed=i)
+            s = engine.session(prompt, policy=policy, max_new_tokens=24, seed=i)
             s.run()
             assert s.tokens == ref.tokens, f"{shape} {policy} {prompt!r}: differs at {first_difference(ref.tokens, s.tokens)}"
 
