@@ -267,6 +267,13 @@ def _is_tree(obj, label: str) -> bool:
     return "DDTree" in label or "DDTree" in str(getattr(_trace_of(obj), "policy", ""))
 
 
+def _prompt_logprobs(obj) -> bool:
+    """A plan's settings (a dict) can ask for prompt log-probs; a trace's ``settings`` (its list of
+    policy/sampling labels) never does."""
+    settings = getattr(obj, "settings", None)
+    return isinstance(settings, dict) and bool(settings.get("prompt_logprobs"))
+
+
 def sglang_view(obj, picked, use_sglang: bool = True) -> LayoutTable:
     """SGLang's layout (sglang_layout.layout) of each picked forward, with our recorded shapes beside it."""
     from workbench.shapes.sglang_layout import layout_of_record
@@ -276,7 +283,7 @@ def sglang_view(obj, picked, use_sglang: bool = True) -> LayoutTable:
     for lbl, rec in picked:
         t = layout_of_record(rec, tree=_is_tree(obj, lbl) and rec.mode == ForwardMode.TARGET_VERIFY,
                              use_sglang=use_sglang,
-                             return_logprob=bool(getattr(obj, "settings", {}).get("prompt_logprobs")))
+                             return_logprob=_prompt_logprobs(obj))
         fwd = f"{lbl}: {rec.model} {rec.mode.value}"
         rows += [dict(r, forward=fwd) for r in t]
         titles.append(f"{lbl}: " + t.title.removeprefix("SGLang layout: "))
