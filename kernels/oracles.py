@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ddtree_kernels.tree_build import heap_tree_lists
+
 
 def build_tree_heap(logprobs: Tensor, root_token: int, budget: int, width: int | None = None):
     """Best-first heap build for one request (logprobs [D, V]).
@@ -60,28 +62,6 @@ def compact_kv_loop(kv: Tensor, start: int, accepted) -> Tensor:
     out = kv[:, :, :start].clone()
     rows = [kv[:, :, start + int(i) : start + int(i) + 1] for i in accepted]
     return torch.cat([out, *rows], dim=2)
-
-
-def heap_tree_lists(vals, ids, root_token: int, budget: int) -> tuple[list, list, list, list, list]:
-    """Best-first heap over one request's per-slot top-k (vals/ids: NumPy [D, k], each row sorted
-    descending). -> tokens, parents, depth, rank, score lists, root first."""
-    D, k = vals.shape
-    tokens, parents, depth, rank, score = [root_token], [-1], [0], [0], [np.float32(0.0)]
-    heap = [(-vals[0, 0], 1, 0, 0, np.float32(0.0))]
-    while heap and len(tokens) <= budget:
-        neg, d, par, r, par_score = heapq.heappop(heap)
-        s = -neg
-        idx = len(tokens)
-        tokens.append(int(ids[d - 1, r]))
-        parents.append(par)
-        depth.append(d)
-        rank.append(r)
-        score.append(s)
-        if r + 1 < k:
-            heapq.heappush(heap, (-(par_score + vals[d - 1, r + 1]), d, par, r + 1, par_score))
-        if d < D:
-            heapq.heappush(heap, (-(s + vals[d, 0]), d + 1, idx, 0, s))
-    return tokens, parents, depth, rank, score
 
 
 def build_tree_host_heap(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | None = None):

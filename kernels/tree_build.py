@@ -7,11 +7,15 @@ flattened index ascending, then token rank ascending** (token rank = position of
 the token in its slot's log-probs sorted descending, equal log-probs ordered by
 token id). Every parent therefore precedes its children in the flattened order.
 
-The build is vectorized over the batch and stays on the tensor's device: no host
-copy, no Python heap, every shape known from the arguments alone.
+Two builds give the same tree. On a GPU the build is vectorized over the batch and
+stays on the device: per-depth beams, every shape known from the arguments alone, no
+host synchronisation (``tests/test_sync_free.py``, ``tests/gpu/``). On a CPU, where a
+tensor call costs microseconds and nothing waits for a device, a best-first heap over
+the top-k per slot is cheaper at every budget (``workbench kernels`` measures both).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,6 +58,23 @@ def sorted_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     key = torch.add(_reversed_ids(V, lp.device), ordered, alpha=V)  # int64: the value, then the lower id
     ids = torch.topk(key, k, dim=-1, sorted=True).indices
     return lp.gather(-1, ids), ids
+
+
+def top_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``sorted_slots`` by the cheapest exact route for the tensor's device."""
+    return _sorted_slots_host(logprobs, k) if logprobs.device.type == "cpu" else sorted_slots(logprobs, k)
+
+
+def _sorted_slots_host(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """On a CPU a plain top-k is exact whenever no two of the k + 1 best log-probs of a slot are equal
+    (then neither the order nor the k-th place is a tie); only otherwise is the int64 key needed."""
+    lp = logprobs.float()
+    V = lp.shape[-1]
+    v, i = torch.topk(lp, min(k + 1, V), dim=-1, sorted=True)
+    vn = v.numpy()
+    if (vn[..., 1:] < vn[..., :-1]).all():
+        return v[..., :k], i[..., :k]
+    return sorted_slots(lp, k)
 
 
 @lru_cache(maxsize=64)
@@ -122,68 +143,14 @@ class _TorchOps:
         return x
 
 
-class _NumpyOps:
-    """The same operations in NumPy, for CPU tensors: the build is a chain of small steps (a few per
-    depth), and a NumPy call on a small array costs about a microsecond where a torch call costs 5-10."""
-
-    device = torch.device("cpu")
-    arange = staticmethod(np.arange)
-    cumsum = staticmethod(np.cumsum)
-    minimum = staticmethod(np.minimum)
-
-    @staticmethod
-    def top_desc(x, m: int):
-        """As ``_TorchOps.top_desc``. A unique int64 key (the float's ordered bits, then the reversed
-        index) lets a partial selection replace the full sort without breaking the tie rule."""
-        n = x.shape[1]
-        bits = x.view(np.int32).astype(np.int64)
-        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)) * n + np.arange(n - 1, -1, -1)
-        if m >= n:
-            return np.argsort(-key, axis=1)
-        part = np.argpartition(-key, m - 1, axis=1)[:, :m]
-        return _NumpyOps.take(part, np.argsort(-_NumpyOps.take(key, part), axis=1))
-
-    @staticmethod
-    def take(x, idx):  # np.take_along_axis, without its per-call overhead
-        return x[np.arange(x.shape[0])[:, None], idx]
-
-    @staticmethod
-    def cat(xs: list):
-        return np.concatenate(xs, axis=1)
-
-    @staticmethod
-    def repeat(counts, total: int):
-        return np.repeat(np.arange(counts.shape[0]), counts)
-
-    @staticmethod
-    def put(out, idx, values):
-        out[np.arange(out.shape[0])[:, None], idx] = values
-        return out
-
-    @staticmethod
-    def zeros(shape):
-        return np.zeros(shape, dtype=np.int64)
-
-    @staticmethod
-    def to_ops(x: Tensor):
-        return x.numpy()
-
-    @staticmethod
-    def to_tensor(x) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x))
-
-
-_NUMPY = _NumpyOps()
-
-
 def torch_ops(device) -> _TorchOps:
-    """The torch implementation of the build's array operations (the one CUDA uses)."""
-    return _ops(torch.device(device), numpy_on_cpu=False)
+    """The vectorized build's array operations (the path CUDA takes); tests run it on a CPU."""
+    return _ops(torch.device(device))
 
 
 @lru_cache(maxsize=16)
-def _ops(device: torch.device, numpy_on_cpu: bool = True):
-    return _NUMPY if device.type == "cpu" and numpy_on_cpu else _TorchOps(device)
+def _ops(device: torch.device) -> _TorchOps:
+    return _TorchOps(device)
 
 
 @lru_cache(maxsize=256)
@@ -210,15 +177,19 @@ def build_tree(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | 
     Returns a Tree with n = 1 + min(budget, number of distinct prefixes) nodes.
     """
     k = min(budget, width or budget, logprobs.shape[-1])
-    return build_tree_from_topk(*sorted_slots(logprobs, k), root_tokens, budget)
+    return build_tree_from_topk(*top_slots(logprobs, k), root_tokens, budget)
 
 
 def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, ops=None) -> Tree:
     """``build_tree`` after ``sorted_slots``: topv/topi [bs, D, k] in the documented order.
 
-    ``ops``: the array operations (NumPy for CPU tensors, torch elsewhere); tests pass ``torch_ops``
-    to run the device path on a CPU.
+    Two implementations with one result: on a CPU a best-first heap over the top-k (the build is a
+    chain of small steps, and a heap's Python steps cost less than tensor calls); on other devices
+    the vectorized per-depth beams below, which never wait for the device. ``ops=torch_ops("cpu")``
+    runs the vectorized one on a CPU (the tests compare the two).
     """
+    if ops is None and topv.device.type == "cpu":
+        return _heap_build(topv, topi, root_tokens, budget)
     bs, D, k = topv.shape
     ops = ops or _ops(topv.device)
     sizes = beam_sizes(D, k, budget)
@@ -263,6 +234,39 @@ def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget
 def _entry_depths(sizes: tuple, ops):
     """[total] the depth (1-based) of every beam entry, depth by depth."""
     return ops.cat([ops.zeros((1, s)) + (d + 1) for d, s in enumerate(sizes)])[0]
+
+
+def _heap_build(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+    """The host path of ``build_tree_from_topk``: one heap walk per request (``heap_tree_lists``)."""
+    vals, ids = topv.numpy(), topi.numpy()
+    roots = root_tokens.reshape(-1).tolist()
+    rows = [heap_tree_lists(vals[b], ids[b], roots[b], budget) for b in range(len(roots))]
+    cols = [torch.from_numpy(np.array([r[f] for r in rows], dtype=np.int64)) for f in range(4)]
+    return Tree(*cols, torch.from_numpy(np.array([r[4] for r in rows], dtype=np.float32)))
+
+
+def heap_tree_lists(vals, ids, root_token: int, budget: int) -> tuple[list, list, list, list, list]:
+    """Best-first heap over one request's per-slot top-k (vals/ids: NumPy [D, k], each row in the
+    documented order). Pop the best prefix, make it a node, push its next sibling (same slot, next
+    rank) and its first child (next slot, rank 0). The heap key (-score, depth, parent, rank) is the
+    documented tie rule. -> tokens, parents, depth, rank, score lists, root first."""
+    D, k = vals.shape
+    tokens, parents, depth, rank, score = [root_token], [-1], [0], [0], [np.float32(0.0)]
+    heap = [(-vals[0, 0], 1, 0, 0, np.float32(0.0))]
+    while heap and len(tokens) <= budget:
+        neg, d, par, r, par_score = heapq.heappop(heap)
+        s = -neg
+        idx = len(tokens)
+        tokens.append(int(ids[d - 1, r]))
+        parents.append(par)
+        depth.append(d)
+        rank.append(r)
+        score.append(s)
+        if r + 1 < k:
+            heapq.heappush(heap, (-(par_score + vals[d - 1, r + 1]), d, par, r + 1, par_score))
+        if d < D:
+            heapq.heappush(heap, (-(s + vals[d, 0]), d + 1, idx, 0, s))
+    return tokens, parents, depth, rank, score
 
 
 def chain_tree(draft_tokens: Tensor, root_tokens: Tensor, logprobs: Tensor | None = None) -> Tree:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ddtree_kernels.tree_build import sorted_slots
+from ddtree_kernels.tree_build import top_slots
 from workbench.forward import ForwardRecord, run_draft
 
 
@@ -23,7 +23,7 @@ class Draft:
         """
         k = min(k, self.logprobs.shape[-1])
         if self._top is None or self._top[0].shape[-1] < k:
-            self._top = sorted_slots(self.logprobs, k)
+            self._top = top_slots(self.logprobs, k)
         v, i = self._top
         return v[..., :k], i[..., :k]
 
