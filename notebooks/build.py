@@ -448,6 +448,14 @@ for name, row in result.summary.items():
 wb.views.budget_sweep_figure(result.summary)
 """),
     md("""
+A median hides the slow cycles that decide throughput: per stage, milliseconds per steady cycle as
+p50 / p90 / max (the first cycle of each run left out), then the time outside the cycles.
+"""),
+    code(IGNORE + """
+from workbench.bench import percentile_table
+print(percentile_table(result.summary))
+"""),
+    md("""
 **Sampling.** At temperature > 0 the target draws one sample at every tree node and the walk follows
 the child that matches it (lossless; for deterministic drafts it accepts exactly as often as
 SGLang's target-only tree sampling). How does tau change with the temperature? DDTree(16), the

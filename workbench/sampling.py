@@ -47,10 +47,11 @@ def target_probs(logits: Tensor, s: Sampling) -> Tensor:
 
 def target_choice(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """logits [bs, n, V] -> (choice int64 [bs, n], probability of that choice [bs, n])."""
-    probs = target_probs(logits, s)
-    if s.greedy:
+    if s.greedy:  # the argmax's probability needs only a log-sum-exp, not the whole softmax
         choice = logits.argmax(-1)
-    else:
-        flat = probs.reshape(-1, probs.shape[-1])
-        choice = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+        chosen = logits.gather(-1, choice[..., None])[..., 0].float()
+        return choice, torch.exp(chosen - torch.logsumexp(logits.float(), dim=-1))
+    probs = target_probs(logits, s)
+    flat = probs.reshape(-1, probs.shape[-1])
+    choice = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
     return choice, probs.gather(-1, choice[..., None])[..., 0]
