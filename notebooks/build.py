@@ -404,6 +404,11 @@ print("SGLang, ragged input_ids", lay["ragged"]["input_ids"], " logits", lay["ra
 print("logits for every draft token of every request:", lay["every_draft_token_has_logits"])
 """),
     code("""
+# The shapes tables take the batch session too: SGLang's rows for the same batched verify forward.
+t = wb.shapes.table(batch, mode="TARGET_VERIFY", model="target", view="sglang")
+[(r["tensor"], r["shape"], r["ours"]) for r in t if r["tensor"] in ("input_ids", "qo_indptr") or "logits" in r["tensor"]]
+"""),
+    code("""
 batch.run()
 [(s.policy, s.text[:40]) for s in batch.sessions]
 """),

@@ -126,6 +126,12 @@ def test_verify_layout_padded_and_ragged(tiny_engines):
     assert lay["ragged"]["logits"] == [sum(1 + b for b in budgets), V]
     assert lay["ragged"]["qo_indptr"] == [0, 5, 15, 18]
     assert lay["every_draft_token_has_logits"]
+    # The shapes tables take the batch session: ours shows the padded forward, SGLang's the ragged rows.
+    ours = wb.shapes.table(bs, mode="TARGET_VERIFY", model="target")
+    assert any(r["shape"] == [3, N, V] for r in ours if r["tensor"] == "logits")
+    theirs = wb.shapes.table(bs, mode="TARGET_VERIFY", model="target", view="sglang")
+    text = str(theirs)
+    assert f"[{sum(lay['verify_lens'])}, {V}]" in text  # logits rows = sum over requests of (1 + budget)
 
 
 def test_ragged_layout_matches_sglang():

@@ -376,8 +376,12 @@ def layout(mode, prefix_lens, token_lens, *, model: str = "target", vocab_size: 
 
 
 def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=None, hidden_size=None,
-                     aux_layers=None, use_sglang: bool = True, return_logprob: bool = False):
-    """``layout(...)`` for one ForwardRecord of this engine: SGLang's tensors next to the shapes we recorded."""
+                     aux_layers=None, use_sglang: bool = True, return_logprob: bool = False, ragged=None):
+    """``layout(...)`` for one ForwardRecord of this engine: SGLang's tensors next to the shapes we recorded.
+
+    ``ragged``: (prefix lengths, token counts) per request for a padded batched forward (a batch
+    session's verify), which SGLang flattens without the padding; by default every row has n tokens.
+    """
     from workbench.shapes.tables import _fmt_shape
 
     mode = rec.mode.value
@@ -399,7 +403,8 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
         aux_layers = ctx[-1] // hidden_size
     if tree is None:
         tree = False
-    tbl = layout(mode, [prefix] * bs, [n] * bs, model=rec.model, vocab_size=vocab_size, hidden_size=hidden_size,
+    prefix_lens, token_lens = ragged if ragged is not None else ([prefix] * bs, [n] * bs)
+    tbl = layout(mode, prefix_lens, token_lens, model=rec.model, vocab_size=vocab_size, hidden_size=hidden_size,
                  aux_layers=aux_layers, dtype=(rec.outputs.get("logits") or {}).get("dtype", "bfloat16"),
                  tree=tree, use_sglang=use_sglang, ours=ours, return_logprob=return_logprob)
     if rec.model == "draft" and "target_hidden" in rec.inputs:

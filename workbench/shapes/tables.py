@@ -159,7 +159,18 @@ def _is_plan(obj) -> bool:
 
 
 def _trace_of(obj):
+    if hasattr(obj, "verify_layout") and hasattr(obj, "sessions"):  # a BatchSession: its requests' traces
+        return obj.sessions[0].trace  # share the batched forwards, so any one of them shows them
     return obj.trace if hasattr(obj, "trace") and hasattr(obj, "step") else obj
+
+
+def _ragged_lens(obj, rec) -> tuple[list[int], list[int]] | None:
+    """For a BatchSession's batched forward: (prefix lengths, verified tokens) per request, the ragged
+    rows SGLang would flatten; None for anything else (every row is then n tokens)."""
+    for bc in getattr(obj, "cycles", ()) if hasattr(obj, "verify_layout") else ():
+        if any(r is rec for r in bc.forwards):
+            return [c.start for c in bc.cycles], list(bc.verify_lens)
+    return None
 
 
 def _all_forwards(obj) -> list[tuple[str, ForwardRecord]]:
@@ -281,9 +292,9 @@ def sglang_view(obj, picked, use_sglang: bool = True) -> LayoutTable:
     rows = LayoutTable()
     titles = []
     for lbl, rec in picked:
+        ragged = _ragged_lens(obj, rec) if rec.mode == ForwardMode.TARGET_VERIFY and rec.model == "target" else None
         t = layout_of_record(rec, tree=_is_tree(obj, lbl) and rec.mode == ForwardMode.TARGET_VERIFY,
-                             use_sglang=use_sglang,
-                             return_logprob=_prompt_logprobs(obj))
+                             use_sglang=use_sglang, return_logprob=_prompt_logprobs(obj), ragged=ragged)
         fwd = f"{lbl}: {rec.model} {rec.mode.value}"
         rows += [dict(r, forward=fwd) for r in t]
         titles.append(f"{lbl}: " + t.title.removeprefix("SGLang layout: "))
