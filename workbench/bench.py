@@ -469,7 +469,7 @@ def kernel_table(res: dict) -> str:
 
     lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}, "
              f"median of {res['repeats']} (microseconds)",
-             "", "tree build       budget  vectorized      heap  heap/vec  build+compile" +
+             "", "tree build       budget  build_tree      heap  heap/ours  build+compile" +
              ("  sync-free" if res["tree_build"] and "host_sync_free" in res["tree_build"][0] else "")]
     for r in res["tree_build"]:
         sync = f"  {r['host_sync_free']!s:>9}" if "host_sync_free" in r else ""

@@ -130,7 +130,34 @@ class Engine:
         return s.run()
 
 
-class Session:
+class SessionState:
+    """What a session's state means, shared by a local ``Session`` and a ``RemoteSession``: both hold
+    ``prompt_ids``, ``generated``, ``finish_reason`` and ``trace``."""
+
+    @property
+    def start(self) -> int:
+        """Position of the pending bonus token (= tokens in the target cache)."""
+        return len(self.prompt_ids) + len(self.generated) - 1
+
+    @property
+    def bonus(self) -> int:
+        return self.generated[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def cycles(self) -> list[Cycle]:
+        return self.trace.cycles
+
+    @property
+    def tokens(self) -> list[int]:
+        """Generated token ids (the pending bonus included)."""
+        return list(self.generated)
+
+
+class Session(SessionState):
     """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
 
     def __init__(self, engine: Engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
@@ -228,28 +255,6 @@ class Session:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"max_new_tokens={n!r} must be a positive integer")
 
-    # ---------------------------------------------------------------- state
-    @property
-    def start(self) -> int:
-        """Position of the pending bonus token (= tokens in the target cache)."""
-        return len(self.prompt_ids) + len(self.generated) - 1
-
-    @property
-    def bonus(self) -> int:
-        return self.generated[-1]
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def cycles(self) -> list[Cycle]:
-        return self.trace.cycles
-
-    @property
-    def tokens(self) -> list[int]:
-        """Generated token ids (the pending bonus included)."""
-        return list(self.generated)
 
     @property
     def text(self) -> str:

@@ -21,7 +21,7 @@ import torch
 
 from workbench import wire
 from workbench.cycle import Cycle, Trace
-from workbench.engine import DEFAULT_MAX_NEW_TOKENS, SessionFinished
+from workbench.engine import DEFAULT_MAX_NEW_TOKENS, SessionFinished, SessionState
 from workbench.policies import DDTree, Policy, as_policy
 from workbench.sampling import Sampling
 from workbench.wire import WIRE_VERSION, WireVersionError
@@ -187,7 +187,7 @@ def _sid(session_id) -> str:
     return s
 
 
-class RemoteSession:
+class RemoteSession(SessionState):
     """A session living on the server; the same attributes and methods as a local ``Session``.
 
     ``trace`` is kept here and grows with every reply, so figures read it without a request.
@@ -257,26 +257,6 @@ class RemoteSession:
         self._call("PATCH", "", {"capture": bool(on)})
 
     # ---------------------------------------------------------------- state, as a local Session has it
-    @property
-    def start(self) -> int:
-        return len(self.prompt_ids) + len(self.generated) - 1
-
-    @property
-    def bonus(self) -> int:
-        return self.generated[-1]
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def cycles(self) -> list[Cycle]:
-        return self.trace.cycles
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self.generated)
-
     @property
     def text(self) -> str:
         return self._text

@@ -7,17 +7,15 @@ flattened rows.
 """
 from __future__ import annotations
 
-import html
-
 import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.engine import SessionFinished
 from workbench.views.figures import empty_figure, tree_figure
-from workbench.views.stepper import Stepper
+from workbench.views.stepper import StatusLine, Stepper
 
 
-class BatchStepper:
+class BatchStepper(StatusLine):
     """Step / Run N over a BatchSession, a request selector and a cycle slider. Display it as a cell's
     last expression; everything is callable from Python (``step()``, ``run(n)``, ``show(request, cycle)``)."""
 
@@ -112,15 +110,6 @@ class BatchStepper:
         done = self.batch.finished
         self.step_button.disabled = self.run_button.disabled = done
 
-    def _guard(self, fn) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - shown to the user in the widget
-            self._say(f"{type(e).__name__}: {e}", error=True)
-
-    def _say(self, msg: str, error: bool = False) -> None:
-        color = "#b00020" if error else "#333"
-        self.status.value = f"<span style='color:{color}'>{html.escape(msg)}</span>"
 
     def _repr_mimebundle_(self, **kw):
         return self.widget._repr_mimebundle_(**kw)

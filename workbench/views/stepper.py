@@ -22,7 +22,22 @@ def _policy_parts(p) -> tuple[str, int]:
     return ("ar" if isinstance(p, AR) else "dflash"), 32
 
 
-class Stepper:
+class StatusLine:
+    """A widget's status line (``self.status``, an HTML widget) and error-catching button actions."""
+
+    def _guard(self, fn) -> None:
+        """Run a button action; show an error in the status line instead of losing it in a callback."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - shown to the user in the widget
+            self._say(f"{type(e).__name__}: {e}", error=True)
+
+    def _say(self, msg: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#333"
+        self.status.value = f"<span style='color:{color}'>{html.escape(msg)}</span>"
+
+
+class Stepper(StatusLine):
     """A notebook widget over a ``Session``: Step, Run N, Reset, a slider over past cycles, and the
     budget / temperature for the next cycle. Display it as the last expression of a cell.
 
@@ -157,16 +172,6 @@ class Stepper:
             self.session.temperature = t
         self._say(f"next cycle: {self.session.policy}, T={self.session.temperature}")
 
-    def _guard(self, fn) -> None:
-        """Run a button action; show an error in the status line instead of losing it in a callback."""
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - shown to the user in the widget
-            self._say(f"{type(e).__name__}: {e}", error=True)
-
-    def _say(self, msg: str, error: bool = False) -> None:
-        color = "#b00020" if error else "#333"
-        self.status.value = f"<span style='color:{color}'>{html.escape(msg)}</span>"
 
     def _sync_buttons(self) -> None:
         done = self.session.finished
