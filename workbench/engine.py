@@ -266,7 +266,10 @@ class Session(SessionState):
         return self.prompt + self.text
 
     def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The target cache as (keys, values) per layer, [1, kv_heads, start, head_dim] each."""
+        """The target cache as (keys, values) per layer, [1, kv_heads, start, head_dim] each.
+
+        Views of the cache's buffers, valid until the next step (which writes into them); ``.clone()``
+        what you keep."""
         return [(layer.keys, layer.values) for layer in self._target_cache.layers]
 
     def __repr__(self) -> str:
