@@ -95,66 +95,8 @@ def beam_sizes(D: int, k: int, budget: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-class _TorchOps:
-    """The few array operations the build needs, on torch tensors: any device, no host sync."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def arange(self, *args) -> Tensor:
-        return torch.arange(*args, device=self.device)
-
-    @staticmethod
-    def top_desc(x: Tensor, m: int) -> Tensor:
-        """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
-        return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
-
-    @staticmethod
-    def take(x: Tensor, idx: Tensor) -> Tensor:
-        return x.gather(1, idx)
-
-    @staticmethod
-    def cat(xs: list) -> Tensor:
-        return torch.cat(xs, dim=1)
-
-    def repeat(self, counts: Tensor, total: int) -> Tensor:
-        return torch.repeat_interleave(self.arange(counts.shape[0]), counts, output_size=total)
-
-    @staticmethod
-    def cumsum(x: Tensor) -> Tensor:
-        return x.cumsum(0)
-
-    @staticmethod
-    def minimum(x: Tensor, k: int) -> Tensor:
-        return x.clamp(max=k)
-
-    @staticmethod
-    def put(out: Tensor, idx: Tensor, values: Tensor) -> Tensor:
-        return out.scatter_(1, idx, values.expand_as(idx))
-
-    def zeros(self, shape) -> Tensor:
-        return torch.zeros(shape, dtype=torch.long, device=self.device)
-
-    def to_ops(self, x: Tensor) -> Tensor:
-        return x
-
-    @staticmethod
-    def to_tensor(x: Tensor) -> Tensor:
-        return x
-
-
-def torch_ops(device) -> _TorchOps:
-    """The vectorized build's array operations (the path CUDA takes); tests run it on a CPU."""
-    return _ops(torch.device(device))
-
-
-@lru_cache(maxsize=16)
-def _ops(device: torch.device) -> _TorchOps:
-    return _TorchOps(device)
-
-
 @lru_cache(maxsize=256)
-def _pairs(beam: int, k: int, budget: int, ops) -> tuple:
+def _pairs(beam: int, k: int, budget: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Candidate (parent beam position p, token rank j) pairs, row-major, that can reach the top `budget`.
 
     (p, j) has at least (p+1)(j+1)-1 candidates ahead of it at its depth (all
@@ -162,11 +104,16 @@ def _pairs(beam: int, k: int, budget: int, ops) -> tuple:
     holds ranks 0 .. min(k, budget // (p+1)) - 1. Computed on the device from shapes
     known on the host, so nothing waits for the device (no boolean indexing).
     """
-    counts = ops.minimum(budget // (ops.arange(beam) + 1), k)  # [beam]
+    counts = (budget // (torch.arange(beam, device=device) + 1)).clamp(max=k)  # [beam]
     total = _pair_count(beam, k, budget)
-    p = ops.repeat(counts, total)  # [total]
-    starts = ops.cumsum(counts) - counts
-    return p, ops.arange(total) - starts[p]
+    p = torch.repeat_interleave(torch.arange(beam, device=device), counts, output_size=total)  # [total]
+    starts = counts.cumsum(0) - counts
+    return p, torch.arange(total, device=device) - starts[p]
+
+
+def _top_desc(x: Tensor, m: int) -> Tensor:
+    """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
+    return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
 
 
 def build_tree(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | None = None) -> Tree:
@@ -180,31 +127,34 @@ def build_tree(logprobs: Tensor, root_tokens: Tensor, budget: int, width: int | 
     return build_tree_from_topk(*top_slots(logprobs, k), root_tokens, budget)
 
 
-def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, ops=None) -> Tree:
+def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
     """``build_tree`` after ``sorted_slots``: topv/topi [bs, D, k] in the documented order.
 
     Two implementations with one result: on a CPU a best-first heap over the top-k (the build is a
     chain of small steps, and a heap's Python steps cost less than tensor calls); on other devices
-    the vectorized per-depth beams below, which never wait for the device. ``ops=torch_ops("cpu")``
-    runs the vectorized one on a CPU (the tests compare the two).
+    ``build_tree_vectorized``, which never waits for the device (the tests compare the two).
     """
-    if ops is None and topv.device.type == "cpu":
+    if topv.device.type == "cpu":
         return _heap_build(topv, topi, root_tokens, budget)
+    return build_tree_vectorized(topv, topi, root_tokens, budget)
+
+
+def build_tree_vectorized(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+    """The device build: per-depth beams, every shape known from the arguments alone, no host sync."""
     bs, D, k = topv.shape
-    ops = ops or _ops(topv.device)
+    dev = topv.device
     sizes = beam_sizes(D, k, budget)
-    tv, ti = ops.to_ops(topv), ops.to_ops(topi)
     # Per-depth beams, each ordered by (score desc, parent beam position asc, rank asc). Only the
     # scores go through the sequential loop; the rest is gathered once after it.
-    beam = tv[:, 0]  # [bs, k]
-    rank0 = ops.arange(k)[None] + ops.zeros((bs, 1))
-    scores, parent, rank = [beam], [rank0 * 0 - 1], [rank0]  # parent: flattened beam entry, -1 = root
+    beam = topv[:, 0]  # [bs, k]
+    rank0 = torch.arange(k, device=dev).expand(bs, k)
+    scores, parent, rank = [beam], [torch.full_like(rank0, -1)], [rank0]  # parent: beam entry, -1 = root
     offset = 0
     for d in range(1, D):
-        p, j = _pairs(sizes[d - 1], k, budget, ops)
-        cand = beam[:, p] + tv[:, d, j]  # [bs, n_pairs]
-        order = ops.top_desc(cand, sizes[d])  # [bs, m]
-        beam = ops.take(cand, order)
+        p, j = _pairs(sizes[d - 1], k, budget, dev)
+        cand = beam[:, p] + topv[:, d, j]  # [bs, n_pairs]
+        order = _top_desc(cand, sizes[d])  # [bs, m]
+        beam = cand.gather(1, order)
         scores.append(beam)
         parent.append(p[order] + offset)
         rank.append(j[order])
@@ -212,28 +162,29 @@ def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget
 
     # Global order: a stable sort over [depth 1 beam; depth 2 beam; ...] realises
     # (score desc, depth asc, within-depth order asc) == the documented tie rule.
-    all_scores = ops.cat(scores)  # [bs, total]
+    all_scores = torch.cat(scores, dim=1)  # [bs, total]
     total = all_scores.shape[1]
     n_nodes = min(budget, total)
-    sel = ops.top_desc(all_scores, n_nodes)  # [bs, n_nodes]: beam entries in node order
-    node_of = ops.put(ops.zeros((bs, total + 1)), sel + 1, ops.arange(1, n_nodes + 1)[None])  # entry+1 -> node
-    depth = _entry_depths(sizes, ops)[sel]  # [bs, n_nodes]
-    rank_sel = ops.take(ops.cat(rank), sel)
-    root = ops.zeros((bs, 1))
+    sel = _top_desc(all_scores, n_nodes)  # [bs, n_nodes]: beam entries in node order
+    node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
+    node_of.scatter_(1, sel + 1, torch.arange(1, n_nodes + 1, device=dev).expand(bs, n_nodes))
+    depth = _entry_depths(sizes, dev)[sel]  # [bs, n_nodes]
+    rank_sel = torch.cat(rank, dim=1).gather(1, sel)
+    root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
     return Tree(
-        tokens=ops.to_tensor(ops.cat([ops.to_ops(root_tokens.reshape(bs, 1).long()),
-                                      ops.take(ti.reshape(bs, D * k), (depth - 1) * k + rank_sel)])),
-        parents=ops.to_tensor(ops.cat([root - 1, ops.take(node_of, ops.take(ops.cat(parent), sel) + 1)])),
-        depth=ops.to_tensor(ops.cat([root, depth])),
-        rank=ops.to_tensor(ops.cat([root, rank_sel])),
-        score=ops.to_tensor(ops.cat([root * 0.0, ops.take(all_scores, sel)])).float(),
+        tokens=torch.cat([root_tokens.reshape(bs, 1).long(),
+                          topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank_sel)], dim=1),
+        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parent, dim=1).gather(1, sel) + 1)], dim=1),
+        depth=torch.cat([root, depth], dim=1),
+        rank=torch.cat([root, rank_sel], dim=1),
+        score=torch.cat([root.float(), all_scores.gather(1, sel)], dim=1),
     )
 
 
 @lru_cache(maxsize=256)
-def _entry_depths(sizes: tuple, ops):
-    """[total] the depth (1-based) of every beam entry, depth by depth."""
-    return ops.cat([ops.zeros((1, s)) + (d + 1) for d, s in enumerate(sizes)])[0]
+def _entry_depths(sizes: tuple, device: torch.device) -> Tensor:
+    """[total] the depth (1-based) of every beam entry, depth by depth (fills: no host-to-device copy)."""
+    return torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=device) for d, s in enumerate(sizes)])
 
 
 def _heap_build(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddtree_kernels import accept, build_tree, chain_tree, compact_kv, compact_kv_, compile_tree
-from ddtree_kernels.tree_build import build_tree_from_topk, sorted_slots, torch_ops
+from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
 from ddtree_kernels.oracles import (accept_walk_python, ancestors_python, build_tree_heap, build_tree_host_heap,
                                    compact_kv_loop)
 
@@ -28,8 +28,8 @@ def test_vectorized_build_equals_heap_oracle(seed, budget, ties, ops):
     lp = random_logprobs(seed, bs, D, V, ties)
     roots = torch.arange(bs)
     k = min(budget, V)
-    tree = build_tree_from_topk(*sorted_slots(lp, k), roots, budget,
-                                ops=torch_ops("cpu") if ops == "torch" else None)
+    build = build_tree_vectorized if ops == "torch" else build_tree_from_topk
+    tree = build(*sorted_slots(lp, k), roots, budget)
     for b in range(bs):
         ref = build_tree_heap(lp[b], int(roots[b]), budget)
         assert tree.tokens[b].tolist() == ref["tokens"]

@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ddtree_kernels import accept, compile_tree
-from ddtree_kernels.tree_build import build_tree_from_topk, sorted_slots, torch_ops
+from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
 from ddtree_kernels.tree_compile import ancestor_matrix
 
 Tensor = torch.Tensor
@@ -55,9 +55,8 @@ def test_build_and_compile_are_sync_free_on_the_device_path(budget, width):
     lp = torch.log_softmax(torch.randn(2, 7, 50, generator=g) * 3, -1)
     roots = torch.tensor([3, 4])
     k = min(budget, width or budget, 50)
-    ops = torch_ops("cpu")  # the torch path CUDA runs, on a CPU
     with NoHostSync():
-        tree = build_tree_from_topk(*sorted_slots(lp, k), roots, budget, ops=ops)
+        tree = build_tree_vectorized(*sorted_slots(lp, k), roots, budget)  # the path CUDA runs, on a CPU
         compiled = compile_tree(tree, torch.tensor([10, 20]), max_depth=7)
         compile_tree(tree, 10, max_depth=7)
         ancestor_matrix(tree.parents, 7)
