@@ -12,13 +12,16 @@ from torch import Tensor
 MASK_MODES = ("FULL_MASK", "QLEN_ONLY")
 
 
-def mask_elements(mode: str, seq_lens, n: int) -> int:
-    """Entries of SGLang's flat mask for one verify batch (seq_lens: committed tokens per request)."""
-    bs, total = len(seq_lens), int(sum(int(s) for s in seq_lens))
+def mask_elements(mode: str, seq_lens, n) -> int:
+    """Entries of SGLang's flat mask for one verify batch. seq_lens: committed tokens per request; n: verified
+    tokens per request, one count for all or one per request (a ragged batch). For one count this is
+    SGLang's ``seq_lens_sum * n + n * n * bs`` (FULL_MASK) and ``n * n * bs`` (QLEN_ONLY)."""
+    seq = [int(x) for x in seq_lens]
+    ns = [int(x) for x in n] if isinstance(n, (list, tuple)) else [int(n)] * len(seq)
     if mode == "FULL_MASK":
-        return total * n + n * n * bs
+        return sum(k * (s + k) for s, k in zip(seq, ns))
     if mode == "QLEN_ONLY":
-        return n * n * bs
+        return sum(k * k for k in ns)
     raise ValueError(f"mask mode {mode!r} is not one of {', '.join(MASK_MODES)}")
 
 

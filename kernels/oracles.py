@@ -71,17 +71,12 @@ def build_tree_host_heap(logprobs: Tensor, root_tokens: Tensor, budget: int, wid
     logprobs [bs, D, V] -> Tree (the same as ``build_tree`` when no two log-probs tie at a slot's top-k
     boundary; ties inside the top-k follow torch.topk's order, which nothing promises).
     """
-    from ddtree_kernels.tree_build import Tree
+    from ddtree_kernels.tree_build import Tree, _heap_build
 
-    bs, D, V = logprobs.shape
-    k = min(budget, width or budget, V)
+    k = min(budget, width or budget, logprobs.shape[-1])
     top = torch.topk(logprobs.float(), k, dim=-1)
-    vals, ids = top.values.cpu().numpy(), top.indices.cpu().numpy()  # [bs, D, k]
-    roots = root_tokens.reshape(-1).tolist()
-    rows = [heap_tree_lists(vals[b], ids[b], roots[b], budget) for b in range(bs)]
-    dev = logprobs.device
-    cols = [torch.tensor(np.array([r[f] for r in rows]), device=dev) for f in range(4)]
-    return Tree(*cols, torch.tensor(np.array([r[4] for r in rows], dtype=np.float32), device=dev))
+    tree = _heap_build(top.values.cpu(), top.indices.cpu(), root_tokens.cpu(), budget)
+    return Tree(*(t.to(logprobs.device) for t in (tree.tokens, tree.parents, tree.depth, tree.rank, tree.score)))
 
 
 def eagle_select_python(logprobs: Tensor, topk: int, steps: int, num_draft_tokens: int) -> dict:

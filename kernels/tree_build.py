@@ -67,10 +67,10 @@ def top_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def _sorted_slots_host(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """On a CPU a plain top-k is exact whenever no two of the k + 1 best log-probs of a slot are equal
-    (then neither the order nor the k-th place is a tie); only otherwise is the int64 key needed."""
+    (then neither the order nor the k-th place is a tie); only otherwise is the int64 key needed.
+    (Counting the tokens equal to the k-th over the whole vocabulary instead costs more than the extra one.)"""
     lp = logprobs.float()
-    V = lp.shape[-1]
-    v, i = torch.topk(lp, min(k + 1, V), dim=-1, sorted=True)
+    v, i = torch.topk(lp, min(k + 1, lp.shape[-1]), dim=-1, sorted=True)
     vn = v.numpy()
     if (vn[..., 1:] < vn[..., :-1]).all():
         return v[..., :k], i[..., :k]

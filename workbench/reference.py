@@ -73,7 +73,7 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
                            noise_embedding=emb(block) * scale, target_hidden=context, past_key_values=dcache,
                            use_cache=True)
             logits = draft.compute_logits(hidden[:, 1:], target.lm_head)
-            dcache.crop(start)
+            dcache.crop(start - dcache.get_seq_length())  # drop the block (a negative count)
             context = context[:, :0]
             logprobs = torch.log_softmax(logits[0, :depth].float(), dim=-1)
         times["draft"] = (t1 := _now(dev)) - t

@@ -33,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from ddtree_kernels.mask_layout import mask_elements
 from workbench.shapes.sglang_source import (  # noqa: F401  (re-exported: the rules and source helpers)
     AUX_HIDDEN, CUDA_GRAPH_RUNNER, DFLASH_INFO, DFLASH_WORKER, EAGLE_UTILS, FLASHINFER, FORWARD_BATCH_INFO,
     LOGITS_PROCESSOR, RAGGED_VERIFY, SGLANG_RULES, SGLANG_VERSION, SPEC_TREE, Rule, _sglang_enums, expressions_in,
@@ -139,10 +140,10 @@ def custom_mask_elements(prefix_lens, token_lens, mask_mode: str = "FULL_MASK") 
     if mask_mode not in MASK_MODES:
         raise ValueError(f"mask_mode={mask_mode!r} is not one of {', '.join(MASK_MODES)}")
     if mask_mode == "FULL_MASK":
-        numel = sum(n * (a + n) for a, n in zip(p, t))
+        numel = mask_elements(mask_mode, p, t)
         return MaskSize(mask_mode, numel, "bool", numel, "flat bool: per request n x (prefix + n), row-major")
     if mask_mode == "QLEN_ONLY":
-        numel = sum(n * n for n in t)
+        numel = mask_elements(mask_mode, p, t)
         return MaskSize(mask_mode, numel, "bool", numel, "flat bool: per request n x n (prefix implied visible)")
     n_max = max(t)
     idx = math.ceil(math.log2((n_max + 7) // 8))  # sglang's packed_dtype_idx
