@@ -423,11 +423,11 @@ NOTEBOOKS["05_budget_sweep"] = [
 # 05 · Budget sweep: where does DDTree's throughput peak, and why?
 
 **Question.** As the tree budget grows, how do tau, tokens/s and the time per stage change on the
-evaluation prompts? We compare the measured decode speedup over AR (the cycles alone) with its
-*ceiling*: the speedup the policy would reach if its cycles cost only their model forwards (drafter
-and target). Their ratio is the share of cycle time spent in the forwards, at most 1 by
-construction, so the gap is what the engine spends outside them. All measured side by side in one
-run. Then: what sampling does to tau.
+evaluation prompts, the long excerpts and the short openings people type? We compare the measured
+decode speedup over AR (the cycles alone) with its *ceiling*: the speedup the policy would reach if
+its cycles cost only their model forwards (drafter and target). Their ratio is the share of cycle
+time spent in the forwards, at most 1 by construction, so the gap is what the engine spends outside
+them. All measured side by side in one run per split. Then: what sampling does to tau.
 """),
     code("""
 import workbench as wb
@@ -435,19 +435,23 @@ from workbench.bench import bench
 from workbench.prompts import eval_prompts
 
 engine = wb.load()
-prompts = eval_prompts()[:6]
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-result = bench(engine, policies, prompts, max_new_tokens=64, progress=False)
+results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=64, progress=False)
+           for split in ("long", "short")}
+result, prompts = results["long"], eval_prompts("long")
 """),
     code("""
-print("lossless (greedy == AR for every prompt):", result.lossless)
-for name, row in result.summary.items():
-    print(f"{name:12s} tau {row['tau']:.2f}")
+print("lossless (greedy == AR for every prompt):", all(r.lossless for r in results.values()))
+print(f"{'policy':12s} {'tau long':>9s} {'tau short':>9s}")
+for name in result.summary:
+    print(f"{name:12s} {results['long'].summary[name]['tau']:9.2f} {results['short'].summary[name]['tau']:9.2f}")
 """),
     code(IGNORE + """
-for name, row in result.summary.items():
-    print(f"{name:12s} tok/s {row['tokens_per_s']:7.1f}  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
-          f"ceiling {row['ceiling_speedup']:.2f}x  share of cycle in forwards {row['ceiling_ratio']:.0%}")
+for split, r in results.items():
+    print(split)
+    for name, row in r.summary.items():
+        print(f"  {name:12s} tok/s {row['tokens_per_s']:7.1f}  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
+              f"ceiling {row['ceiling_speedup']:.2f}x  share of cycle in forwards {row['ceiling_ratio']:.0%}")
 """),
     code(IGNORE + """
 wb.views.budget_sweep_figure(result.summary)
@@ -701,7 +705,7 @@ from workbench.bench import bench
 from workbench.prompts import eval_prompts
 
 engine = wb.load()
-prompts = eval_prompts()[:3]
+prompts = eval_prompts("long")[:2] + eval_prompts("short")[:2]  # both splits
 """),
     md("""
 A custom policy is a function `build(logprobs [bs, D, V], root_tokens [bs], budget) -> Tree`. This one

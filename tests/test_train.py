@@ -23,6 +23,7 @@ def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "loops round 1 step 1" in r.stderr  # the target's loops phase ran, both rounds
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
     assert {"held_out_loss_nats", "held_out_loss_spread_nats", "splits"} <= set(metrics)
     for split in ("long", "short"):
@@ -41,6 +42,12 @@ def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
         s = engine.session(prompt, policy=wb.DDTree(4), max_new_tokens=8)
         ar = engine.session(prompt, policy=wb.AR(), max_new_tokens=8)
         assert s.run() and ar.run() and s.tokens == ar.tokens
+    # --stage loops reruns only the loops phase, on the target already there.
+    before = (tmp_path / "target" / "model.safetensors").read_bytes()
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke", "--stage", "loops"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "loops round 1 step 1" in r.stderr, r.stderr[-2000:]
+    assert (tmp_path / "target" / "model.safetensors").read_bytes() != before
 
 
 @pytest.mark.parametrize("split", ["long", "short"])
@@ -156,7 +163,7 @@ def test_draft_batches_never_mix_lengths():
     rng = random.Random(0)
     seen = set()
     for _ in range(40):
-        ids, block_ids, labels, mask, pos = draft_batch(seqs, recipe, rng, mask_id=1)
+        ids, block_ids, labels, mask, pos, _ = draft_batch(seqs, recipe, rng, mask_id=1)
         assert ids.shape[1] in (40, 80)
         seen.add(ids.shape[1])
         prompt_len = 10 if ids.shape[1] == 40 else 30
@@ -177,3 +184,76 @@ def test_default_recipe_is_the_one_that_trained_the_shipped_target():
     assert {k: v for k, v in shipped.items() if k in default} == {
         k: (list(v) if isinstance(v, tuple) else v) for k, v in default.items() if k in shipped}
     assert set(V2) <= set(default) and any(V2[k] != default[k] for k in V2)
+    assert default["ul_rounds"] == 0 and default["kd_weight"] == 0.0  # tried, not shipped (README)
+
+
+def _repeats_oracle(row: list[int], start: int, n: int) -> list[bool]:
+    out = [False] * len(row)
+    for t in range(start + n - 1, len(row)):
+        gram = row[t - n + 1 : t + 1]
+        out[t] = any(row[u - n + 1 : u + 1] == gram for u in range(start + n - 1, t))
+    return out
+
+
+def test_repeated_ngrams_are_the_continuations_own_repeats():
+    import torch
+
+    from workbench.train import repeated_ngram_mask
+
+    seqs = torch.tensor([[7, 7, 7, 1, 2, 3, 1, 2, 3, 1, 2]])
+    # The prompt's 7s never count; "1 2" repeats from position 6 on (n=2), "1 2 3" from 8 (n=3).
+    assert repeated_ngram_mask(seqs, 3, 2)[0].nonzero().flatten().tolist() == [7, 8, 9, 10]
+    assert repeated_ngram_mask(seqs, 3, 3)[0].nonzero().flatten().tolist() == [8, 9, 10]
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 4):
+        rand = torch.randint(0, 4, (6, 30), generator=gen)
+        got = repeated_ngram_mask(rand, 5, n)
+        assert got.tolist() == [_repeats_oracle(r, 5, n) for r in rand.tolist()]
+
+
+def test_unlikelihood_loss_pushes_down_only_the_penalised_tokens():
+    import torch
+
+    from workbench.train import unlikelihood_loss
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 10, generator=gen, requires_grad=True)
+    ids = torch.randint(0, 10, (2, 6), generator=gen)
+    penalise = torch.zeros(2, 6, dtype=torch.bool)
+    assert unlikelihood_loss(logits, ids, penalise).item() == 0.0
+    penalise[0, 3] = True  # predicted from position 2
+    loss = unlikelihood_loss(logits, ids, penalise)
+    p = logits[0, 2].softmax(-1)[ids[0, 3]]
+    assert torch.allclose(loss, -torch.log1p(-p))
+    loss.backward()
+    g = logits.grad
+    assert g[0, 2, ids[0, 3]] > 0  # a descent step lowers that token's logit
+    assert g.abs().sum() == g[0, 2].abs().sum()  # and touches nothing else
+
+
+def test_distill_kl_is_zero_exactly_when_the_drafter_matches_the_target():
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.train import distill_kl
+
+    gen = torch.Generator().manual_seed(2)
+    T, V = 12, 9
+    target_logits = torch.randn(2, T, V, generator=gen)
+    block_pos = torch.tensor([[4, 5, 6, 7], [2, 3, 4, 5]])
+    match = target_logits.gather(1, (block_pos - 1)[..., None].expand(-1, -1, V))  # the target one earlier
+    assert distill_kl(match, target_logits, block_pos, T).abs().max() < 1e-5
+    other = torch.randn(2, 4, V, generator=gen)
+    kl = distill_kl(other, target_logits, block_pos, T)
+    ref = F.kl_div(other.log_softmax(-1), match.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    assert torch.allclose(kl, ref, atol=1e-5) and (kl > 0).all()
+
+
+def test_known_word_share_tells_code_from_glued_subwords():
+    from workbench.train import corpus_words, known_word_share
+
+    known = corpus_words([corpus.SourceFile("box.py", MODULE)])
+    assert {"import", "Box", "object", "size", "area"} <= known and "os" not in known  # 3+ characters
+    assert known_word_share("class Box(object):\n    def area(self):", known) == 1.0
+    assert known_word_share("self.sizearea = proviotst(Box)", known) == pytest.approx(2 / 4)
+    assert known_word_share("x = 1  # ok", known) is None  # no word to judge

@@ -4,7 +4,8 @@
     python -m workbench.train --out /tmp/smoke --smoke          # seconds, used by the tests
 
 Stages (each writes to ``--out`` and can be re-run alone with ``--stage``):
-tokenizer -> target -> distill (target's greedy continuations) -> draft -> report.
+tokenizer -> target (next-token training, then the loops phase) -> distill (the target's greedy
+continuations) -> draft -> report.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +43,18 @@ class Recipe:
     batch: int = 16
     target_steps: int = 1600
     target_lr: float = 3e-3
+    table_keep_one_in: int = 1  # generated codec tables kept in the target's corpus (1 in N)
+    # The loops phase (off: ul_rounds 0): rounds of unlikelihood against the target's own greedy
+    # repeats. Tried on the 6-layer target, it raised the distinct-token share to ~0.6 but the
+    # target escaped its loops into junk tokens (README, "The embedded default").
+    ul_rounds: int = 0
+    ul_steps: int = 10  # steps per round; each round continues fresh prompts first
+    ul_prompts: int = 32
+    ul_short_share: float = 0.35
+    ul_new_tokens: int = 64
+    ul_ngram: int = 4
+    ul_alpha: float = 0.5
+    ul_lr: float = 6e-4
     draft_layers: int = 2
     target_layer_ids: tuple[int, ...] = (1, 3, 5)
     block_size: int = 16
@@ -48,13 +62,13 @@ class Recipe:
     distill_prompt_tokens: int = 96
     distill_new_tokens: int = 96
     short_share: float = 0.0  # share of distillation prompts in the short shapes people type
-    table_keep_one_in: int = 1  # generated codec tables kept in the target's corpus (1 in N)
     bucket_by_length: bool = False  # drafter batches from one length bucket (needed with short prompts)
     draft_steps: int = 1500
     draft_batch: int = 16
     anchors_per_seq: int = 8
     draft_lr: float = 2e-3
     gamma: float = 7.0
+    kd_weight: float = 0.0  # share of the drafter's loss that is KL to the target's distribution
     eval_prompts: int = 40
     eval_short_prompts: int = 40
     eval_new_tokens: int = 64
@@ -63,18 +77,20 @@ class Recipe:
     bf16: bool = True
 
 
-# v2: short-shape distillation prompts, fewer codec tables, one drafter phase as long as v1's two.
-# Not yet trained in full (a run did not fit the shared machine); `make train-v2`.
-V2 = dict(distill_prompts=6144, short_share=0.55, table_keep_one_in=4, bucket_by_length=True, draft_steps=3500)
+# v2: short-shape distillation prompts, fewer codec tables, one drafter phase; `make train-v2`.
+# Trained in full once (session 3, with the loops phase on): see the README for what it gave.
+V2 = dict(distill_prompts=6144, short_share=0.55, table_keep_one_in=4, bucket_by_length=True, draft_steps=3000)
 
 
 def smoke_recipe() -> Recipe:
-    return Recipe(**{**V2, **dict(
+    """Tiny models, a few steps of every stage (the loops phase included)."""
+    return Recipe(**V2 | dict(
         vocab_size=300, hidden=32, layers=4, heads=2, kv_heads=1, head_dim=16, intermediate=64,
-        max_positions=1024, seq_len=64, batch=4, target_steps=3, draft_layers=1, target_layer_ids=(1, 2),
+        max_positions=1024, seq_len=64, batch=4, target_steps=3, ul_rounds=2, ul_steps=2, ul_prompts=6,
+        ul_new_tokens=12, draft_layers=1, target_layer_ids=(1, 2),
         block_size=8, distill_prompts=8, distill_prompt_tokens=24, distill_new_tokens=24, draft_steps=3,
         draft_batch=4, anchors_per_seq=2, eval_prompts=4, eval_short_prompts=5, eval_new_tokens=16, max_files=12, bf16=False,
-    )})
+    ))
 
 
 def log(msg: str) -> None:
@@ -193,6 +209,54 @@ def held_out_loss(model, held_ids: torch.Tensor, seq_len: int, n_windows: int = 
     return float(sum(losses) / len(losses))
 
 
+def distinct_share(tokens: list[int]) -> float:
+    """Distinct tokens / tokens: how little a continuation repeats itself (real held-out code: ~0.6
+    over 64 tokens)."""
+    return len(set(tokens)) / max(1, len(tokens))
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
+
+
+def corpus_words(files) -> frozenset[str]:
+    """Every identifier-like word (3+ characters) of the given files."""
+    return frozenset(w for f in files for w in _WORD.findall(f.text))
+
+
+def known_word_share(text: str, known: frozenset[str]) -> float | None:
+    """Share of the identifier-like words in ``text`` that the training corpus uses (None: no words).
+
+    Distinct-token share alone rewards junk: a target pushed off its loops can glue sub-words into
+    names nobody writes. Real held-out code scores about 0.95 here; such junk scores far lower.
+    """
+    words = _WORD.findall(text)
+    return sum(w in known for w in words) / len(words) if words else None
+
+
+def mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / max(1, len(values))
+
+
+@torch.no_grad()
+def target_figures(model, tokenizer, held_ids: torch.Tensor, splits: dict, recipe: Recipe, known) -> dict:
+    """Held-out loss and, per split, the distinct-token and known-word shares of greedy continuations
+    (stopped at EOS)."""
+    eos = tokenizer.eos_token_id
+    figures = {"held_out_loss_nats": held_out_loss(model, held_ids, recipe.seq_len)}
+    for split, items in splits.items():
+        shares, words = [], []
+        for item in items:
+            x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
+            gen = greedy_continue(model, x, recipe.eval_new_tokens)[0].tolist()
+            gen = gen[: gen.index(eos)] if eos in gen else gen
+            shares.append(distinct_share(gen))
+            words.append(known_word_share(tokenizer.decode(gen), known))
+        figures[f"distinct_token_share_{split}"] = mean(shares)
+        figures[f"known_word_share_{split}"] = mean(words)
+    return figures
+
+
 # ---------------------------------------------------------------- distillation data
 
 def make_prompts(files, test_files, rng: random.Random, n: int, short_share: float) -> list[tuple[str, bool]]:
@@ -203,7 +267,7 @@ def make_prompts(files, test_files, rng: random.Random, n: int, short_share: flo
     for _ in range(50 * n):
         if len(prompts) >= n or not files:
             break
-        if short_share and rng.random() < short_share:  # no draw at 0: v1's prompts stay v1's
+        if short_share and rng.random() < short_share:  # no draw at 0: the same prompts as before short shapes
             shape = rng.choice(corpus.SHORT_SHAPES)
             src = test_files if shape == "test_opening" and test_files else files
             prompts += [(p, True) for p in corpus.short_prompts(rng.choice(src).text, rng, 1, shape)]
@@ -230,31 +294,112 @@ def greedy_continue(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.T
     return torch.stack(toks, dim=1)
 
 
-def distill(recipe: Recipe, model, tokenizer, train_files, train_tests, out: Path, seed: int) -> list:
-    """The target's greedy continuations of training prompts. -> [(token ids, prompt length)]"""
-    rng = random.Random(seed + 1)
-    prompts = make_prompts(train_files, train_tests, rng, recipe.distill_prompts, recipe.short_share)
-    p = recipe.distill_prompt_tokens
+def encode_prompts(tokenizer, prompts: list[tuple[str, bool]], max_tokens: int) -> list[list[int]]:
+    """Token ids of (prompt, is_short) pairs: long prompts keep their last ``max_tokens`` tokens;
+    short ones are kept whole (they are the point). Too-short prompts are dropped."""
     encoded = [(tokenizer(t, add_special_tokens=False)["input_ids"], short) for t, short in prompts]
-    # Long prompts keep their last p tokens; short ones are kept whole (they are the point).
-    encoded = [e[-p:] for e, short in encoded if len(e) >= (4 if short else p // 2)]
-    # Equal lengths per batch without padding: group by length, cut to the group's shortest.
-    encoded.sort(key=len)
+    return [e[-max_tokens:] for e, short in encoded if len(e) >= (4 if short else max_tokens // 2)]
+
+
+def continue_prompts(model, encoded: list[list[int]], new_tokens: int, what: str, bs: int = 64) -> list:
+    """The model's greedy continuations. -> [(prompt + continuation ids, prompt length)]
+
+    Equal lengths per batch without padding: prompts are grouped by length and cut to the
+    group's shortest.
+    """
+    encoded = sorted(encoded, key=len)
     seqs = []
-    bs = 64
     t0 = time.time()
     for i in range(0, len(encoded), bs):
         group = encoded[i : i + bs]
         m = min(len(e) for e in group)
         x = torch.tensor([e[-m:] for e in group])
-        cont = greedy_continue(model, x, recipe.distill_new_tokens)
-        full = torch.cat([x, cont], dim=1)
-        for row in full:
-            seqs.append((row.tolist(), m))
+        full = torch.cat([x, greedy_continue(model, x, new_tokens)], dim=1)
+        seqs += [(row.tolist(), m) for row in full]
         if i // bs % 8 == 0:
-            log(f"distill {i + len(group)}/{len(encoded)} ({time.time() - t0:.0f}s)")
+            log(f"{what} {i + len(group)}/{len(encoded)} ({time.time() - t0:.0f}s)")
+    return seqs
+
+
+def distill(recipe: Recipe, model, tokenizer, train_files, train_tests, out: Path, seed: int) -> list:
+    """The target's greedy continuations of training prompts. -> [(token ids, prompt length)]"""
+    rng = random.Random(seed + 1)
+    prompts = make_prompts(train_files, train_tests, rng, recipe.distill_prompts, recipe.short_share)
+    encoded = encode_prompts(tokenizer, prompts, recipe.distill_prompt_tokens)
+    seqs = continue_prompts(model, encoded, recipe.distill_new_tokens, "distill")
     torch.save(seqs, out / "distill.pt")
     return seqs
+
+
+# ---------------------------------------------------------------- target: fewer loops
+
+def repeated_ngram_mask(seqs: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """True at each position t >= start whose n-gram ending at t already ended at an earlier
+    position >= start + n - 1 (a repeat within the continuation). [bs, T] -> [bs, T] bool"""
+    bs, T = seqs.shape
+    mask = torch.zeros(bs, T, dtype=torch.bool)
+    for b, row in enumerate(seqs.tolist()):
+        seen = set()
+        for t in range(start + n - 1, T):
+            gram = tuple(row[t - n + 1 : t + 1])
+            if gram in seen:
+                mask[b, t] = True
+            seen.add(gram)
+    return mask
+
+
+def unlikelihood_loss(logits: torch.Tensor, ids: torch.Tensor, penalise: torch.Tensor) -> torch.Tensor:
+    """Mean of -log(1 - p(token)) over the penalised positions: pushes the model's own greedy
+    loops down (Welleck et al. 2019, sequence-level unlikelihood).
+    logits [bs, T, V] predict ids [bs, T] shifted by one; penalise [bs, T] marks ids positions."""
+    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]  # [bs, T-1]
+    m = penalise[:, 1:]
+    one_minus = (1 - logp.exp()).clamp(min=1e-5)
+    return -(one_minus.log() * m).sum() / m.sum().clamp(min=1)
+
+
+def train_fewer_loops(recipe: Recipe, model, tokenizer, train_ids, train_files, train_tests, seed: int):
+    """Unlikelihood rounds: continue fresh training prompts greedily, then penalise the tokens that
+    repeat an n-gram of the same continuation, alongside the usual next-token loss on the corpus.
+
+    A round's ``ul_prompts`` (<= 64) are continued as one batch, so each is cut to the shortest
+    one's length: the phase works on short contexts, where the target loops most.
+    """
+    if not recipe.ul_rounds:
+        return model
+    rng = random.Random(seed + 6)
+    gen = torch.Generator().manual_seed(seed + 6)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.ul_lr, weight_decay=0.1, betas=(0.9, 0.95))
+    t0 = time.time()
+    for r in range(recipe.ul_rounds):
+        model.eval()
+        prompts = make_prompts(train_files, train_tests, rng, recipe.ul_prompts, recipe.ul_short_share)
+        pool = continue_prompts(model, encode_prompts(tokenizer, prompts, recipe.distill_prompt_tokens),
+                                recipe.ul_new_tokens, f"loops round {r}")
+        buckets = length_buckets(pool)
+        model.train()
+        for step in range(recipe.ul_steps):
+            for g in opt.param_groups:  # one warmup-cosine schedule over all rounds
+                g["lr"] = lr_at(r * recipe.ul_steps + step, recipe.ul_rounds * recipe.ul_steps, recipe.ul_lr)
+            bucket = buckets[rng.randrange(len(buckets))]
+            rows = [pool[bucket[rng.randrange(len(bucket))]] for _ in range(recipe.batch)]
+            ids = torch.tensor([row for row, _ in rows])  # [bs, T]
+            penalise = repeated_ngram_mask(ids, rows[0][1], recipe.ul_ngram)
+            x = windows(train_ids, recipe.seq_len, recipe.batch, gen)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+                mle = model(input_ids=x, labels=x).loss
+                ul = unlikelihood_loss(model(input_ids=ids).logits, ids, penalise)
+            loss = mle + recipe.ul_alpha * ul
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step % 20 == 0 or step == recipe.ul_steps - 1:
+                share = penalise[:, rows[0][1]:].float().mean().item()
+                log(f"loops round {r} step {step} mle {mle.item():.3f} ul {ul.item():.3f} "
+                    f"repeats {share:.2f} ({time.time() - t0:.0f}s)")
+    model.eval()
+    return model
 
 
 # ---------------------------------------------------------------- drafter
@@ -304,7 +449,7 @@ def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int, buckets=
                 break
             r -= len(bucket)
         rows = [seqs[bucket[rng.randrange(len(bucket))]] for _ in range(recipe.draft_batch)]
-    else:  # v1: any rows, cut to the shortest
+    else:  # any rows, cut to the shortest
         rows = [seqs[rng.randrange(len(seqs))] for _ in range(recipe.draft_batch)]
     T = min(len(r[0]) for r in rows)
     ids = torch.tensor([r[0][:T] for r in rows])  # [bs, T]
@@ -325,7 +470,16 @@ def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int, buckets=
     see_blk = (blk[:, None] == blk[None, :]).expand(ids.shape[0], -1, -1)  # [bs, A*B, A*B]
     mask = torch.cat([see_ctx, see_blk], dim=2)[:, None]  # [bs, 1, A*B, T + A*B]
     position_ids = torch.cat([ctx_pos.expand(ids.shape[0], -1), block_pos], dim=1)
-    return ids, block_ids, labels, mask, position_ids
+    return ids, block_ids, labels, mask, position_ids, block_pos
+
+
+def distill_kl(draft_logits: torch.Tensor, target_logits: torch.Tensor, block_pos: torch.Tensor, T: int):
+    """KL(target || drafter) per block slot: the target's whole distribution for the token at each
+    block position (its logits one position earlier), not only its argmax.
+    draft_logits [bs, A*B, V], target_logits [bs, T, V], block_pos [bs, A*B] -> [bs, A*B]"""
+    src = (block_pos - 1).clamp(min=0, max=T - 1)
+    t_logp = target_logits.float().gather(1, src[..., None].expand(-1, -1, target_logits.shape[-1])).log_softmax(-1)
+    return (t_logp.exp() * (t_logp - draft_logits.log_softmax(-1))).sum(-1)
 
 
 def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, resume: bool = False):
@@ -355,14 +509,17 @@ def train_draft(recipe: Recipe, target, tokenizer, seqs, out: Path, seed: int, r
     for step in range(recipe.draft_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, recipe.draft_steps, recipe.draft_lr)
-        ids, block_ids, labels, mask, pos = draft_batch(seqs, recipe, rng, mask_id, buckets)
+        ids, block_ids, labels, mask, pos, block_pos = draft_batch(seqs, recipe, rng, mask_id, buckets)
+        T = ids.shape[1]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
             with torch.no_grad():
-                hs = target(input_ids=ids, output_hidden_states=True).hidden_states
-                ctx = extract_context_feature(hs, draft.target_layer_ids)
+                t_out = target(input_ids=ids, output_hidden_states=True)
+                ctx = extract_context_feature(t_out.hidden_states, draft.target_layer_ids)
             h = draft(position_ids=pos, attention_mask=mask, noise_embedding=emb(block_ids), target_hidden=ctx)
             logits = head(h).float()
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+        if recipe.kd_weight:
+            ce = (1 - recipe.kd_weight) * ce + recipe.kd_weight * distill_kl(logits, t_out.logits, block_pos, T)
         w = weight.repeat(labels.shape[1] // B)[None]
         loss = (ce * w).sum() / (w.sum() * labels.shape[0])
         loss.backward()
@@ -451,7 +608,7 @@ def read_eval_prompts(out: Path) -> dict[str, list[dict]]:
 
 
 @torch.no_grad()
-def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tree_budget: int) -> dict:
+def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tree_budget: int, known) -> dict:
     """Linear DFlash (dflash_generate, the reference) and DDTree(budget) (the engine) on one split."""
     import dflash.model as dm
 
@@ -461,15 +618,19 @@ def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tr
     # dflash_generate's stats path calls torch.cuda.synchronize(); on CPU a plain clock is right.
     if not torch.cuda.is_available():
         dm._cuda_time = time.perf_counter
-    taus, distinct, accepted, cycles, tree_accepted, tree_cycles = [], [], 0, 0, 0, 0
+    taus, distinct, words, accepted, cycles, tree_accepted, tree_cycles = [], [], [], 0, 0, 0, 0
+    eos = tokenizer.eos_token_id
     for i, item in enumerate(prompts):
         if i % 10 == 0:
             log(f"evaluating {item.get('split', '')} prompt {i}/{len(prompts)}")
         x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
-        r = dm.dflash_generate(draft, target, x, new_tokens, [tokenizer.eos_token_id], return_stats=True)
+        r = dm.dflash_generate(draft, target, x, new_tokens, [eos], return_stats=True)
         gen = r.output_ids[0, x.shape[1]:].tolist()
-        distinct.append(len(set(gen)) / max(1, len(gen)))
-        taus.append(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
+        gen = gen[: gen.index(eos)] if eos in gen else gen
+        distinct.append(distinct_share(gen))
+        words.append(known_word_share(tokenizer.decode(gen), known))
+        if r.acceptance_lengths:  # none when the target's first token is EOS
+            taus.append(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
         accepted += sum(r.acceptance_lengths)
         cycles += len(r.acceptance_lengths)
         t = run_one(engine, DDTree(tree_budget), item["prompt"], new_tokens)
@@ -481,16 +642,17 @@ def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tr
         # Pooled = all accepted tokens / all cycles (Spec-Bench, SGLang); the per-prompt mean is
         # inflated by prompts where the target loops and every draft is accepted.
         "dflash_tau": dflash_tau,
-        "dflash_tau_mean_of_prompts": sum(taus) / len(taus),
+        "dflash_tau_mean_of_prompts": sum(taus) / max(1, len(taus)),
         f"ddtree{tree_budget}_tau": tree_tau,
         f"ddtree{tree_budget}_over_dflash": tree_tau / dflash_tau,
-        "distinct_token_share": sum(distinct) / len(distinct),
+        "distinct_token_share": mean(distinct),
+        "known_word_share": mean(words),
         "prompts": len(prompts),
     }
 
 
 @torch.no_grad()
-def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out: Path,
+def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out: Path, known,
            new_tokens: int = 64, tree_budget: int = 32) -> dict:
     """Every figure, for each split of the evaluation prompts."""
     import workbench as wb
@@ -500,12 +662,15 @@ def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out
     n_win = max(1, (len(held_ids) - 1) // recipe.seq_len)
     spread = held_ids[: n_win * recipe.seq_len].view(n_win, recipe.seq_len)[:: max(1, n_win // 64)].flatten()
     return {
-        # The first 64 windows of the held-out files (in path order, mostly argparse.py), as in v1.
+        # The first 64 windows of the held-out files (in path order, mostly argparse.py), as in every earlier report.
         "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
         # 64 windows spread evenly over all held-out files.
         "held_out_loss_spread_nats": held_out_loss(target, spread, recipe.seq_len),
+        # The same windows as text: what real code scores on the known-word share.
+        "known_word_share_of_held_out_code": mean(known_word_share(tokenizer.decode(w), known)
+                                                  for w in spread.view(-1, recipe.seq_len).tolist()),
         "new_tokens": new_tokens,
-        "splits": {split: split_figures(target, draft, engine, tokenizer, items, new_tokens, tree_budget)
+        "splits": {split: split_figures(target, draft, engine, tokenizer, items, new_tokens, tree_budget, known)
                    for split, items in splits.items()},
     }
 
@@ -518,9 +683,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny models and a few steps (seconds; v2 recipe)")
     ap.add_argument("--recipe", default="v1", choices=["v1", "v2"],
                     help="v1: the shipped pair (two phases, see the Makefile); v2: short-prompt distillation")
+    ap.add_argument("--loops", type=int, metavar="ROUNDS",
+                    help="the target's loops phase: unlikelihood rounds after its training (default 0: off)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stage", default="all", choices=["all", "target", "draft", "report", "prompts"],
-                    help="'draft' and 'report' reuse the target (and tokenizer) already in --out; "
+    ap.add_argument("--stage", default="all", choices=["all", "target", "loops", "draft", "report", "prompts"],
+                    help="'target' trains the target and runs its loops phase; 'loops' runs only that phase "
+                         "on the target in --out; 'draft' and 'report' reuse the target (and tokenizer) in --out; "
                          "'prompts' only writes the evaluation prompts (both splits)")
     ap.add_argument("--target-steps", type=int)
     ap.add_argument("--draft-steps", type=int)
@@ -531,11 +699,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
     ap.add_argument("--checkpoint-every", type=int, help="save the drafter every N steps (0: only at the end)")
     args = ap.parse_args(argv)
+    if args.loops is not None and args.loops < 0:
+        ap.error(f"--loops {args.loops} must be 0 or more")
     if args.short_share is not None and not 0.0 <= args.short_share <= 1.0:
         ap.error(f"--short-share {args.short_share} must be between 0 and 1")
 
     torch.set_num_threads(args.threads)
     recipe = smoke_recipe() if args.smoke else Recipe(**(V2 if args.recipe == "v2" else {}))
+    if args.loops is not None:
+        recipe.ul_rounds = args.loops
     if args.target_steps is not None:
         recipe.target_steps = args.target_steps
     if args.draft_steps is not None:
@@ -555,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "prompts":
         write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
         return 0
+    known = corpus_words(train_files)  # the words the target could have learned
     if args.stage in ("all", "target"):
         tokenizer = train_tokenizer(train_files, recipe, out)
         train_ids, held_ids = encode_files(tokenizer, train_files), encode_files(tokenizer, held_files)
@@ -563,11 +736,21 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(out / "target")
         held_ids = encode_files(tokenizer, held_files)
         target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
+        train_ids = encode_files(tokenizer, train_files) if args.stage == "loops" else None
     if args.stage in ("all", "target"):
         prompts = write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
     else:  # later stages evaluate on the prompts the first stage wrote, whatever their seed
         prompts = read_eval_prompts(out)
-    if args.stage == "target":
+    if args.stage in ("all", "target", "loops") and recipe.ul_rounds:
+        before = target_figures(target, tokenizer, held_ids, prompts, recipe, known)
+        target = train_fewer_loops(recipe, target, tokenizer, train_ids, train_files, train_tests, args.seed)
+        target.save_pretrained(out / "target")
+        phase = {"before": before, "after": target_figures(target, tokenizer, held_ids, prompts, recipe, known)}
+        log(f"loops phase: {json.dumps(phase)}")
+        tmp = out / "loops_phase.json.tmp"
+        tmp.write_text(json.dumps(phase, indent=2) + "\n")
+        tmp.replace(out / "loops_phase.json")
+    if args.stage in ("target", "loops"):
         return 0
     if args.stage in ("all", "draft"):
         seqs = distill(recipe, target, tokenizer, train_files, train_tests, out, args.seed)
@@ -577,7 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         from dflash.model import DFlashDraftModel
 
         draft = DFlashDraftModel.from_pretrained(out / "draft").eval()
-    metrics = report(target, draft, tokenizer, held_ids, prompts, recipe, out, new_tokens=recipe.eval_new_tokens)
+    metrics = report(target, draft, tokenizer, held_ids, prompts, recipe, out, known, new_tokens=recipe.eval_new_tokens)
+    if (out / "loops_phase.json").exists():  # what the target's loops phase did, written by that stage
+        metrics["loops_phase"] = json.loads((out / "loops_phase.json").read_text())
     old = out / "training_report.json"
     if args.stage in ("report", "draft") and old.exists():  # the recipe is whatever trained the target
         earlier = json.loads(old.read_text())
