@@ -257,3 +257,12 @@ def test_known_word_share_tells_code_from_glued_subwords():
     assert known_word_share("class Box(object):\n    def area(self):", known) == 1.0
     assert known_word_share("self.sizearea = proviotst(Box)", known) == pytest.approx(2 / 4)
     assert known_word_share("x = 1  # ok", known) is None  # no word to judge
+
+
+def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--stage", "loops"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "add --loops N" in r.stderr.strip().splitlines()[-1]
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--loops", "-1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--loops -1 must be 0 or more" in r.stderr
