@@ -233,6 +233,12 @@ def known_word_share(text: str, known: frozenset[str]) -> float | None:
     return sum(w in known for w in words) / len(words) if words else None
 
 
+def continuation_shares(gen: list[int], eos: int, tokenizer, known) -> tuple[float, float | None]:
+    """(distinct-token share, known-word share) of a continuation, up to its first EOS."""
+    gen = gen[: gen.index(eos)] if eos in gen else gen
+    return distinct_share(gen), known_word_share(tokenizer.decode(gen), known)
+
+
 def mean(values) -> float:
     values = [v for v in values if v is not None]
     return sum(values) / max(1, len(values))
@@ -248,10 +254,10 @@ def target_figures(model, tokenizer, held_ids: torch.Tensor, splits: dict, recip
         shares, words = [], []
         for item in items:
             x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
-            gen = greedy_continue(model, x, recipe.eval_new_tokens)[0].tolist()
-            gen = gen[: gen.index(eos)] if eos in gen else gen
-            shares.append(distinct_share(gen))
-            words.append(known_word_share(tokenizer.decode(gen), known))
+            share, known_share = continuation_shares(greedy_continue(model, x, recipe.eval_new_tokens)[0].tolist(),
+                                                     eos, tokenizer, known)
+            shares.append(share)
+            words.append(known_share)
         figures[f"distinct_token_share_{split}"] = mean(shares)
         figures[f"known_word_share_{split}"] = mean(words)
     return figures
@@ -625,10 +631,9 @@ def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tr
             log(f"evaluating {item.get('split', '')} prompt {i}/{len(prompts)}")
         x = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
         r = dm.dflash_generate(draft, target, x, new_tokens, [eos], return_stats=True)
-        gen = r.output_ids[0, x.shape[1]:].tolist()
-        gen = gen[: gen.index(eos)] if eos in gen else gen
-        distinct.append(distinct_share(gen))
-        words.append(known_word_share(tokenizer.decode(gen), known))
+        share, known_share = continuation_shares(r.output_ids[0, x.shape[1]:].tolist(), eos, tokenizer, known)
+        distinct.append(share)
+        words.append(known_share)
         if r.acceptance_lengths:  # none when the target's first token is EOS
             taus.append(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
         accepted += sum(r.acceptance_lengths)
