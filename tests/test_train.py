@@ -163,7 +163,8 @@ def test_draft_batches_never_mix_lengths():
     rng = random.Random(0)
     seen = set()
     for _ in range(40):
-        ids, block_ids, labels, mask, pos, _ = draft_batch(seqs, recipe, rng, mask_id=1)
+        picked, ids, block_ids, labels, mask, pos, _ = draft_batch(seqs, recipe, rng, mask_id=1)
+        assert ids.tolist() == [seqs[i][0] for i in picked]  # the indices name the rows (features are cached by them)
         assert ids.shape[1] in (40, 80)
         seen.add(ids.shape[1])
         prompt_len = 10 if ids.shape[1] == 40 else 30
@@ -172,18 +173,49 @@ def test_draft_batches_never_mix_lengths():
     assert seen == {40, 80}
 
 
+def test_cached_context_features_equal_a_live_forward_over_each_row():
+    import torch
+    from dflash.model import extract_context_feature
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from workbench.train import context_features, draft_batch, smoke_recipe
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128)
+    target = Qwen3ForCausalLM(cfg).eval()
+    gen = random.Random(1)
+    seqs = [([gen.randrange(64) for _ in range(n)], 4) for n in (30,) * 5 + (45,) * 3]
+    layers = [0, 2]
+    feats = context_features(target, seqs, layers, bf16=False, bs=2)
+    assert [f.shape for f in feats] == [(len(s), 64) for s, _ in seqs] and feats[0].dtype == torch.float32
+    half = context_features(target, seqs, layers, bf16=True, bs=3)  # what the shipped recipe stores
+    assert half[0].dtype == torch.bfloat16
+    torch.testing.assert_close(torch.cat(half).float(), torch.cat(feats), atol=0.1, rtol=0.05)
+    recipe = smoke_recipe()
+    recipe.bucket_by_length = False  # rows of both lengths, cut to the shortest: the cache must be cut too
+    picked, ids, *_ = draft_batch(seqs, recipe, random.Random(2), mask_id=1)
+    assert ids.shape[1] == 30 and any(len(seqs[i][0]) == 45 for i in picked)  # a long row was cut
+    with torch.no_grad():
+        live = extract_context_feature(target(input_ids=ids, output_hidden_states=True).hidden_states, layers)
+    cached = torch.stack([feats[i][: ids.shape[1]] for i in picked])
+    torch.testing.assert_close(cached, live, atol=1e-5, rtol=1e-5)
+    other = extract_context_feature(target(input_ids=ids.flip(1), output_hidden_states=True).hidden_states, layers)
+    assert not torch.allclose(cached, other.detach(), atol=1e-2, rtol=1e-2)  # the check can fail
+
+
 def test_default_recipe_is_the_one_that_trained_the_shipped_target():
     from dataclasses import asdict
 
     from workbench.loading import ASSETS
-    from workbench.train import V2, Recipe
+    from workbench.train import V1, Recipe
 
     shipped = json.loads((ASSETS / "training_report.json").read_text())["recipe"]
     default = asdict(Recipe())
     # `make train` must reproduce the shipped pair: every recipe field it recorded is today's default.
     assert {k: v for k, v in shipped.items() if k in default} == {
         k: (list(v) if isinstance(v, tuple) else v) for k, v in default.items() if k in shipped}
-    assert set(V2) <= set(default) and any(V2[k] != default[k] for k in V2)
+    assert set(V1) <= set(default) and any(V1[k] != default[k] for k in V1)
     assert default["ul_rounds"] == 0 and default["kd_weight"] == 0.0  # tried, not shipped (README)
 
 
