@@ -84,13 +84,13 @@ V1 = dict(distill_prompts=3072, short_share=0.0, table_keep_one_in=1, bucket_by_
 
 def smoke_recipe() -> Recipe:
     """Tiny models, a few steps of every stage (the loops phase included)."""
-    return Recipe(**dict(
+    return Recipe(
         vocab_size=300, hidden=32, layers=4, heads=2, kv_heads=1, head_dim=16, intermediate=64,
         max_positions=1024, seq_len=64, batch=4, target_steps=3, ul_rounds=2, ul_steps=2, ul_prompts=6,
         ul_new_tokens=12, draft_layers=1, target_layer_ids=(1, 2),
         block_size=8, distill_prompts=8, distill_prompt_tokens=24, distill_new_tokens=24, draft_steps=3,
         draft_batch=4, anchors_per_seq=2, eval_prompts=4, eval_short_prompts=5, eval_new_tokens=16, max_files=12, bf16=False,
-    ))
+    )
 
 
 def log(msg: str) -> None:
@@ -439,7 +439,8 @@ def length_buckets(seqs) -> list[list[int]]:
 
 
 def draft_batch(seqs, recipe: Recipe, rng: random.Random, mask_id: int, buckets=None):
-    """Sequences, anchors and the drafter's attention mask for one training step.
+    """Sequences, anchors and the drafter's attention mask for one training step, with the indices
+    of the rows in ``seqs`` (``picked``: their cached context features are looked up by it).
 
     Every block [anchor, MASK...] sees the target context strictly before its
     anchor and the whole of its own block (bidirectional), nothing else.
