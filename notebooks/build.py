@@ -811,8 +811,8 @@ wb.views.budget_needed_figure(need, measured={b: result.summary[f"DDTree({b})"][
 **What we learned.** All four tree shapes are lossless, so only their acceptance and cost differ. With
 the same per-slot log-probs, DDTree takes the globally best prefixes while SGLang's EAGLE tree can only
 extend the top-k paths of each step, so at equal verified tokens DDTree should accept at least as much;
-the table shows by how much (on the embedded pair: clearly more at both 16 and 32 verified tokens). The hand-made caterpillar and the linear
-chain trail both. The reliability diagram tests DDTree's premise directly: the printed ECE and the
+the table shows by how much (on the embedded pair: clearly more at both 16 and 32 verified tokens). The
+hand-made caterpillar and the linear chain trail both. The reliability diagram tests DDTree's premise directly: the printed ECE and the
 per-depth rates show how close the drafter's path probabilities are to the target's acceptance (a
 calibrated drafter sits on the diagonal). The budget-needed curve, from a single run, predicts tau at
 other budgets to within the printed error, and reproduces the run's own tau exactly: it tells where to
