@@ -100,6 +100,7 @@ def test_draft_flops_equal_flop_counter_on_embedded_drafter():
             run_draft(draft, target, block, torch.arange(P, P + c + B)[None].expand(b, c + B),
                       torch.randn(b, c, F, generator=g), cache)
     assert fc.get_total_flops() == forward_cost(d, "DRAFT", b, B, P, B - 1, context=c)["flops"]
+    assert d.params == sum(p.numel() for p in draft.parameters())  # no embedding, no LM head: the target's
 
 
 def _hf_params(cls_name: str, cfg_name: str, cfg: dict) -> int:
