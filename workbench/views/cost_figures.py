@@ -72,7 +72,8 @@ def speedup_figure(speedups: Sequence | object) -> go.Figure:
         best = sp.best
         fig.add_trace(go.Scatter(x=[best["budget"]], y=[best["speedup"]], mode="markers", showlegend=False,
                                  marker=dict(color=color, size=13, symbol="star"),
-                                 hovertemplate=f"best: B={best['budget']}, {best['speedup']:.2f}x<extra>{name}</extra>"))
+                                 hovertemplate=f"best: B={best['budget']}, {best['speedup']:.2f}x"
+                                               f"<extra>{name}</extra>"))
     fig.add_hline(y=1.0, line=dict(color="#9e9e9e", dash="dash"))
     fig.update_xaxes(type="log", title_text="budget B")
     fig.update_yaxes(title_text="predicted speedup over AR (roofline)")
