@@ -94,3 +94,21 @@ def gdn_tree_delta_rule(backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor
         check_backend(backend)
         raise AssertionError("unreachable")
     return tree_gated_delta_rule(q, k, v, g, beta, state, parents, scale)
+
+
+def gdn_tree_delta_rule_gated(backend: str, q: Tensor, k: Tensor, v: Tensor, A_log: Tensor, dt_bias: Tensor,
+                              a: Tensor, b: Tensor, state: Tensor, parents: Tensor, scale: float | None = None
+                              ) -> tuple[Tensor, Tensor]:
+    """``gdn_tree_delta_rule`` from the layer's raw gate inputs (A_log, dt_bias [HV]; a, b [bs, n, HV]): the oracle
+    computes the gates with ``gdn_gates``; SGLang's backends run its fused-gating kernel, as SGLang's GDN
+    target verify does. -> out [bs, n, HV, Dv], states [bs, n, HV, Dk, Dv] float32."""
+    if backend == "torch":
+        from ddtree_kernels.gdn_tree import gdn_gates, tree_gated_delta_rule
+
+        return tree_gated_delta_rule(q, k, v, *gdn_gates(A_log, dt_bias, a, b), state, parents, scale)
+    if backend in ("sglang", "sglang-triton"):
+        from ddtree_kernels.sglang_gdn import tree_gated_delta_rule_from_gates
+
+        return tree_gated_delta_rule_from_gates(q, k, v, A_log, dt_bias, a, b, state, parents, scale)
+    check_backend(backend)
+    raise AssertionError("unreachable")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddtree_kernels import Tree, build_tree, chain_tree, compile_tree
-from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule
+from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule, gdn_tree_delta_rule_gated
 from ddtree_kernels.gdn_tree import gdn_gates, parents_from_links, tree_causal_conv1d, tree_gated_delta_rule
 
 needs_sglang = pytest.mark.skipif(
@@ -192,3 +192,24 @@ def test_sglang_delta_rule_equals_oracle(name, shape, ties):
             for i in range(1, tree.n):
                 j = tree.parents[b].tolist().index(int(tree.parents[b, i]))
                 assert torch.equal(out[b, i], out[b, j])
+
+
+@needs_sglang
+@pytest.mark.parametrize("name", ["random-bs3-n9", "build-bs3-n8", "single-bs2-n1"])
+@pytest.mark.parametrize("shape", [(1, 2, 4, 8), (2, 4, 8, 4)])
+def test_sglang_fused_gating_delta_rule_equals_oracle(name, shape):
+    """SGLang's fused_sigmoid_gating_delta_rule_update (gates inside the kernel, what its GDN backend runs in
+    TARGET_VERIFY) == gdn_gates + the oracle, softplus past its threshold of 20 included."""
+    tree = TREES[name]
+    H, HV, Dk, Dv = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    bs, n = tree.parents.shape
+    q, k = torch.randn(bs, n, H, Dk, generator=g), torch.randn(bs, n, H, Dk, generator=g)
+    v = torch.randn(bs, n, HV, Dv, generator=g)
+    a, b = torch.randn(bs, n, HV, generator=g) * 3, torch.randn(bs, n, HV, generator=g) * 3
+    a[0, 0, 0] = 25.0  # softplus(x) = x above 20, in torch and in the kernel
+    A_log, dt_bias, state = torch.randn(HV, generator=g), torch.randn(HV, generator=g), torch.randn(bs, HV, Dk, Dv)
+    ref = gdn_tree_delta_rule_gated("torch", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
+    got = gdn_tree_delta_rule_gated("sglang-triton", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
+    assert (got[0] - ref[0]).abs().max() < 1e-5
+    assert (got[1] - ref[1]).abs().max() < 1e-5

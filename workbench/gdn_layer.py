@@ -1,7 +1,8 @@
 """A transformers GatedDeltaNet layer (Qwen3-Next or Qwen3.5) run over a draft tree through ddtree_kernels.
 
 The layer's own projections, gates, gated RMSNorm and output projection, with its conv and delta rule
-replaced by the tree kernels (``dispatch.gdn_tree_conv`` / ``gdn_tree_delta_rule``), so that every node
+replaced by the tree kernels (``dispatch.gdn_tree_conv`` / ``gdn_tree_delta_rule_gated``: with a SGLang
+backend, the conv and fused-gating kernels SGLang's Triton GDN backend runs in TARGET_VERIFY), so that every node
 continues from its parent. What a hybrid model state calls per linear-attention layer in TARGET_VERIFY;
 ``tests/test_gdn_layer.py`` checks it against the layer's own cached forward of every root-to-node path.
 """
@@ -12,8 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule
-from ddtree_kernels.gdn_tree import gdn_gates
+from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule_gated
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,6 @@ def gdn_layer_tree_forward(layer, hidden: Tensor, conv_window: Tensor, state: Te
     q = q.reshape(bs, n, -1, layer.head_k_dim)
     k = k.reshape(bs, n, -1, layer.head_k_dim)
     v = v.reshape(bs, n, -1, layer.head_v_dim)
-    g, beta = gdn_gates(layer.A_log, layer.dt_bias, a, b)
-    core, states = gdn_tree_delta_rule(backend, q, k, v, g, beta, state, parents)
+    core, states = gdn_tree_delta_rule_gated(backend, q, k, v, layer.A_log, layer.dt_bias, a, b, state, parents)
     core = layer.norm(core.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
     return GDNTreeOut(layer.out_proj(core.reshape(bs, n, -1)), windows, states)
