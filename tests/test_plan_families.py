@@ -149,6 +149,17 @@ def test_unknown_model_type_is_refused_in_one_line(bad, named):
         assert "\n" not in msg and f"model_type={named}" in msg and "known: deepseek_v3" in msg
 
 
+def test_cli_refuses_an_unknown_family_in_one_line(tmp_path, capsys):
+    from workbench.shapes.__main__ import _main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": 8}))
+    with pytest.raises(SystemExit) as e:
+        _main(["--plan", str(cfg)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "model_type='gpt_oss' has no shape plan" in err
+
+
 def test_missing_mla_field_is_named():
     cfg = {k: v for k, v in load("deepseek-v3").items() if k != "kv_lora_rank"}
     with pytest.raises(ValueError, match="target config lacks the field 'kv_lora_rank'"):

@@ -29,7 +29,7 @@ FAMILIES = {
     "qwen3_5_moe_text": ("hybrid", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
 }
 # A nested checkpoint's outer model_type -> its text model's (when text_config omits model_type).
-_TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+_TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "kimi_k25": "deepseek_v3"}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1}
 # SGLang's MambaPool dtypes (configs/mamba_utils.py::mamba2_state_dtype): conv windows in bfloat16
 # (SGLANG_MAMBA_CONV_DTYPE), recurrent states in float32 unless the config's mamba_ssm_dtype says otherwise.
@@ -63,7 +63,8 @@ def model_type(cfg: dict) -> str:
     t = text_config(cfg)
     mt = t.get("model_type")
     if mt not in FAMILIES:
-        raise ValueError(f"model_type={mt!r} has no shape plan; known: {', '.join(sorted(FAMILIES))}")
+        known = ", ".join(sorted({*FAMILIES, *_TEXT_OF}))  # nested checkpoints by their outer model_type too
+        raise ValueError(f"target config model_type={mt!r} has no shape plan; known: {known}")
     return mt
 
 
