@@ -7,9 +7,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The CPU venv's exact versions; pyproject.toml has lower bounds only (a GPU host keeps its torch).
+CONSTRAINTS := constraints/cpu.txt
 # SGLang's tree kernels: the wheel without its dependencies (it pins another torch
 # and many CUDA wheels); its light imports are the [sglang-kernels] extra.
 SGLANG := sglang==0.5.23
+# dflash.model imports only torch and transformers; its metadata pins tqdm, requests and datasets exactly.
+DFLASH := dflash==0.1.0
+EXTRAS := notebook,serve,sglang-kernels,test
 # Jupyter refuses to run as root without this flag (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -23,11 +28,12 @@ test: $(STAMP)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch is pinned to 2.13.0: on a CPU machine pip takes the local CPU wheel, never CUDA.
-	$(BIN)/python -m pip install --quiet -e ".[sglang-kernels,test]"
+	# torch is pinned to 2.13.0 in $(CONSTRAINTS): on a CPU machine pip takes the local CPU wheel, never CUDA.
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-deps $(DFLASH)
 	$(MAKE) install-sglang
 	-$(MAKE) browser
 	touch $(STAMP)

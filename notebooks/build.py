@@ -381,6 +381,32 @@ describes: per-request `verify_lens`, a `qo_indptr` over them, and a graph tier 
 padded to.
 """),
     md("""
+### Every family: an MLA target and a hybrid one
+
+`plan` builds each family's own transformers model on the meta device: Llama, Qwen3-MoE (router logits
+and experts touched), DeepSeek-V3 / Kimi-K2 (MLA: no `head_dim`, the cache is a latent), Qwen3-Next
+and Qwen3.5 / 3.6 (from their nested `text_config`). `p.states` holds what each forward leaves behind,
+by kind: per token (KV or latent), per request (a linear layer's conv window and recurrent state) and
+per verified node (the copies SGLang's `MambaPool.SpeculativeState` keeps so any node can be committed).
+"""),
+    code("""
+for name in ("deepseek-v3", "qwen3-next-80b-a3b"):
+    q = wb.shapes.plan(configs / f"{name}.json", batch=8, prompt_len=512, budget=64)
+    held = q.state_bytes("DDTree(64) verify (65 tokens)")
+    print(name, {kind: wb.shapes.fmt_bytes(b) for kind, b in held.items()})
+    keep = ("  " + q.facts.model_type, "  experts DDTree", "  linear attention")
+    print("\\n".join(line for line in repr(q).splitlines() if line.startswith(keep)))
+"""),
+    md("""
+**What we learned.** DeepSeek-V3 caches 576 numbers per token per layer (the 512-wide latent and the
+64-wide rotary key), 68.6 KiB per token over 61 layers in bfloat16: 309 MiB for 8 requests of 577
+tokens. Qwen3-Next keeps KV only in its 12 attention layers (24 KiB per token), but each of its 36
+linear layers holds a 2 MiB float32 recurrent state per request, and a tree verify one per node: 73.7
+MiB per node, against 12 MiB for a whole 512-token prompt's KV. A 65-node tree for 8 requests would
+need 37.4 GiB of per-node copies, so a hybrid's tree verify has to avoid them (scan by tree level,
+replay the accepted path), not copy SGLang's chain layout.
+"""),
+    md("""
 ## A real batched verify
 
 The plan above is on the meta device. A batch session runs several requests for real: one drafter

@@ -54,3 +54,10 @@ def test_out_must_be_new_or_empty(tmp_path):
     with pytest.raises(SystemExit, match="exists and is not empty"):
         gb.main(["--out", str(tmp_path)])
     assert (tmp_path / "x").read_text() == "keep me"
+
+
+def test_bundle_takes_pyprojects_extras_less_what_the_host_has():
+    assert set(gb.NOTEBOOK) | {"jupyterlab"} == set(gb.extra("notebook")) and "plotly" in gb.NOTEBOOK
+    assert "triton" in gb.extra("sglang-kernels") and "triton" not in gb.sglang_kernel_extra()
+    assert set(gb.sglang_kernel_extra()) == set(gb.extra("sglang-kernels")) - gb.HOST_HAS
+    assert gb.NO_DEPS == ["dflash==0.1.0"]  # as the Makefile and the README install it

@@ -38,12 +38,18 @@ LIMIT = 64 * 2**20
 PYTHON = "3.12"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 NO_DEPS = ["dflash==0.1.0"]  # its declared deps (datasets, exact tqdm/requests pins) are not imported by dflash.model
+def extra(name: str) -> list[str]:
+    """One optional-dependencies list of pyproject.toml."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][name]
+
+
 def gpu_extra() -> list[str]:
     """The [gpu] extra of pyproject.toml: apache-tvm-ffi (pinned as sglang 0.5.23 pins it) and ninja."""
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    return extra("gpu")
 
 
-NOTEBOOK = ["plotly", "ipywidgets", "anywidget"]
+# The [notebook] extra without JupyterLab (the host runs its own Jupyter, or the notebooks' views in it).
+NOTEBOOK = [r for r in extra("notebook") if r != "jupyterlab"]
 BUILD = ["setuptools>=68"]
 # Already on the host (or never wanted there): dropped if some dependency pulls them in.
 HOST_HAS = {"torch", "triton", "transformers", "tokenizers", "safetensors", "numpy", "sglang"}
@@ -87,8 +93,9 @@ print("ok")
 
 
 def sglang_kernel_extra() -> list[str]:
-    """The [sglang-kernels] extra of pyproject.toml: the light imports of SGLang's spec_tree."""
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["sglang-kernels"]
+    """The [sglang-kernels] extra of pyproject.toml, the light imports of SGLang's spec_tree, less what the
+    host has (triton comes with its CUDA torch)."""
+    return [r for r in extra("sglang-kernels") if r.lower() not in HOST_HAS]
 
 
 def pip_download(reqs: list[str], dest: Path, deps: bool) -> None:

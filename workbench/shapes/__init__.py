@@ -12,15 +12,18 @@ the tensors SGLang itself would build for the same forward.
     p = wb.shapes.plan("workbench/configs/qwen3-8b.json", batch=8, prompt_len=512, budget=64,
                        draft_config="workbench/configs/qwen3-8b-dflash-b16.json")   # meta device, no weights
     p.compare(); p.sglang()                             # ours; SGLang's layout of every planned forward
+    wb.shapes.plan("workbench/configs/deepseek-v3.json")   # Llama, Qwen3-MoE, MLA and hybrid targets too
+    p.states, p.experts, p.facts                        # KV / latent / linear-attention states, experts touched
     wb.shapes.sglang_layout.custom_mask_elements([512] * 8, [16] * 8, "FULL_MASK")
 
 Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``contracts``
-(check_contracts), ``plan`` (meta-device plans), ``sglang_layout`` (SGLang's tensors per mode),
+(check_contracts), ``plan`` (meta-device plans), ``families`` (per-family facts from a config: params,
+active params, KV / latent / linear-state bytes, experts), ``sglang_layout`` (SGLang's tensors per mode),
 ``sglang_source`` (the SGLang rules mirrored, read from its installed source).
 """
 from __future__ import annotations
 
-from workbench.shapes import sglang_layout
+from workbench.shapes import families, sglang_layout
 from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_installed
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.contracts import _target_record, ancestor_matrix, check_contracts
@@ -30,7 +33,7 @@ from workbench.shapes.tables import CheckTable, CompareTable, LayoutTable, Shape
 
 __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePlan", "ShapeTable", "bench",
            "capture", "check_contracts", "compare", "custom_mask_elements", "hooks_installed", "layout", "plan",
-           "sglang_forward_modes", "sglang_layout", "table"]
+           "sglang_forward_modes", "sglang_layout", "table", "families"]
 
 # Kept importable under their old names (workbench/shapes.py was one module).
 __all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]  # issue 25: roofline cost

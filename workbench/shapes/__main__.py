@@ -19,7 +19,10 @@ def _main(argv=None) -> int:
     if a.budget < 1:  # bad input: one line and exit 2, like the workbench CLI
         ap.exit(2, f"{ap.prog}: error: --budget {a.budget} must be a positive integer\n")
     if a.plan:
-        p = plan(a.plan, budget=a.budget, draft_config=a.draft_config)
+        try:
+            p = plan(a.plan, budget=a.budget, draft_config=a.draft_config)
+        except ValueError as e:  # an unknown family, a missing field: one line, exit 2
+            ap.exit(2, f"{ap.prog}: error: {e}\n")
         print(p)
         print(p.compare())
     if a.bench:

@@ -1,6 +1,7 @@
 """Shapes per forward mode from configs alone, on the meta device, with SGLang's layout of each line."""
 from __future__ import annotations
 
+import copy
 import html
 import json
 from dataclasses import dataclass, field
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import torch
 
-from workbench.capture import ShapeCapture
+from workbench.capture import TARGET_MODULES, ShapeCapture
 from workbench.forward import ForwardMode
-from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, sglang_view, table
+from workbench.shapes import families
+from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, fmt_bytes, sglang_view, table
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -21,6 +23,25 @@ class ShapePlan:
     settings: dict
     forwards: list = field(default_factory=list)  # (label, ForwardRecord)
     notes: list = field(default_factory=list)
+    facts: families.ModelFacts | None = None  # the target's family facts (params, experts, state widths)
+    states: dict = field(default_factory=dict)  # label -> [StateSpec] held after that target forward
+    tokens: dict = field(default_factory=dict)  # label -> tokens in that forward (SGLang's flat count)
+
+    @property
+    def experts(self) -> dict:
+        """{label: routed experts one MoE layer runs in that target forward} (families.experts_touched)."""
+        if self.facts is None or not self.facts.experts:
+            return {}
+        return {lbl: families.experts_touched(self.facts, n) for lbl, n in self.tokens.items()}
+
+    def state_bytes(self, label: str) -> dict:
+        """{state kind: bytes} after the target forward ``label`` (per_token, per_request, scratch_per_node)."""
+        if label not in self.states:
+            raise KeyError(f"no planned target forward {label!r}; planned: {', '.join(self.states)}")
+        out: dict = {}
+        for spec in self.states[label]:
+            out[spec.kind] = out.get(spec.kind, 0) + spec.bytes
+        return out
 
     def table(self, mode=None, model=None, layers=None, collapse=True, view: str = "ours"):
         return table(self, mode=mode, model=model, layers=layers, collapse=collapse, view=view)
@@ -34,7 +55,20 @@ class ShapePlan:
                 if (model is None or r.model == model) and (mode is None or r.mode == _mode(mode))}
         if not recs:
             raise ValueError(f"no planned {model or ''} forward{'' if mode is None else ' in mode ' + str(mode)}")
-        return compare(recs, mode=mode, sglang=sglang)
+        cmp = compare(recs, mode=mode, sglang=sglang)
+        have_kv = any(r["module"] == "(kv cache)" for r in cmp)
+        for spec_name in dict.fromkeys(sp.name for lbl in recs for sp in self.states.get(lbl, ())):
+            row = {"module": "(state)", "layers": "", "io": "state", "tensor": spec_name}
+            for lbl in cmp.labels:
+                sp = next((x for x in self.states.get(lbl, ()) if x.name == spec_name), None)
+                if sp is not None and not (have_kv and spec_name == "keys + values"):
+                    row["layers"] = f"x{sp.layers}"
+                    row[lbl] = {"shape": [sp.layers, *sp.shape], "dtype": sp.dtype, "bytes": sp.bytes}
+                else:
+                    row[lbl] = None
+            if any(row[lbl] for lbl in cmp.labels):
+                cmp.append(row)
+        return cmp
 
     def sglang(self, mode=None, model=None) -> LayoutTable:
         """SGLang's layout of every planned forward (flat tokens, indptrs, masks, kept logits rows)."""
@@ -42,7 +76,22 @@ class ShapePlan:
                   if (model is None or r.model == model) and (mode is None or r.mode == _mode(mode))]
         if not picked:
             raise ValueError(f"no planned forward matches mode={mode!r}, model={model!r}")
-        return sglang_view(self, picked)
+        rows = sglang_view(self, picked)
+        if self.facts is None:
+            return rows
+        from workbench.shapes.sglang_layout import state_rows
+
+        out = LayoutTable()
+        out.title = rows.title
+        for lbl, r in picked:  # each forward's tensors, then the states SGLang holds for it
+            fwd = f"{lbl}: {r.model} {r.mode.value}"
+            out += [x for x in rows if x["forward"] == fwd]
+            if r.model == "target":
+                out += [dict(x, forward=fwd) for x in state_rows(
+                    self.facts, self.settings["batch"], r.kv_after, self.tokens[lbl],
+                    nodes=r.kv_after - r.kv_before if r.mode == ForwardMode.TARGET_VERIFY else 0,
+                    dtype=self.settings["dtype"])]
+        return out
 
     def __repr__(self) -> str:
         s = self.settings
@@ -54,7 +103,30 @@ class ShapePlan:
             kv = f"kv {r.kv_before}->{r.kv_after}"
             rows.append(f"  {lbl:<37} {r.model:<6} {r.mode.value:<13} {kv:<14} "
                         f"ours [bs, n]: logits {lg}; sglang flat: {lines.get(lbl, '')}")
-        return "\n".join([head] + rows + [f"  note: {n}" for n in self.notes])
+        return "\n".join([head] + rows + self._family_lines() + [f"  note: {n}" for n in self.notes])
+
+    def _family_lines(self) -> list[str]:
+        f = self.facts
+        if f is None:
+            return []
+        dt = self.settings["dtype"]
+        out = [f"  {f.model_type} ({f.family}): {f.layers} layers ({f.attention_layers} attention"
+               + (f", {f.linear_layers} linear" if f.linear else "") + f"), params {f.params['total'] / 1e9:.2f}B, "
+               f"active per token {f.active_params / 1e9:.2f}B; cache {fmt_bytes(families.kv_bytes_per_token(f, dt))}"
+               f" per token ({' + '.join(f'{n} {w}' for n, w in f.kv_parts)} per attention layer)"]
+        for lbl, e in self.experts.items():
+            out.append(f"  experts {lbl}: {e['per_token']} of {f.experts} per token (+{e['shared']} shared), "
+                       f"{e['max']} at most in the batch, {e['uniform']:.1f} if routing were uniform")
+        if f.linear is not None:
+            P = self.settings["prompt_len"]
+            cross = families.crossover_budget(f, P, dt)
+            out.append(f"  linear attention per request: {fmt_bytes(families.linear_state_bytes_per_request(f))} "
+                       f"(conv {list(f.linear.conv_shape)} {families.SGLANG_CONV_DTYPE}, state "
+                       f"{list(f.linear.state_shape)} {f.ssm_dtype}, x{f.linear_layers}); per verified node "
+                       f"{fmt_bytes(families.per_node_state_bytes(f))}, prompt KV "
+                       f"{fmt_bytes(P * families.kv_bytes_per_token(f, dt))}: per-node states outweigh it from "
+                       f"budget {cross}")
+        return out
 
     @property
     def sglang_lines(self) -> dict:
@@ -76,10 +148,19 @@ class ShapePlan:
 
 
 # --------------------------------------------------------------------------------------------- shapes without weights
-TARGET_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "max_position_embeddings")
 DRAFT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim")
+# Per family, module names hooked beyond the default capture (capture.TARGET_MODULES): the MoE router
+# (its outputs: router logits [T, E], top-k weights and expert ids [T, k]), MLA's projections (the latent
+# c_kv + k_pe is kv_a_proj_with_mqa's output) and the linear-attention layers.
+FAMILY_MODULES = {
+    "dense": (),
+    "moe": (r"model\.layers\.\d+\.mlp\.gate",),
+    "mla": (r"model\.layers\.\d+\.mlp\.gate",
+            r"model\.layers\.\d+\.self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj)"),
+    "hybrid": (r"model\.layers\.\d+\.mlp\.gate",
+               r"model\.layers\.\d+\.linear_attn(\.(in_proj_qkvz|in_proj_ba|in_proj_qkv|in_proj_z|conv1d))?"),
+}
 
 
 def _read_config(cfg, what: str) -> dict:
@@ -106,21 +187,35 @@ def _draft_get(cfg: dict, name: str):
     return (cfg.get("dflash_config") or {}).get(name, cfg.get(name))
 
 
+def _meta_model(tcfg: dict, dtype):
+    """(transformers config, causal LM built on the meta device) for a text config of a known family."""
+    import transformers
+
+    _, config_cls, model_cls = families.FAMILIES[tcfg["model_type"]]
+    keep = {k: v for k, v in tcfg.items() if not k.startswith("_") and k != "model_type"}
+    conf = getattr(transformers, config_cls)(**keep)
+    with torch.device("meta"):
+        return conf, getattr(transformers, model_cls)(conf).to(dtype).eval()
+
+
 def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_config=None,
          dtype="bfloat16", block_size: int | None = None, prompt_logprobs: bool = False) -> ShapePlan:
     """Shapes per forward mode for a model config alone, on the meta device: no weights, no compute.
 
-    Builds Qwen3ForCausalLM (and the DFlash drafter when ``draft_config`` is given) under
-    ``torch.device("meta")`` and runs the engine's own forward functions on meta tensors with a
-    shape capture: EXTEND prefill [batch, prompt_len], AR DECODE [batch, 1], TARGET_VERIFY for
-    DFlash (block_size tokens) and DDTree (1 + budget tokens) after the prompt, and the drafter's
-    block forward on its first cycle (context = the whole prompt). Bytes are per tensor.
+    Builds the target's transformers model (Qwen3, Llama, Qwen3-MoE, DeepSeek-V3 / Kimi-K2, Qwen3-Next,
+    Qwen3.5 / 3.6 from their nested ``text_config``) and, with ``draft_config``, the DFlash drafter under
+    ``torch.device("meta")``, and runs the engine's own forward functions on meta tensors with a shape
+    capture: EXTEND prefill [batch, prompt_len], AR DECODE [batch, 1], TARGET_VERIFY for DFlash
+    (block_size tokens) and DDTree (1 + budget tokens) after the prompt, and the drafter's block forward
+    on its first cycle (context = the whole prompt). Bytes are per tensor.
 
     Logits follow SGLang's LogitsProcessor: the prefill keeps each request's last row
     ([batch, 1, V]) unless ``prompt_logprobs`` asks for every prompt row; DECODE and
-    TARGET_VERIFY keep every row. ``ShapePlan.sglang()`` lays every line out as SGLang would.
+    TARGET_VERIFY keep every row. ``ShapePlan.sglang()`` lays every line out as SGLang would, with its
+    KV / MLA latent / MambaPool tensors and MoE routing tensors; ``ShapePlan.states`` has the states each
+    target forward leaves (workbench.shapes.families.state_specs), ``ShapePlan.experts`` the experts touched.
     """
-    from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+    from transformers import DynamicCache, Qwen3Config
 
     from workbench.forward import run_draft, run_target
     from workbench.loading import resolve_dtype
@@ -129,10 +224,11 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
     tdt = resolve_dtype(dtype)
-    tcfg = _read_config(config, "target")
-    _require(tcfg, TARGET_FIELDS, "target")
-    if tcfg.get("model_type", "qwen3") != "qwen3":
-        raise ValueError(f"target config model_type={tcfg['model_type']!r}; plan() builds Qwen3 models only")
+    raw = _read_config(config, "target")
+    families.model_type(raw)  # unknown families: one line naming the model_type
+    families.require(raw, "target")
+    tcfg = families.text_config(raw)
+    facts = families.facts(raw)
     dcfg = _read_config(draft_config, "draft") if draft_config is not None else None
     layer_ids = None
     if dcfg is not None:
@@ -157,10 +253,7 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
                          f"{tcfg['max_position_embeddings']}")
 
     meta = torch.device("meta")
-    keep = {k: v for k, v in tcfg.items() if not k.startswith("_")}
-    tconf = Qwen3Config(**keep)
-    with meta:
-        target = Qwen3ForCausalLM(tconf).to(tdt).eval()
+    tconf, target = _meta_model(tcfg, tdt)
     models = {"target": target}
     if dcfg is not None:
         from dflash.model import DFlashDraftModel
@@ -173,25 +266,34 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
         with meta:
             draft = DFlashDraftModel(dconf).to(tdt).eval()
         models["draft"] = draft
-    cap = ShapeCapture(models)
+    cap = ShapeCapture(models, target_modules=TARGET_MODULES + FAMILY_MODULES[facts.family])
     P, bs = prompt_len, batch
     ids = lambda n: torch.zeros(bs, n, dtype=torch.long, device=meta)  # noqa: E731  (meta: no data)
     pos = lambda a, n: torch.arange(a, a + n, device=meta)[None].expand(bs, n)  # noqa: E731
-    forwards = []
+    forwards, tokens, states = [], {}, {}
+    sdt = str(tdt).replace("torch.", "")
+
+    def record(label, out, n, nodes=0):
+        forwards.append((label, out.record))
+        tokens[label] = bs * n
+        states[label] = families.state_specs(facts, bs, out.record.kv_after, nodes, sdt)
+
     with torch.inference_mode():
         cache = DynamicCache(config=tconf)
         # SGLang's EXTEND keeps the last row per request unless prompt log-probs are asked for
         # (logits_processor.py, rule "logits last row"); the LM head then runs on those rows only.
         out = run_target(target, ids(P), pos(0, P), cache, ForwardMode.EXTEND, layer_ids, capture=cap,
                          logits_to_keep=0 if prompt_logprobs else 1)
-        forwards.append(("prefill", out.record))
+        record("prefill", out, P)
         context = out.features  # [bs, P, len(layer_ids) * H]: the drafter's first-cycle context
+        # Every scenario starts from the prompt-only state: a copy of it (a hybrid's recurrent state cannot
+        # be cropped back; on the meta device the copy costs nothing).
+        prompt_state = copy.deepcopy(cache)
 
         def verify(label, n, mode):
-            if cache.get_seq_length() > P:  # every scenario starts from the same prompt-only cache
-                cache.crop(P - cache.get_seq_length())
             mask = torch.ones(bs, 1, n, P + n, dtype=torch.bool, device=meta) if n > 1 else None
-            forwards.append((label, run_target(target, ids(n), pos(P, n), cache, mode, layer_ids, mask, cap).record))
+            out = run_target(target, ids(n), pos(P, n), copy.deepcopy(prompt_state), mode, layer_ids, mask, cap)
+            record(label, out, n, nodes=n if mode == ForwardMode.TARGET_VERIFY else 0)
 
         verify("AR decode", 1, ForwardMode.DECODE)
         verify(f"DFlash verify ({block_size} tokens)", block_size, ForwardMode.TARGET_VERIFY)
@@ -200,18 +302,34 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
             dcache = DynamicCache(config=dconf)
             _, rec = run_draft(draft, target, ids(block_size), pos(0, P + block_size), context, dcache, cap)
             forwards.append((f"draft block (1st cycle, context {P})", rec))
-    name = Path(config).stem if not isinstance(config, dict) else (tcfg.get("architectures") or ["Qwen3"])[0]
+    name = Path(config).stem if not isinstance(config, dict) else (raw.get("architectures") or [tcfg["model_type"]])[0]
     settings = {"model": name, "batch": bs, "prompt_logprobs": prompt_logprobs,
-                "prompt_len": P, "budget": budget, "block_size": block_size, "dtype": str(tdt).replace("torch.", ""),
-                "target_layer_ids": layer_ids}
+                "prompt_len": P, "budget": budget, "block_size": block_size, "dtype": sdt,
+                "target_layer_ids": layer_ids, "model_type": facts.model_type, "family": facts.family}
     notes = ["meta device: shapes and dtypes only; bytes = numel x element size per tensor",
              "'ours [bs, n]': this engine's Hugging Face layout, a 4-D bool mask [bs, 1, n, prefix + n] on verifies; "
              "'sglang flat': SGLang's layout of the same forward (tokens flattened, int32 indptrs, flat custom "
              "mask; p.sglang() for every tensor)",
              "prefill logits: " + ("every prompt row (prompt_logprobs=True)" if prompt_logprobs else
                                    "the last row per request, as SGLang's LogitsProcessor keeps in EXTEND")]
+    notes += _family_notes(facts, raw)
     if dcfg is None:
         notes.append(f"no draft config: no drafter forward, no drafter context; block_size={block_size} assumed")
-    return ShapePlan(settings, forwards, notes)
+    return ShapePlan(settings, forwards, notes, facts, states, tokens)
 
 
+def _family_notes(f: families.ModelFacts, raw: dict) -> list[str]:
+    out = []
+    if "text_config" in raw:
+        out.append(f"nested checkpoint ({raw.get('model_type')}): the text model's text_config is planned")
+    if f.family == "mla":
+        out.append("MLA: no head_dim; the cache is the latent c_kv (kv_lora_rank) + k_pe (qk_rope_head_dim) per "
+                   "token per layer, as SGLang's MLATokenToKVPool holds it")
+    if f.experts:
+        out.append("MoE: router logits [tokens, experts] and top-k ids / weights [tokens, k] per MoE layer "
+                   f"({len(f.moe_layers)} of {f.layers} layers); p.experts has the experts touched per forward")
+    if f.linear is not None:
+        out.append("hybrid: transformers runs linear-attention layers as a chain, so these shapes are a chain "
+                   "verify's; SGLang's tree verify keeps a conv window and recurrent state per node "
+                   "(MambaPool.SpeculativeState, rows 'per-node ...' in p.states and p.sglang())")
+    return out

@@ -416,3 +416,45 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
     if label:
         tbl.title = f"{label}: " + tbl.title
     return tbl
+
+
+def state_rows(f, requests: int, kv_len: int, tokens: int, nodes: int = 0, dtype: str = "bfloat16") -> list[dict]:
+    """SGLang's state tensors for one target forward of a model with ``families.ModelFacts`` ``f``:
+    its KV pool (MHATokenToKVPool per layer [tokens, kv_heads, head_dim]; MLA's MLATokenToKVPool
+    [tokens, 1, kv_lora_rank + qk_rope_head_dim]), for hybrids the MambaPool conv / temporal states per
+    request and, in a verify over ``nodes`` nodes, its SpeculativeState per-node copies, and for MoE the
+    routing tensors per MoE layer (router_logits [T, E], topk_ids / topk_weights [T, k]). Rows are sized
+    for exactly the forward's requests and tokens (SGLang preallocates pools for many more)."""
+    from workbench.shapes import families
+
+    pool = requests * kv_len  # token slots this batch occupies after the forward
+    L = f.attention_layers
+    rows = []
+    if f.family == "mla":
+        rows.append(_row("kv_buffer (MLA latent)", [L, pool, 1, f.kv_width], dtype, "mla kv_cache_dim", "sglang source",
+                         note=f"MLATokenToKVPool, one [tokens, 1, {f.kv_parts[0][1]} + {f.kv_parts[1][1]}] "
+                              f"buffer per layer (x{L})"))
+    else:
+        heads_dim = f.kv_width // 2
+        rows.append(_row("k_buffer + v_buffer", [2, L, pool, heads_dim], dtype,
+                         note=f"MHATokenToKVPool, [tokens, kv_heads, head_dim] per layer (x{L} attention layers), "
+                              "kv_heads x head_dim flattened here"))
+    if f.linear is not None:
+        Ll, conv, st = f.linear_layers, list(f.linear.conv_shape), list(f.linear.state_shape)
+        cd, sd = families.SGLANG_CONV_DTYPE, f.ssm_dtype
+        rows.append(_row("mamba conv", [Ll, requests, *conv], cd, "mamba conv shape", "sglang source",
+                         note="MambaPool conv state [linear layers, requests, conv_dim, K - 1] (Mamba2StateShape)"))
+        rows.append(_row("mamba temporal", [Ll, requests, *st], sd, "mamba temporal shape", "sglang source",
+                         note="MambaPool recurrent state [linear layers, requests, HV, V, K]"))
+        if nodes:
+            rows.append(_row("intermediate_conv_window", [Ll, requests, nodes, *conv], cd,
+                             note="SpeculativeState: each node's conv window (dense layout under tree verify)"))
+            rows.append(_row("intermediate_ssm", [Ll, requests, nodes, *st], sd, "spec intermediate ssm",
+                             "sglang source", note="SpeculativeState: each node's recurrent state; the accepted node's is copied "
+                                  "into the request's slot after verify"))
+    if f.experts:
+        m = len(f.moe_layers)
+        rows.append(_row("router_logits", [tokens, f.experts], dtype, note=f"per MoE layer (x{m}): StandardTopKOutput"))
+        rows.append(_row("topk_ids", [tokens, f.experts_per_token], "int32", note=f"per MoE layer (x{m})"))
+        rows.append(_row("topk_weights", [tokens, f.experts_per_token], "float32", note=f"per MoE layer (x{m})"))
+    return rows

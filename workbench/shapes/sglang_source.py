@@ -27,6 +27,9 @@ AUX_HIDDEN = "srt/layers/aux_hidden_states.py"
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 CUDA_GRAPH_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 SPEC_TREE = "kernels/ops/speculative/spec_tree.py"
+MAMBA_UTILS = "srt/configs/mamba_utils.py"
+QWEN3_NEXT_CONFIG = "srt/configs/qwen3_next.py"
+MEMORY_POOL = "srt/mem_cache/memory_pool.py"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,18 @@ SGLANG_RULES = {r.name: r for r in (
          "(num_verify_tokens * bs * num_verify_tokens,)"),
     Rule("mask QLEN_ONLY_BITPACKING", EAGLE_UTILS, "build_tree_kernel_efficient",
          "int(math.ceil(math.log2((num_verify_tokens + 7) // 8)))"),
+    # State pools (sglang_layout.state_rows; sizes in workbench/shapes/families.py).
+    Rule("mla kv_cache_dim", MEMORY_POOL, "MLATokenToKVPool.__init__", "kv_lora_rank + qk_rope_head_dim"),
+    Rule("mamba conv_dim", MAMBA_UTILS, "Mamba2StateShape.create", "intermediate_size + 2 * n_groups * state_size"),
+    Rule("mamba conv shape", MAMBA_UTILS, "Mamba2StateShape.create",
+         "conv_state_shape = (divide(conv_dim, tp_world_size), conv_kernel - 1)"),
+    Rule("mamba temporal shape", MAMBA_UTILS, "Mamba2StateShape.create",
+         "temporal_state_shape = (divide(num_heads, tp_world_size), head_dim, state_size)"),
+    Rule("gdn state params", QWEN3_NEXT_CONFIG, "Qwen3NextConfig.mamba2_cache_params",
+         "self.linear_value_head_dim * self.linear_num_value_heads"),
+    Rule("spec intermediate ssm", MEMORY_POOL, "MambaPool.__init__",
+         "(num_mamba_layers, spec_state_size + 1, speculative_num_draft_tokens, temporal_state_shape[0], "
+         "temporal_state_shape[1], temporal_state_shape[2])"),
     Rule("verify same device", "srt/speculative/dflash_utils.py", "compute_dflash_sampling_correct_drafts_and_bonus",
          "candidates.device != next_token_logits.device"),
     Rule("positions int64", FORWARD_BATCH_INFO, "compute_position_torch", "positions.to(torch.int64)"),
