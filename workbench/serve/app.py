@@ -55,8 +55,11 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])  # lower-case byte names (uvicorn)
         refusal = self.check_headers(headers)
-        if refusal is not None:  # close: a body the client may still be sending is never read
-            return await error(refusal, close=True)(scope, receive, send)
+        if refusal is not None:
+            # An unauthenticated client's connection is closed; one over the body limit is answered at once and
+            # its body, if it sends one anyway, is discarded as it arrives (within body_timeout), so the client
+            # reads the 413 instead of a reset connection.
+            return await error(refusal, close=refusal.status != 413)(scope, receive, send)
         limit, seen, started, refused = self.store.limits.max_body_bytes, 0, False, False
 
         async def counted_receive():
@@ -68,7 +71,7 @@ class Guard:
                 seen += len(msg.get("body", b""))
                 if seen > limit:  # answer now; the app sees a client that went away
                     refused = True
-                    await error(self.too_large(f"over {limit}"), close=True)(scope, receive, send_raw)
+                    await error(self.too_large(f"over {limit}"))(scope, receive, send_raw)
                     return {"type": "http.disconnect"}
             return msg
 
@@ -345,6 +348,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 s.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
             # Session.run's loop, driven here so that a cycle boundary can notice a client that went away
             # (its reply would go nowhere) or a stopping server (the cycles so far go back with the 503).
+            first = len(s.cycles)
             while not s.finished:
                 if anyio.from_thread.run(request.is_disconnected):
                     log.info("session %s: the client went away; its run stopped after %d cycles", e.id, len(s.cycles))
@@ -354,9 +358,11 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 except ServeError as ex:
                     if ex.code != "stopping":
                         raise
-                    body = {**ex.to_dict(), "state": wire.loads(session_state(e, req.since, None,
-                                                                              limits.max_reply_bytes))}
-                    return JSON(body, status_code=ex.status)
+                    msg = (f"the server is shutting down: this run stopped after {len(s.cycles) - first} cycle(s), "
+                           "which came back with this answer (they are in the session's trace)")
+                    body = {**ServeError(503, "stopping", msg).to_dict(),
+                            "state": wire.loads(session_state(e, req.since, None, limits.max_reply_bytes))}
+                    return JSON(body, status_code=503)
             return state(e, req.since)
 
     @app.delete("/sessions/{sid}")

@@ -25,9 +25,13 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
     except OSError as e:
         raise ValueError(f"--token-file {p}: cannot be read ({e.strerror}); it must be a regular file "
                          "(not a symlink), or a path where a new one can be written") from None
-    if fd is not None:
-        with os.fdopen(fd) as fh:  # checked and read through one descriptor: no swap between the two
-            check_token_file(p, os.fstat(fh.fileno()))
+    if fd is not None:  # checked and read through one descriptor: nothing can swap the file in between
+        try:
+            check_token_file(p, os.fstat(fd))
+        except ValueError:
+            os.close(fd)
+            raise
+        with os.fdopen(fd) as fh:
             token = fh.read().strip()
         return check_token(token, f"--token-file {p}", "remove the file and a new token is written to it"), \
             f"read from {p}"
@@ -98,7 +102,7 @@ def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
     print(f"workbench serve: listening on {server.url}", file=out)
     # A token that went to a file stays there: stdout ends up in logs and scrollback.
     print(f"workbench serve: token ({origin}): {token}" if origin == "generated"
-          else f"workbench serve: token {origin}", file=out)
+          else f"workbench serve: token ({origin})", file=out)
     print(f"workbench serve: limits {limits.to_dict()}", file=out)
     print(f"workbench serve: attach with wb.connect({server.url!r}, token=...); stop with Ctrl-C", file=out, flush=True)
     server.run()
