@@ -434,7 +434,8 @@ def test_eight_concurrent_clients_no_crosstalk_and_memory_returned(engine):
         gc.collect()
         assert len(refs) == 8 and all(r() is None for r in refs), "an expired session is still referenced"
         grown = psutil.Process().memory_info().rss - rss0
-        print(f"memory: RSS {grown / 2**20:+.1f} MiB after the 8 sessions expired")
+        print(f"memory: RSS {rss0 / 2**20:.0f} MiB before, {grown / 2**20:+.1f} MiB after the 8 sessions expired "
+              f"(/health: {health['rss_bytes'] / 2**20:.0f} MiB resident)")
         assert grown < 256 * 2**20
     finally:
         srv.stop()
@@ -506,7 +507,7 @@ def test_serve_warns_off_loopback_and_checks_its_arguments(capsys, tmp_path):
     assert read_or_make_token(str(made)) == (token, f"read from {made}")
 
 
-def test_token_files_others_can_read_or_plant_are_refused(tmp_path, monkeypatch):
+def test_token_files_others_can_read_or_plant_are_refused(tmp_path, monkeypatch, engine):
     good = tmp_path / "tok"
     good.write_text(TOKEN + "\n")
     good.chmod(0o600)
@@ -534,6 +535,6 @@ def test_token_files_others_can_read_or_plant_are_refused(tmp_path, monkeypatch)
         read_or_make_token(str(link))
     with pytest.raises(ValueError, match="not a regular file"):
         read_or_make_token(str(tmp_path))
-    for bad in ("short-token", " " + TOKEN, 12345):
+    for bad in ("short-token", " " + TOKEN, 12345):  # the Python API checks a token it is given the same way
         with pytest.raises(ValueError, match="at least 32 characters"):
-            EngineServer.__init__(object.__new__(EngineServer), None, token=bad)
+            EngineServer(engine, token=bad)

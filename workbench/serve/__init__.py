@@ -31,7 +31,10 @@ __all__ = ["EngineServer", "Limits", "MIN_TOKEN_CHARS", "ServeError", "SessionSt
 
 log = logging.getLogger("workbench.serve")
 MIN_TOKEN_CHARS = 32  # a generated token has 43 (32 random bytes)
-FD_RESERVE = 32  # descriptors kept free beyond those open at start (model files, logs, a subprocess)
+# The event loop accepts up to BACKLOG connections in one burst before any of them is seen (and a stalled one
+# evicted), so the connection cap leaves room for a burst plus FD_RESERVE descriptors (the loop, logs, files).
+BACKLOG = 64
+FD_RESERVE = 32
 
 
 def new_token() -> str:
@@ -61,7 +64,7 @@ def connection_cap(wanted: int) -> int:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         in_use = 64
-    room = max(1, soft - in_use - FD_RESERVE)
+    room = max(1, soft - in_use - FD_RESERVE - BACKLOG)
     if room < wanted:
         log.warning("max_connections=%d lowered to %d: the open-files limit is %d (ulimit -n) and %d are in use",
                     wanted, room, soft, in_use)
@@ -141,7 +144,7 @@ class EngineServer:
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.url = f"http://{shown}:{self.port}"
         config = uvicorn.Config(self.app, http=self.guard.protocol(), log_level=log_level, access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5)
+                                lifespan="off", timeout_graceful_shutdown=5, backlog=BACKLOG)
         self._server = _Uvicorn(config, self)
         self._thread: threading.Thread | None = None
         self.stopped_by: str | None = None
