@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 import platform
+import re
 import tempfile
 from pathlib import Path
 
@@ -186,14 +187,12 @@ def _policy(raw, store: SessionStore, field_: str = "policy"):
     return p
 
 
-_FIELDS = ("prompt", "max_new_tokens", "temperature", "top_p", "top_k", "kernel_backend", "budget", "width", "seed")
+_FIELD = re.compile(r"\b(prompt|max_new_tokens|temperature|top_p|top_k|kernel_backend|budget|width|seed)\b")
 
 
 def _field_of(msg: str) -> str | None:
     """The request field an engine ValueError names (its messages say 'name=value ...')."""
-    import re
-
-    m = re.search(r"\b(" + "|".join(_FIELDS) + r")\b", msg)
+    m = _FIELD.search(msg)
     return m.group(1) if m else None
 
 
