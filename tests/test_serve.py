@@ -96,6 +96,9 @@ def raw(server, method: str, path: str, body=None, token: str | None = "server",
         return e.code, json.loads(e.read())
 
 
+TOKEN = "t" * 40  # a token long enough for the server (32 characters at least)
+
+
 # ------------------------------------------------------------------------------ same results as in-process
 @pytest.mark.parametrize("policy,temperature", [(wb.AR(), 0.0), (wb.DFlash(), 0.0), (wb.DDTree(16), 0.0),
                                                 (wb.DDTree(8), 0.8)], ids=["ar", "dflash", "ddtree", "ddtree-T0.8"])
@@ -191,9 +194,12 @@ def test_wire_objects_round_trip(engine):
 
     import torch
 
-    for p in (wb.AR(), wb.DFlash(), wb.DDTree(32), wb.DDTree(8, width=2)):
+    for p in (wb.AR(), wb.DFlash(), wb.DDTree(32), wb.DDTree(8, width=2), wb.EagleTree(2, 3, 6)):
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
     assert wire.policy_from_wire("ddtree:12") == wb.DDTree(12)
+    assert wire.policy_from_wire("eagle:2:3:6") == wb.EagleTree(2, 3, 6)  # the server takes it; the client decodes it
+    with pytest.raises(ValueError, match="cannot be served"):
+        wire.policy_to_wire(wb.TreePolicy(lambda lp, roots, budget: None))
     for bad, msg in [({"name": "beam"}, "unknown policy name"), ({"name": "ar", "budget": 3}, "no field"),
                      (7, "must be a string")]:
         with pytest.raises(ValueError, match=msg):
@@ -205,6 +211,23 @@ def test_wire_objects_round_trip(engine):
     c = dataclasses.replace(c, draft_topk_logprobs=lp)
     (back,) = wire.cycles_from_wire(wire.loads(wire.dumps(wire.cycles_to_wire([c]))))
     assert torch.equal(back.draft_topk_logprobs, lp) and back.to_dict() == c.to_dict()
+    assert "visibility" not in wire.cycle_to_wire(c)  # rebuilt from parents on arrival
+    (old,) = wire.cycles_from_wire(wire.loads(wire.dumps([c.to_dict()])))  # version 1's records still read
+    assert old.to_dict() == c.to_dict()
+    # A mask that is not the tree's ancestor matrix travels as it is (bit-packed), never silently replaced.
+    vis = c.visibility.clone()
+    vis[-1, 0] = False
+    odd = dataclasses.replace(c, visibility=vis)
+    (back,) = wire.cycles_from_wire(wire.loads(wire.dumps(wire.cycles_to_wire([odd]))))
+    assert torch.equal(back.visibility, vis)
+    g = torch.Generator().manual_seed(0)
+    for t in (torch.randint(-2**40, 2**40, (3, 5), generator=g), torch.randint(0, 200, (7,), generator=g),
+              torch.randn(4, 3, generator=g), torch.tensor([float("nan"), -0.0, float("inf")]),
+              torch.zeros(0, 8, dtype=torch.long), torch.rand(5, 5, generator=g) > 0.5):
+        back = wire.unpack_tensor(wire.loads(wire.dumps(wire.pack_tensor(t))))
+        assert back.dtype == t.dtype and back.shape == t.shape
+        bits = (lambda x: x.reshape(-1).view(torch.uint8)) if t.is_floating_point() else (lambda x: x)
+        assert torch.equal(bits(back), bits(t))  # bit for bit: NaN, -0.0 and inf included
     head = wire.trace_from_wire(wire.loads(wire.dumps(wire.trace_head_to_wire(s.trace))))
     assert (head.meta, head.prefill, head.prefill_seconds, head.new_tokens) == \
         (s.trace.meta, s.trace.prefill, s.trace.prefill_seconds, s.trace.new_tokens)
@@ -253,13 +276,28 @@ def test_limits_are_refused_with_their_name(remote, server):
     ({"prompt": "x", "temperature": -1}, "temperature"), ({"prompt": "x", "colour": 1}, "colour"),
     ({"prompt": "x", "policy": "beam:3"}, "policy"), ({"prompt": "x", "policy": {"name": "ddtree", "budget": 0}}, "policy"),
     ({"prompt": ""}, "prompt"), ({"prompt": "x", "kernel_backend": "nope"}, "kernel_backend"),
-    (b"{not json", "body"), ([1, 2], "body"),
+    (b"{not json", "body"), ([1, 2], "body"), (b'{"prompt": "x", "seed": ' + b"7" * 5000 + b"}", "body"),
+    (b'{"prompt": "\\ud800 lone"}', "prompt"), (b"\xff\xfe not utf-8", "body"), ({"prompt": "x", "seed": 2**70}, "seed"),
+    ({"prompt": "x", "top_k": 10**30}, "top_k"), ({"prompt": "x", "policy": "p" * 100_000}, "policy"),
+    ({"prompt": "x", "policy": {"name": "q" * 100_000}}, "policy"),
 ])
 def test_malformed_requests_are_422_naming_the_field(server, body, field):
     status, reply = raw(server, "POST", "/sessions", body)
     assert status == 422, reply
     assert reply["error"] == "invalid" and reply["field"] == field, reply
     assert field in reply["message"] or field == "body"
+    assert set(reply) <= {"error", "message", "field", "limit"} and len(reply["message"]) < 400, reply
+
+
+@pytest.mark.parametrize("method,path,status,code", [
+    ("GET", "/nowhere", 404, "not_found"), ("GET", "/" + "x" * 5000, 404, "not_found"),
+    ("PUT", "/health", 405, "method_not_allowed"), ("GET", "/sessions/abc?since=" + "9" * 5000, 422, "invalid"),
+    ("GET", "/sessions/abc?since=zz", 422, "invalid"),
+])
+def test_every_refusal_has_the_documented_shape(server, method, path, status, code):
+    got, reply = raw(server, method, path)
+    assert (got, reply["error"]) == (status, code), reply
+    assert set(reply) <= {"error", "message", "field", "limit"} and len(reply["message"]) < 400, reply
 
 
 def test_unknown_session_and_bad_steps(server, remote):
@@ -279,8 +317,6 @@ def test_unknown_session_and_bad_steps(server, remote):
     rs.run()
     status, reply = raw(server, "POST", f"/sessions/{rs.id}/step", {})
     assert (status, reply["error"]) == (409, "session_finished")
-    status, reply = raw(server, "GET", "/nowhere")
-    assert status == 404
     assert remote.health()["status"] == "ok"  # still serving after all of the above
     rs.close()
 
@@ -398,14 +434,16 @@ def test_eight_concurrent_clients_no_crosstalk_and_memory_returned(engine):
         gc.collect()
         assert len(refs) == 8 and all(r() is None for r in refs), "an expired session is still referenced"
         grown = psutil.Process().memory_info().rss - rss0
-        print(f"memory: RSS {grown / 2**20:+.1f} MiB after the 8 sessions expired")
+        print(f"memory: RSS {rss0 / 2**20:.0f} MiB before, {grown / 2**20:+.1f} MiB after the 8 sessions expired "
+              f"(/health: {health['rss_bytes'] / 2**20:.0f} MiB resident)")
         assert grown < 256 * 2**20
     finally:
         srv.stop()
 
 
 # ------------------------------------------------------------------------------ the command
-def test_cli_serve_stops_cleanly_on_sigterm(cli_server):
+def test_cli_serve_drains_on_sigterm(cli_server):
+    """SIGTERM during a /run: the run stops at its next cycle and its cycles come back with the 503; exit 0."""
     proc, tok = cli_server
     url = None
     t0 = time.monotonic()
@@ -420,16 +458,34 @@ def test_cli_serve_stops_cleanly_on_sigterm(cli_server):
     assert url, f"no 'listening on' line: {lines} {proc.stderr.read() if proc.poll() is not None else ''}"
     assert url.startswith("http://127.0.0.1:")
     r = wb.connect(url, token_file=tok)
-    s = r.session(PROMPT, policy=wb.DDTree(8), max_new_tokens=8)
-    s.step()
+    s = r.session(PROMPT, policy=wb.AR(), max_new_tokens=1000)
+    box = []
+
+    def run():
+        try:
+            s.run()
+        except wb.remote.RemoteError as e:
+            box.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    while time.monotonic() - t0 < 120 and not r.sessions()[0]["n_cycles"] >= 3:  # the listing never waits on a run
+        time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
+    runner.join(30)
     proc.wait(timeout=30)
     out, err = proc.stdout.read(), proc.stderr.read()  # not communicate(): it skips readline's buffer
     text = "".join(lines) + out
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Traceback" not in text
     assert f"stopped (SIGTERM); dropped 1 live session(s): {s.id}" in err
-    assert f"token (generated, written to {tok})" in text and tok.read_text().strip() in text
+    (e,) = box
+    assert (e.status, e.code) == (503, "stopping") and "stopped after" in str(e)
+    held = s._trace.cycles  # what the 503 brought (reading s.trace would ask the stopped server for more)
+    assert 3 <= len(held) == s._n_cycles < 1000 and [c.index for c in held] == list(range(len(held)))
+    assert [c.root_token for c in held] == s.generated[:len(held)]  # each cycle starts from the last one's bonus
+    # The token went to the file, readable by its owner only, and nowhere else.
+    assert f"token (generated, written to {tok})" in text and tok.read_text().strip() not in text + err
     assert oct(tok.stat().st_mode & 0o777) == "0o600"
 
 
@@ -440,13 +496,45 @@ def test_serve_warns_off_loopback_and_checks_its_arguments(capsys, tmp_path):
     rc = main(["serve", "--session-ttl", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "--session-ttl 0.0 must be a positive" in err and "Traceback" not in err
+    rc = main(["serve", "--header-timeout", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "header_timeout=0.0 must be a positive" in err
     assert wire.is_loopback("127.0.0.1") and wire.is_loopback("::1") and wire.is_loopback("localhost")
     assert not wire.is_loopback("0.0.0.0") and not wire.is_loopback("10.1.2.3")
-    short = tmp_path / "short"
-    short.write_text("abc\n")
-    with pytest.raises(ValueError, match="shorter than 8"):
-        read_or_make_token(str(short))
     made = tmp_path / "sub" / "tok"
     token, origin = read_or_make_token(str(made))
-    assert made.read_text().strip() == token and "written to" in origin
+    assert made.read_text().strip() == token and "written to" in origin and len(token) >= 32
     assert read_or_make_token(str(made)) == (token, f"read from {made}")
+
+
+def test_token_files_others_can_read_or_plant_are_refused(tmp_path, monkeypatch, engine):
+    good = tmp_path / "tok"
+    good.write_text(TOKEN + "\n")
+    good.chmod(0o600)
+    assert read_or_make_token(str(good)) == (TOKEN, f"read from {good}")
+    for mode in (0o644, 0o660, 0o606, 0o666):
+        good.chmod(mode)
+        with pytest.raises(ValueError, match=f"mode {mode:04o}: group or others.*chmod 600 {good}"):
+            read_or_make_token(str(good))
+    good.chmod(0o600)
+    # Owned by another user: simulated by this process claiming another uid (making such a file needs root
+    # and a second account; the check compares the file's owner with os.getuid(), so this is the same test).
+    me = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: me + 1)
+    with pytest.raises(ValueError, match=f"owned by uid {me}, not by you \\(uid {me + 1}\\)"):
+        read_or_make_token(str(good))
+    monkeypatch.undo()
+    short = tmp_path / "short"
+    short.write_text("eight-ch\n")
+    short.chmod(0o600)
+    with pytest.raises(ValueError, match="at least 32 characters.*got 8 characters"):
+        read_or_make_token(str(short))
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(ValueError, match="not a symlink"):
+        read_or_make_token(str(link))
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_or_make_token(str(tmp_path))
+    for bad in ("short-token", " " + TOKEN, 12345):  # the Python API checks a token it is given the same way
+        with pytest.raises(ValueError, match="at least 32 characters"):
+            EngineServer(engine, token=bad)

@@ -445,6 +445,16 @@ def _add_serve_parser(sub) -> None:
     g.add_argument("--max-sessions", type=_positive_int, default=16, help="live sessions at once (default 16)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="per session (default 1024)")
     g.add_argument("--max-budget", type=_positive_int, default=1024, help="largest DDTree budget (default 1024)")
+    g.add_argument("--max-body-bytes", type=_positive_int, default=2**20, metavar="N",
+                   help="largest request body; a larger one is answered 413 unread (default 1 MiB)")
+    g.add_argument("--max-reply-bytes", type=_positive_int, default=4 * 2**20, metavar="N",
+                   help="cycles per reply up to about N bytes; clients fetch the rest in pages (default 4 MiB)")
+    g.add_argument("--max-connections", type=_positive_int, default=256, metavar="N",
+                   help="open connections; a new one closes the longest-waiting idle one (default 256)")
+    g.add_argument("--header-timeout", type=_finite_float, default=5.0, metavar="S",
+                   help="close a connection whose request head is not in after S seconds (default 5)")
+    g.add_argument("--body-timeout", type=_finite_float, default=10.0, metavar="S",
+                   help="close a connection whose request body is not in S seconds after its head (default 10)")
 
 
 def cmd_serve(args, out, err) -> int:

@@ -7,6 +7,9 @@
 
 Cycles and traces are the same dataclasses as local ones, rebuilt from the wire format
 (docs/wire-format.md); views, the Stepper and the shapes tables take a remote session as is.
+A re-attached session fetches its trace when first read, in pages of bounded size. The client
+sends the token only to the URL it was given: it never follows a redirect, never goes through
+a proxy to a loopback server, and refuses plain http to another machine unless told.
 """
 from __future__ import annotations
 
@@ -27,16 +30,17 @@ from workbench.sampling import Sampling
 from workbench.wire import WIRE_VERSION, WireVersionError
 
 __all__ = ["InvalidRequest", "LimitExceeded", "RemoteEngine", "RemoteError", "RemoteSession", "RemoteSessionFinished",
-           "Unauthorized", "UnknownSession", "WireVersionError", "connect"]
+           "SessionBusy", "Unauthorized", "UnknownSession", "WireVersionError", "connect"]
 
 
 class RemoteError(RuntimeError):
     """The server refused a request: ``status`` (HTTP), ``code``, and the ``field`` / ``limit`` it names."""
 
     def __init__(self, message: str, status: int = 0, code: str = "", field: str | None = None,
-                 limit: str | None = None):
+                 limit: str | None = None, state: dict | None = None):
         super().__init__(message)
         self.status, self.code, self.field, self.limit = status, code, field, limit
+        self.state = state  # a session state that came with the refusal (a run stopped by the server)
 
 
 class Unauthorized(RemoteError):
@@ -59,32 +63,58 @@ class RemoteSessionFinished(RemoteError, SessionFinished):
     pass
 
 
+class SessionBusy(RemoteError):
+    """The session already has a request running and another waiting (429); retry when they are done."""
+
+
 def _raise_for(status: int, body) -> None:
     if not isinstance(body, dict) or "error" not in body:
         raise RemoteError(f"HTTP {status} from the server: {str(body)[:200]}", status)
     code, msg = body["error"], body.get("message", "")
-    kw = dict(status=status, code=code, field=body.get("field"), limit=body.get("limit"))
+    state = body.get("state") if isinstance(body.get("state"), dict) else None
+    kw = dict(status=status, code=code, field=body.get("field"), limit=body.get("limit"), state=state)
     if code == "wire_version":
         raise WireVersionError(msg)
     cls = {"unauthorized": Unauthorized, "unknown_session": UnknownSession, "limit_exceeded": LimitExceeded,
-           "invalid": InvalidRequest, "session_finished": RemoteSessionFinished}.get(code, RemoteError)
+           "invalid": InvalidRequest, "session_finished": RemoteSessionFinished,
+           "session_busy": SessionBusy}.get(code, RemoteError)
     raise cls(msg, **kw)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is refused: following it would send the bearer token to wherever it points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        fp.close()
+        raise RemoteError(f"the server at {req.full_url} answered {code} with a redirect to {wire.short(newurl)}; "
+                          "the workbench client never follows redirects (the token would go along): connect to "
+                          "the engine's own URL", code, "redirect")
+
+
 class _Http:
-    def __init__(self, url: str, token: str, timeout: float):
+    def __init__(self, url: str, token: str, timeout: float, insecure_http: bool = False):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url={url!r} is not an http(s) URL such as 'http://127.0.0.1:8765'")
+            raise ValueError(f"url={wire.short(url)} is not an http(s) URL such as 'http://127.0.0.1:8765'")
+        loopback = wire.is_loopback(parts.hostname)
+        if parts.scheme == "http" and not loopback and not insecure_http:
+            raise ValueError(f"url={wire.short(url)}: plain http to {parts.hostname}, another machine, would send the "
+                             "token and every prompt unencrypted; tunnel it (ssh -L 8765:127.0.0.1:8765 HOST, then "
+                             "connect to http://127.0.0.1:8765), use https://, or pass insecure_http=True")
         self.url, self.timeout = url.rstrip("/"), timeout
         self.headers = {"Authorization": f"Bearer {token}", wire.VERSION_HEADER: str(WIRE_VERSION),
                         "Content-Type": "application/json"}
+        self.max_body: int | None = None  # the server's max_body_bytes, once /info has told it
         # A proxy from the environment must not see a loopback token (nor fail to reach 127.0.0.1).
-        handlers = [urllib.request.ProxyHandler({})] if wire.is_loopback(parts.hostname) else []
-        self.opener = urllib.request.build_opener(*handlers)
+        handlers = [urllib.request.ProxyHandler({})] if loopback else []
+        self.opener = urllib.request.build_opener(*handlers, _NoRedirect())
 
     def __call__(self, method: str, path: str, body: dict | None = None):
         data = wire.dumps(body) if body is not None else None
+        if data is not None and self.max_body is not None and len(data) > self.max_body:
+            raise LimitExceeded(f"this request's body is {len(data)} bytes, over the server's max_body_bytes="
+                                f"{self.max_body} (a prompt that long cannot fit the model); shorten it, or start "
+                                "the server with --max-body-bytes N", 413, "limit_exceeded", "body", "max_body_bytes")
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
         try:
             with self.opener.open(req, timeout=self.timeout) as r:
@@ -100,15 +130,17 @@ class _Http:
             raise ConnectionError(f"cannot reach the workbench server at {self.url}: {e.reason}") from None
 
 
-def connect(url: str, token: str | None = None, *, token_file=None, timeout: float = 600.0) -> "RemoteEngine":
-    """Attach to ``python -m workbench serve``. The token: ``token=``, else ``token_file=``, else $WORKBENCH_TOKEN."""
+def connect(url: str, token: str | None = None, *, token_file=None, timeout: float = 600.0,
+            insecure_http: bool = False) -> "RemoteEngine":
+    """Attach to ``python -m workbench serve``. The token: ``token=``, else ``token_file=``, else $WORKBENCH_TOKEN.
+    ``insecure_http=True`` allows plain http to a host other than this machine (the token travels in clear)."""
     if token is None and token_file is not None:
         token = Path(token_file).read_text().strip()
     token = token or os.environ.get("WORKBENCH_TOKEN")
     if not token:
         raise ValueError("no token: pass token=... (printed by `python -m workbench serve`), token_file=, "
                          "or set WORKBENCH_TOKEN")
-    return RemoteEngine(_Http(url, token, timeout))
+    return RemoteEngine(_Http(url, token, timeout, insecure_http))
 
 
 class RemoteEngine:
@@ -120,6 +152,7 @@ class RemoteEngine:
         theirs = self.info.get("wire_version")
         if theirs != WIRE_VERSION:
             raise WireVersionError(wire.version_mismatch(WIRE_VERSION, theirs))
+        http.max_body = self.info["limits"].get("max_body_bytes")
         self.kernel_backend: str = self.info["kernel_backend"]
         self._tokenizer = None
 
@@ -166,8 +199,9 @@ class RemoteEngine:
         return RemoteSession(self, self._http("POST", "/sessions", body))
 
     def session_by_id(self, session_id: str) -> "RemoteSession":
-        """Re-attach to a live session (after a kernel restart, or from another notebook): its whole trace."""
-        return RemoteSession(self, self._http("GET", f"/sessions/{_sid(session_id)}?since=0"))
+        """Re-attach to a live session (after a kernel restart, or from another notebook). Its state comes now;
+        its trace is fetched when first read (``s.trace``, ``s.cycles``, a step), in pages of bounded size."""
+        return RemoteSession(self, self._http("GET", f"/sessions/{_sid(session_id)}?since=0&until=0"))
 
     def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = 64, **kw) -> Trace:
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
@@ -190,25 +224,38 @@ def _sid(session_id) -> str:
 class RemoteSession(SessionState):
     """A session living on the server; the same attributes and methods as a local ``Session``.
 
-    ``trace`` is kept here and grows with every reply, so figures read it without a request.
-    ``kv_cache()`` gives the server cache's shapes as ``meta`` tensors (no data crosses the wire).
+    ``trace`` is kept here and grows with every reply, so figures read it without a request (once it
+    holds every cycle the server has: a reply carries a page of cycles, and the rest is fetched when
+    ``trace`` is read). ``kv_cache()`` gives the server cache's shapes as ``meta`` tensors.
     """
 
     def __init__(self, engine: RemoteEngine, state: dict):
         self.engine = engine
         self.id: str = state["id"]
-        self.trace: Trace = wire.trace_from_wire(state["trace"])
+        self._trace: Trace = wire.trace_from_wire(state["trace"])
+        self._n_cycles = 0  # cycles the server has; self._trace holds the first len(cycles) of them
         self._apply(state)
+
+    @property
+    def trace(self) -> Trace:
+        """The whole trace; cycles this client has not seen yet are fetched first, a page per request."""
+        cycles = self._trace.cycles
+        while len(cycles) < self._n_cycles:
+            held = len(cycles)
+            self._call("GET", f"?since={held}")
+            if len(cycles) <= held:
+                raise RemoteError(f"the server sent no cycles from index {held} of {self._n_cycles}", 0, "internal")
+        return self._trace
 
     # ---------------------------------------------------------------- the server's state
     def _apply(self, st: dict) -> None:
         since = int(st["since"])
-        cycles = self.trace.cycles
-        if since > len(cycles):  # should not happen; fetch what is missing
-            return self._apply(self.engine._http("GET", f"/sessions/{self.id}?since={len(cycles)}"))
-        del cycles[since:]
-        cycles.extend(wire.cycles_from_wire(st["cycles"]))
-        wire.copy_trace_head(wire.trace_from_wire(st["trace"]), self.trace)
+        cycles = self._trace.cycles
+        if since <= len(cycles):  # (a page past what is held is not kept: ``trace`` fetches from the gap)
+            del cycles[since:]
+            cycles.extend(wire.cycles_from_wire(st["cycles"]))
+        self._n_cycles = int(st["n_cycles"])
+        wire.copy_trace_head(wire.trace_from_wire(st["trace"]), self._trace)
         self.prompt: str = st["prompt"]
         self.prompt_ids: list[int] = list(st["prompt_ids"])
         self._policy = wire.policy_from_wire(st["policy"])
@@ -222,11 +269,18 @@ class RemoteSession(SessionState):
         self._kv_shapes = st["kv_shapes"]
 
     def _call(self, method: str, path: str = "", body: dict | None = None) -> None:
-        self._apply(self.engine._http(method, f"/sessions/{self.id}{path}", body))
+        try:
+            st = self.engine._http(method, f"/sessions/{self.id}{path}", body)
+        except RemoteError as e:
+            if e.state is not None:  # a run the server stopped: the cycles it ran are kept, then the error
+                self._apply(e.state)
+            raise
+        self._apply(st)
 
     def refresh(self) -> "RemoteSession":
         """Fetch cycles run by other clients of this session."""
         self._call("GET", f"?since={len(self.trace.cycles)}")
+        self.trace  # noqa: B018 - and the pages after the first
         return self
 
     # ---------------------------------------------------------------- settings for the next cycle
@@ -277,12 +331,13 @@ class RemoteSession(SessionState):
     # ---------------------------------------------------------------- running
     def step(self) -> Cycle:
         """Run one cycle on the server and return its record."""
-        self._call("POST", "/step", {"since": len(self.trace.cycles)})
+        self._call("POST", "/step", {"since": len(self._trace.cycles)})
         return self.trace.cycles[-1]
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
-        """Step until end-of-text or ``max_new_tokens`` generated in all; other sessions' cycles interleave."""
-        self._call("POST", "/run", {"since": len(self.trace.cycles), "max_new_tokens": max_new_tokens})
+        """Step until end-of-text or ``max_new_tokens`` generated in all; other sessions' cycles interleave.
+        If the server stops meanwhile, the cycles it ran are in ``trace`` and RemoteError (``stopping``) is raised."""
+        self._call("POST", "/run", {"since": len(self._trace.cycles), "max_new_tokens": max_new_tokens})
         return self.trace
 
     def close(self) -> None:

@@ -1,8 +1,11 @@
 """The HTTP API (FastAPI) over a SessionStore; the messages are described in docs/wire-format.md.
 
-Routes are plain ``def`` functions: FastAPI runs them in worker threads, and the store's
-locks decide what may run at once. Every error leaves as ``{"error", "message", "field"?,
-"limit"?}`` with a 4xx status; an unexpected one is logged and answered 500, never fatal.
+Model routes are plain ``def`` functions: FastAPI runs them in worker threads, and the store's
+locks decide what may run at once; ``/health`` and ``/sessions`` are ``async`` and answer from
+the event loop, so queued model calls never delay them. ``Guard`` (plain ASGI, outermost)
+checks the token, the wire version and the body size before anything reads the body. Every
+error leaves as ``{"error", "message", "field"?, "limit"?}`` with a 4xx status; an unexpected
+one is logged and answered 500, never fatal.
 """
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ import re
 import tempfile
 from pathlib import Path
 
+import anyio.from_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from ddtree_kernels import check_backend
 from workbench import wire
@@ -24,17 +29,94 @@ from workbench.engine import DEFAULT_MAX_NEW_TOKENS, SessionFinished
 from workbench.serve.store import Entry, ServeError, SessionStore
 
 log = logging.getLogger("workbench.serve")
+INT32 = 2**31 - 1  # bounds for counts, so a 30-digit integer is a 422, not an overflow deep in torch
 
 
 class JSON(Response):
     media_type = "application/json"
 
     def render(self, content) -> bytes:
-        return wire.dumps(content)
+        return content if isinstance(content, bytes) else wire.dumps(content)
 
 
-def error(e: ServeError) -> JSON:
-    return JSON(e.to_dict(), status_code=e.status)
+def error(e: ServeError, close: bool = False) -> JSON:
+    return JSON(e.to_dict(), status_code=e.status, headers={"connection": "close"} if close else None)
+
+
+# ------------------------------------------------------------------------------------------ the guard
+class Guard:
+    """Token, wire version and body size, checked from the headers alone; then the app, with the body
+    counted as it arrives (a chunked body has no Content-Length) and any escaped bug answered 500."""
+
+    def __init__(self, app, store: SessionStore, token: str):
+        self.app, self.store, self.want = app, store, token.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])  # lower-case byte names (uvicorn)
+        refusal = self.check_headers(headers)
+        if refusal is not None:
+            # An unauthenticated client's connection is closed; one over the body limit is answered at once and
+            # its body, if it sends one anyway, is discarded as it arrives (within body_timeout), so the client
+            # reads the 413 instead of a reset connection.
+            return await error(refusal, close=refusal.status != 413)(scope, receive, send)
+        limit, seen, started, refused = self.store.limits.max_body_bytes, 0, False, False
+
+        async def counted_receive():
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:  # answer now; the app sees a client that went away
+                    refused = True
+                    await error(self.too_large(f"over {limit}"))(scope, receive, send_raw)
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def send_raw(msg):
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        async def app_send(msg):
+            if not refused:
+                await send_raw(msg)
+
+        try:
+            await self.app(scope, counted_receive, app_send)
+        except Exception:  # noqa: BLE001 - a bug in one request must not stop the server
+            log.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await error(ServeError(500, "internal", "unexpected server error (logged on the server)"))(
+                    scope, receive, send_raw)
+
+    def check_headers(self, headers: dict) -> ServeError | None:
+        got = headers.get(b"authorization", b"")
+        scheme, _, value = got.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.want):
+            return ServeError(401, "unauthorized", "missing token: send 'Authorization: Bearer TOKEN' (the token "
+                              "the server printed at start, or its --token-file)" if not got else
+                              "wrong token: use the token the server printed at start (or its --token-file)")
+        theirs = headers.get(wire.VERSION_HEADER.lower().encode())
+        if theirs is not None and theirs != str(wire.WIRE_VERSION).encode():
+            return ServeError(400, "wire_version", wire.version_mismatch(theirs.decode("latin-1"), wire.WIRE_VERSION))
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or len(length) > 18:
+                return ServeError(400, "invalid", f"Content-Length {wire.short(length.decode('latin-1'))} is not "
+                                  "a byte count", "body")
+            if int(length) > self.store.limits.max_body_bytes:
+                return self.too_large(f"{int(length)} bytes, over")
+        return None
+
+    def too_large(self, what: str) -> ServeError:
+        limit = self.store.limits.max_body_bytes
+        return ServeError(413, "limit_exceeded", f"request body is {what} this server's max_body_bytes={limit} "
+                          "(a prompt that long cannot fit the model anyway; start the server with "
+                          "--max-body-bytes N to allow more)", "body", "max_body_bytes")
 
 
 # ------------------------------------------------------------------------------------------ requests
@@ -47,11 +129,11 @@ class SessionRequest(_Body):
     prompt: str
     policy: str | dict = "ddtree:32"
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    seed: int = 0
-    max_new_tokens: int | None = Field(None, ge=1)  # None: the engine's default, capped by the server's limit
-    kernel_backend: str | None = None
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0, le=INT32)
+    seed: int = Field(0, ge=0, lt=2**64)
+    max_new_tokens: int | None = Field(None, ge=1, le=INT32)  # None: the engine's default, capped by the limit
+    kernel_backend: str | None = Field(None, max_length=64)
     record_topk: int = Field(8, ge=0, le=4096)
     capture: bool = False
 
@@ -63,26 +145,37 @@ class SettingsRequest(_Body):
 
 
 class StepRequest(_Body):
-    since: int = Field(0, ge=0)  # the client's cycle count: cycles from here on come back
+    since: int = Field(0, ge=0, le=INT32)  # the client's cycle count: cycles from here on come back
 
 
 class RunRequest(StepRequest):
-    max_new_tokens: int | None = Field(None, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1, le=INT32)
 
 
 # ------------------------------------------------------------------------------------------ replies
-def session_state(e: Entry, since: int = 0) -> dict:
+def session_state(e: Entry, since: int = 0, until: int | None = None, budget: int = 4 * 2**20) -> bytes:
+    """The session's state with its cycles ``since`` .. ``until`` (default: the end), as many as fit in
+    about ``budget`` bytes (always one, if any); ``until`` in the reply says where the page ends."""
     s = e.session
+    n = len(s.cycles)
+    until = n if until is None else max(since, min(until, n))
+    page, size = [], 0
+    for c in s.cycles[since:until]:
+        b = wire.dumps(wire.cycle_to_wire(c))
+        if page and size + len(b) > budget:
+            break
+        page.append(b)
+        size += len(b) + 1
     kv = [[list(k.shape), list(v.shape)] for k, v in s.kv_cache()]
-    return {
+    head = wire.dumps({
         "id": e.id, "prompt": s.prompt, "prompt_ids": s.prompt_ids, "policy": wire.policy_to_wire(s.policy),
         "temperature": s.sampling.temperature, "top_p": s.sampling.top_p, "top_k": s.sampling.top_k,
         "seed": s.seed, "max_new_tokens": s.max_new_tokens, "kernel_backend": s.kernel_backend,
         "record_topk": s.record_topk, "capture": s.capture is not None, "generated": list(s.generated),
-        "text": s.text, "finish_reason": s.finish_reason, "n_cycles": len(s.cycles), "kv_shapes": kv,
-        "trace": wire.trace_head_to_wire(s.trace), "since": since,
-        "cycles": wire.cycles_to_wire(s.cycles[since:]),
-    }
+        "text": s.text, "finish_reason": s.finish_reason, "n_cycles": n, "kv_shapes": kv,
+        "trace": wire.trace_head_to_wire(s.trace), "since": min(since, n), "until": min(since, n) + len(page),
+    })
+    return head[:-1] + b',"cycles":[' + b",".join(page) + b"]}"  # the encoded cycles spliced in, not re-encoded
 
 
 def _policy(raw, store: SessionStore, field_: str = "policy"):
@@ -94,7 +187,7 @@ def _policy(raw, store: SessionStore, field_: str = "policy"):
     return p
 
 
-_FIELD = re.compile(r"\b(prompt|max_new_tokens|temperature|top_p|top_k|kernel_backend|budget|width)\b")
+_FIELD = re.compile(r"\b(prompt|max_new_tokens|temperature|top_p|top_k|kernel_backend|budget|width|seed)\b")
 
 
 def _field_of(msg: str) -> str | None:
@@ -103,33 +196,33 @@ def _field_of(msg: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _parse_error(e: HTTPException) -> str:
+    """Why FastAPI could not parse a body, in one bounded line (a 5000-digit integer, bytes that are not UTF-8)."""
+    why = str(e.__cause__ or "").split(":")[0] or "not JSON"
+    return f"body: cannot be parsed ({wire.short(why, 120)[1:-1]}); send one JSON object in UTF-8"
+
+
 # ------------------------------------------------------------------------------------------ the app
 def create_app(store: SessionStore, token: str) -> FastAPI:
     app = FastAPI(title="ddtree-workbench engine", version=str(wire.WIRE_VERSION), docs_url=None, redoc_url=None,
                   openapi_url=None)
-    want = token.encode()
     app.state.store = store
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        got = request.headers.get("authorization", "")
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), want):
-            msg = ("missing token: send 'Authorization: Bearer TOKEN' (the token the server printed at start)"
-                   if not got else "wrong token: use the token the server printed at start (or its --token-file)")
-            return error(ServeError(401, "unauthorized", msg))
-        theirs = request.headers.get(wire.VERSION_HEADER)
-        if theirs is not None and theirs != str(wire.WIRE_VERSION):
-            return error(ServeError(400, "wire_version", wire.version_mismatch(theirs, wire.WIRE_VERSION)))
-        try:
-            return await call_next(request)
-        except Exception:  # noqa: BLE001 - a bug in one request must not stop the server
-            log.exception("unexpected error in %s %s", request.method, request.url.path)
-            return error(ServeError(500, "internal", "unexpected server error (logged on the server)"))
+    app.add_middleware(Guard, store=store, token=token)  # outermost of ours: nothing reads a body before it
+    limits = store.limits
 
     @app.exception_handler(ServeError)
     async def on_serve_error(_req, e: ServeError):
         return error(e)
+
+    @app.exception_handler(HTTPException)
+    async def on_http(req: Request, e: HTTPException):
+        # Starlette's own refusals (no such route, wrong method, an unparsable body) in our shape.
+        if e.status_code == 400:
+            return error(ServeError(422, "invalid", _parse_error(e), "body"))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid")
+        msg = (f"no route {req.method} {wire.short(req.url.path)[1:-1]}; see docs/wire-format.md for the endpoints"
+               if e.status_code in (404, 405) else wire.short(str(e.detail), 200))
+        return error(ServeError(e.status_code, code, msg))
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_req, e: RequestValidationError):
@@ -139,8 +232,8 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         name = "body" if first.get("type") == "json_invalid" else (".".join(loc) or "body")
         msg = f"{name}: {first.get('msg', 'invalid')}"
         if "input" in first and first.get("type") != "missing" and name != "body":
-            msg += f" (got {first['input']!r})"[:200]
-        return error(ServeError(422, "invalid", msg, name))
+            msg += f" (got {wire.short(first['input'])})"
+        return error(ServeError(422, "invalid", msg, name[:64]))
 
     @app.exception_handler(SessionFinished)
     async def on_finished(_req, e: SessionFinished):
@@ -151,11 +244,14 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         msg = " ".join(str(e).split())
         return error(ServeError(422, "invalid", msg, _field_of(msg)))
 
+    def state(e: Entry, since: int = 0, until: int | None = None, status: int = 200) -> JSON:
+        return JSON(session_state(e, since, until, limits.max_reply_bytes), status_code=status)
+
     # -------------------------------------------------------------- engine
     @app.get("/health")
-    def health():
+    async def health():
         return JSON({"status": "ok", "sessions": len(store), "session_kv_bytes": store.kv_bytes(),
-                     "wire_version": wire.WIRE_VERSION})
+                     **store.memory(), "wire_version": wire.WIRE_VERSION})
 
     @app.get("/info")
     def info():
@@ -174,7 +270,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                        "vocab_size": t.vocab_size, "block_size": m.block_size,
                        "target_layer_ids": m.target_layer_ids, "max_positions": m.max_positions},
             "device": str(eng.device), "dtype": str(m.dtype).replace("torch.", ""),
-            "kernel_backend": eng.kernel_backend, "limits": store.limits.to_dict(), "sessions": len(store),
+            "kernel_backend": eng.kernel_backend, "limits": limits.to_dict(), "sessions": len(store),
             "versions": {"workbench": workbench.__version__, "wire": wire.WIRE_VERSION, "python": platform.python_version(),
                          "torch": torch.__version__, "transformers": transformers.__version__,
                          "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__},
@@ -192,12 +288,12 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
 
     # -------------------------------------------------------------- sessions
     @app.get("/sessions")
-    def list_sessions():
+    async def list_sessions():
         now = store.clock()
         return JSON({"sessions": [
             {"id": e.id, "prompt": e.session.prompt[:80], "policy": str(e.session.policy),
              "n_cycles": len(e.session.cycles), "new_tokens": len(e.session.generated),
-             "finished": e.session.finished, "idle_seconds": round(now - e.last_used, 3)}
+             "finished": e.session.finished, "busy": e.busy > 0, "idle_seconds": round(now - e.last_used, 3)}
             for e in store.entries()]})
 
     @app.post("/sessions", status_code=201)
@@ -210,17 +306,18 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 raise ServeError(422, "invalid", str(ex), "kernel_backend") from None
         kw = req.model_dump(exclude={"prompt", "policy", "capture"})
         if kw["max_new_tokens"] is None:
-            kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, store.limits.max_new_tokens)
+            kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, limits.max_new_tokens)
         e = store.create(req.prompt, policy, capture=req.capture, **kw)
         with store.use(e.id):
-            return JSON(session_state(e), status_code=201)
+            return state(e, status=201)
 
     @app.get("/sessions/{sid}")
-    def get(sid: str, since: int = 0):
-        if since < 0:
-            raise ServeError(422, "invalid", f"since={since} must be >= 0", "since")
+    def get(sid: str, since: int = 0, until: int | None = None):
+        for name, v in (("since", since), ("until", until)):
+            if v is not None and not 0 <= v <= INT32:
+                raise ServeError(422, "invalid", f"{name}={wire.short(v)} must be from 0 to {INT32}", name)
         with store.use(sid) as e:
-            return JSON(session_state(e, since))
+            return state(e, since, until)
 
     @app.patch("/sessions/{sid}")
     def settings(sid: str, req: SettingsRequest):
@@ -232,21 +329,40 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 s.temperature = req.temperature
             if req.capture is not None:
                 store.set_capture(e, req.capture)
-            return JSON(session_state(e, len(s.cycles)))
+            return state(e, len(s.cycles))
 
     @app.post("/sessions/{sid}/step")
     def step(sid: str, req: StepRequest):
         with store.use(sid) as e:
             e.session.step()
-            return JSON(session_state(e, req.since))
+            return state(e, req.since)
 
     @app.post("/sessions/{sid}/run")
-    def run(sid: str, req: RunRequest):
+    def run(sid: str, req: RunRequest, request: Request):
         if req.max_new_tokens is not None:
             store.check_new_tokens(req.max_new_tokens)
         with store.use(sid) as e:
-            e.session.run(req.max_new_tokens)
-            return JSON(session_state(e, req.since))
+            s = e.session
+            if req.max_new_tokens is not None:
+                s.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
+            # Session.run's loop, driven here so that a cycle boundary can notice a client that went away
+            # (its reply would go nowhere) or a stopping server (the cycles so far go back with the 503).
+            first = len(s.cycles)
+            while not s.finished:
+                if anyio.from_thread.run(request.is_disconnected):
+                    log.info("session %s: the client went away; its run stopped after %d cycles", e.id, len(s.cycles))
+                    break
+                try:
+                    s.step()
+                except ServeError as ex:
+                    if ex.code != "stopping":
+                        raise
+                    msg = (f"the server is shutting down: this run stopped after {len(s.cycles) - first} cycle(s), "
+                           "which came back with this answer (they are in the session's trace)")
+                    body = {**ServeError(503, "stopping", msg).to_dict(),
+                            "state": wire.loads(session_state(e, req.since, None, limits.max_reply_bytes))}
+                    return JSON(body, status_code=503)
+            return state(e, req.since)
 
     @app.delete("/sessions/{sid}")
     def delete(sid: str):
@@ -254,4 +370,3 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         return JSON({"deleted": sid})
 
     return app
-

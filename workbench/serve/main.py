@@ -3,24 +3,38 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import tempfile
+import warnings
 from pathlib import Path
 
 
 def read_or_make_token(path: str | None) -> tuple[str, str]:
-    """(token, where it came from). A missing token file is created with a new token, readable by its owner only."""
-    from workbench.serve import new_token
+    """(token, where it came from). A missing token file is created with a new token, readable by its owner
+    only. An existing one is used only if it is a regular file of this user that no one else can read or
+    write (as ssh and Jupyter insist): on a shared host, a planted or readable file gives the token away."""
+    from workbench.serve import check_token, new_token
 
     if path is None:
         return new_token(), "generated"
     p = Path(path).expanduser()
-    if p.is_file():
-        token = p.read_text().strip()
-        if len(token) < 8:
-            raise ValueError(f"--token-file {p}: the token in it is shorter than 8 characters")
-        return token, f"read from {p}"
-    if p.exists():
-        raise ValueError(f"--token-file {p} exists but is not a file")
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        fd = None
+    except OSError as e:
+        raise ValueError(f"--token-file {p}: cannot be read ({e.strerror}); it must be a regular file "
+                         "(not a symlink), or a path where a new one can be written") from None
+    if fd is not None:  # checked and read through one descriptor: nothing can swap the file in between
+        try:
+            check_token_file(p, os.fstat(fd))
+        except ValueError:
+            os.close(fd)
+            raise
+        with os.fdopen(fd) as fh:
+            token = fh.read().strip()
+        return check_token(token, f"--token-file {p}", "remove the file and a new token is written to it"), \
+            f"read from {p}"
     token = new_token()
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")  # mode 600
@@ -34,13 +48,32 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
     return token, f"generated, written to {p}"
 
 
+def check_token_file(p: Path, st: os.stat_result) -> None:
+    """Refuse a token file that is not a regular file, belongs to another user, or that group or others may
+    read or write; the message says how to fix it."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"--token-file {p} exists but is not a regular file")
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and st.st_uid != uid:
+        raise ValueError(f"--token-file {p} is owned by uid {st.st_uid}, not by you (uid {uid}): someone else "
+                         f"may know the token; remove it (a new one is made), or `chown {uid} {p}` if it is yours")
+    if uid is not None and st.st_mode & 0o077:
+        raise ValueError(f"--token-file {p} has mode {stat.S_IMODE(st.st_mode):04o}: group or others can read or "
+                         f"write it; run `chmod 600 {p}` (or remove it, and a new one is made)")
+
+
 def serve_main(args, out, err, load_engine, usage_error) -> int:
     from workbench.serve import Limits
 
     if not args.session_ttl > 0:
         raise usage_error(f"--session-ttl {args.session_ttl} must be a positive number of seconds")
-    limits = Limits(max_sessions=args.max_sessions, max_new_tokens=args.max_new_tokens,
-                    max_budget=args.max_budget, session_ttl=args.session_ttl)
+    try:
+        limits = Limits(max_sessions=args.max_sessions, max_new_tokens=args.max_new_tokens,
+                        max_budget=args.max_budget, session_ttl=args.session_ttl, max_body_bytes=args.max_body_bytes,
+                        max_reply_bytes=args.max_reply_bytes, max_connections=args.max_connections,
+                        header_timeout=args.header_timeout, body_timeout=args.body_timeout)
+    except ValueError as e:
+        raise usage_error(f"--{str(e).split('=')[0].replace('_', '-')}: {e}") from None
     token, origin = read_or_make_token(args.token_file)
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter("workbench serve: %(message)s"))
@@ -62,11 +95,14 @@ def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
         print(f"workbench serve: WARNING: binding {args.host} makes the engine reachable from other machines; "
               "anyone with the token can run it. Prefer 127.0.0.1 and an SSH tunnel.", file=err, flush=True)
     engine = load_engine(args)
-    server = EngineServer(engine, host=args.host, port=args.port, token=token, limits=limits, log_level="warning")
+    with warnings.catch_warnings():  # the warning above says it already, before the models load
+        warnings.simplefilter("ignore", UserWarning)
+        server = EngineServer(engine, host=args.host, port=args.port, token=token, limits=limits, log_level="warning")
     print(f"workbench serve: {engine!r}", file=out)
     print(f"workbench serve: listening on {server.url}", file=out)
-    print(f"workbench serve: token ({origin}): {token}" if "generated" in origin
-          else f"workbench serve: token {origin}", file=out)
+    # A token that went to a file stays there: stdout ends up in logs and scrollback.
+    print(f"workbench serve: token ({origin}): {token}" if origin == "generated"
+          else f"workbench serve: token ({origin})", file=out)
     print(f"workbench serve: limits {limits.to_dict()}", file=out)
     print(f"workbench serve: attach with wb.connect({server.url!r}, token=...); stop with Ctrl-C", file=out, flush=True)
     server.run()

@@ -1,14 +1,19 @@
 """The server's live sessions: one engine, many isolated sessions, one model call at a time.
 
 Every forward (a session's prefill, each cycle) runs under ``model_lock``: the models and
-a shape capture's hooks are shared, so two forwards must never interleave. A session's
-own lock keeps one request at a time on it (a run's cycles stay contiguous). Idle
-sessions expire after ``limits.session_ttl`` seconds; dropping the last reference frees
-their KV caches.
+a shape capture's hooks are shared, so two forwards must never interleave. Nothing else
+does: the prompt is checked and tokenized, and replies are encoded, outside it. A session's
+own lock keeps one request at a time on it (a run's cycles stay contiguous), with at most one
+more waiting. Idle sessions expire after ``limits.session_ttl`` seconds; dropping the last
+reference frees their KV caches, and the sweeper then hands freed memory back to the system.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
+import os
 import secrets
 import threading
 import time
@@ -17,28 +22,45 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from workbench.capture import ShapeCapture
 from workbench.engine import Engine, Session
+from workbench.wire import short
 
 log = logging.getLogger("workbench.serve")
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one server allows; a request beyond a limit is refused with the limit's name."""
+    """What one server allows; a request beyond a limit is refused with the limit's name.
+
+    The transport limits keep careless and hostile clients cheap: a connection that has not sent
+    its headers within ``header_timeout`` seconds (its body within ``body_timeout``) is closed, at
+    most ``max_connections`` are open (the longest-waiting idle one makes room for a new one), a
+    body over ``max_body_bytes`` is answered 413 unread, and a reply carries cycles up to about
+    ``max_reply_bytes`` (the client fetches the rest in pages)."""
 
     max_sessions: int = 16
     max_new_tokens: int = 1024
     max_budget: int = 1024
     session_ttl: float = 600.0  # seconds a session may sit idle before it is dropped
+    max_body_bytes: int = 2**20
+    max_reply_bytes: int = 4 * 2**20
+    max_connections: int = 256
+    header_timeout: float = 5.0
+    body_timeout: float = 10.0
 
     def __post_init__(self):
-        for name in ("max_sessions", "max_new_tokens", "max_budget"):
+        for name in ("max_sessions", "max_new_tokens", "max_budget", "max_body_bytes", "max_reply_bytes",
+                     "max_connections"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
-        if not isinstance(self.session_ttl, (int, float)) or not self.session_ttl > 0:
-            raise ValueError(f"session_ttl={self.session_ttl!r} must be a positive number of seconds")
+        for name in ("session_ttl", "header_timeout", "body_timeout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise ValueError(f"{name}={v!r} must be a positive number of seconds")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,7 +69,10 @@ class Limits:
 class ServeError(Exception):
     """A refusal with an HTTP status, a stable code, and the request field or limit it is about."""
 
+    MAX_MESSAGE = 1000  # a safety net: messages quote client input through wire.short() already
+
     def __init__(self, status: int, code: str, message: str, field: str | None = None, limit: str | None = None):
+        message = message if len(message) <= self.MAX_MESSAGE else message[:self.MAX_MESSAGE - 3] + "..."
         super().__init__(message)
         self.status, self.code, self.message, self.field, self.limit = status, code, message, field, limit
 
@@ -75,6 +100,9 @@ class Entry:
     busy: int = 0  # requests holding or waiting for this session; a busy session never expires
 
 
+MAX_WAITING = 1  # requests that may wait for a busy session; the next one is refused (429)
+
+
 class SessionStore:
     def __init__(self, engine: Engine, limits: Limits = Limits(), clock=time.monotonic):
         self.engine, self.limits, self.clock = engine, limits, clock
@@ -84,6 +112,8 @@ class SessionStore:
         self._entries: dict[str, Entry] = {}
         self._pending = 0  # sessions being created (their prefill is running)
         self._gone: OrderedDict[str, str] = OrderedDict()  # recently dropped id -> why (for a clear 404)
+        self._freed = threading.Event()  # sessions were dropped: the sweeper returns their memory
+        self._max_prompt_chars: int | None = None
 
     # ------------------------------------------------------------------ limits
     def check_policy(self, policy, field_: str = "policy") -> None:
@@ -95,10 +125,39 @@ class SessionStore:
         if n > self.limits.max_new_tokens:
             raise over_limit("max_new_tokens", field_, n, self.limits.max_new_tokens)
 
+    def max_prompt_chars(self) -> int:
+        """Characters beyond which a prompt cannot fit the target's positions, whatever it says: no token
+        spells more characters than the vocabulary's longest one (found once)."""
+        if self._max_prompt_chars is None:
+            longest = max(map(len, self.engine.tokenizer.get_vocab()), default=1)
+            self._max_prompt_chars = self.engine.models.max_positions * max(longest, 1)
+        return self._max_prompt_chars
+
+    def check_prompt(self, prompt: str) -> None:
+        """Refuse a prompt that cannot run, cheaply and outside the model lock: a length check first,
+        so a pasted megabyte is never tokenized, then the token count (the engine's own message)."""
+        cap = self.max_prompt_chars()
+        if len(prompt) > cap:
+            raise ServeError(422, "limit_exceeded", f"prompt is {len(prompt)} characters; the target has "
+                             f"{self.engine.models.max_positions} positions, so a prompt over {cap} characters "
+                             "cannot fit; shorten the prompt", "prompt", "max_positions")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON's "\\ud800" decodes to a str that is not text
+            raise ServeError(422, "invalid", f"prompt has a lone surrogate {prompt[e.start]!r} at character "
+                             f"{e.start}: not text; send valid UTF-8", "prompt") from None
+        n = len(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if n >= self.engine.models.max_positions:
+            raise ServeError(422, "limit_exceeded", f"prompt is {n} tokens but the target has "
+                             f"{self.engine.models.max_positions} positions; shorten the prompt", "prompt",
+                             "max_positions")
+
     # ------------------------------------------------------------------ sessions
     def create(self, prompt: str, policy, capture: bool = False, **kw) -> Entry:
         self.check_policy(policy)
         self.check_new_tokens(kw.get("max_new_tokens", 1))
+        self._check_running()
+        self.check_prompt(prompt)
         self.expire()
         with self._lock:
             live = len(self._entries) + self._pending
@@ -143,12 +202,17 @@ class SessionStore:
 
     @contextmanager
     def use(self, sid: str):
-        """The entry ``sid``, held for one request (404 if there is none)."""
+        """The entry ``sid``, held for one request (404 if there is none, 429 if one request runs on it
+        and another already waits: a client cannot pile up threads behind one session)."""
         with self._lock:
             e = self._entries.get(sid)
             if e is None:
                 why = self._gone.get(sid)
-                raise ServeError(404, "unknown_session", f"session {sid!r} {why or 'does not exist'}", "session_id")
+                raise ServeError(404, "unknown_session", f"session {short(sid)} {why or 'does not exist'}",
+                                 "session_id")
+            if e.busy > MAX_WAITING:
+                raise ServeError(429, "session_busy", f"session {sid} is busy: one request runs on it and "
+                                 f"{e.busy - 1} more wait{'s' if e.busy == 2 else ''}; retry when it is done")
             e.busy += 1
         try:
             with e.lock:
@@ -176,6 +240,16 @@ class SessionStore:
             self._gone[sid] = why
             while len(self._gone) > 4096:
                 self._gone.popitem(last=False)
+        self._freed.set()
+
+    def release_memory(self) -> None:
+        """Hand memory freed by dropped sessions back to the system: the allocator keeps freed pages
+        (glibc's arenas, torch's CUDA cache) for reuse otherwise, and the process's size never falls."""
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
 
     def expire(self) -> list[str]:
         """Drop sessions idle for longer than the TTL; returns their ids."""
@@ -202,6 +276,14 @@ class SessionStore:
         with self._lock:
             return len(self._entries)
 
+    def memory(self) -> dict:
+        """What the process holds: resident bytes (the OS's count), and on CUDA the allocator's bytes."""
+        out = {"rss_bytes": rss_bytes()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+            out["cuda_reserved_bytes"] = torch.cuda.memory_reserved()
+        return out
+
     def kv_bytes(self) -> int:
         """Bytes held by the live sessions' KV caches (target and drafter)."""
         total = 0
@@ -221,9 +303,38 @@ class SessionStore:
             while not self.stopping.wait(period):
                 try:
                     self.expire()
+                    if self._freed.is_set():
+                        self._freed.clear()
+                        self.release_memory()
                 except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
                     log.exception("session sweep failed")
 
         t = threading.Thread(target=sweep, name="workbench-serve-sweeper", daemon=True)
         t.start()
         return t
+
+
+def _libc():
+    try:  # glibc only: malloc_trim returns freed heap pages to the system
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return lib if hasattr(lib, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set size in bytes (Linux /proc; psutil elsewhere; None if neither)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except Exception:  # noqa: BLE001 - no way to tell on this platform
+        return None
