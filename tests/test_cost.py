@@ -248,11 +248,11 @@ def test_bad_input_one_line_errors(kwargs, match):
 
 
 def test_bad_configs():
-    with pytest.raises(ValueError, match=r"model_type='gpt2' is not a family cost\(\) knows"):
+    with pytest.raises(ValueError, match=r"model_type='gpt2' has no cost model; known: deepseek_v3"):
         wb.shapes.cost({"model_type": "gpt2", "hidden_size": 8})
     with pytest.raises(ValueError, match=r"not a file, a directory with config.json, or a shipped config \(.*qwen3-8b"):
         wb.shapes.cost("no-such-model")
-    with pytest.raises(ValueError, match=r"lacks 'num_experts_per_tok'"):
+    with pytest.raises(ValueError, match=r"lacks the field 'num_experts_per_tok'"):
         wb.shapes.cost({**arch_cfg("qwen3-coder-30b-a3b"), "num_experts_per_tok": None})
     with pytest.raises(ValueError, match="pass it as draft_config"):
         wb.shapes.cost("qwen3-8b-dflash-b16")
@@ -308,3 +308,52 @@ def test_cost_figures():
     assert list(measured.y) == pytest.approx([1.0, 1.5, 2.5])
     sfig = wb.views.speedup_figure(t.speedup({4: 3.0, 16: 4.0}))
     assert len(sfig.data) == 2 and list(sfig.data[1].x) == [t.speedup({4: 3.0, 16: 4.0}).best["budget"]]
+
+
+def test_plan_and_cost_read_configs_alike(tmp_path):
+    """One reader (families.load_config): shipped names (dots included), paths and dicts give the same
+    facts and name to plan() and cost(); a missing path is refused, not taken for a shipped name."""
+    from workbench.shapes import families
+
+    for name in ("llama-3.1-8b-instruct", "qwen3.6-35b-a3b"):  # Path(name).stem would cut at the dot
+        by_path = families.CONFIGS / f"{name}.json"
+        assert arch(name).name == arch(by_path).name == name
+        assert arch(name).params == arch(families.load_config(by_path)).params
+    with pytest.raises(ValueError, match="is not a file, a directory with config.json, or a shipped config"):
+        arch(tmp_path / "qwen3-8b.json")
+    with pytest.raises(ValueError, match="is not a file, a directory with config.json, or a shipped config"):
+        wb.shapes.plan(tmp_path / "qwen3-8b.json")
+    with pytest.raises(ValueError, match="target_config is a DFlash drafter"):
+        wb.shapes.plan("qwen3-8b-dflash-b16")  # refused before any model is built, as cost() refuses it
+    wide = {**arch_cfg("qwen3-8b"), "hidden_size": 5120}
+    for call in (wb.shapes.cost, wb.shapes.plan):  # the same pairing check in both
+        with pytest.raises(ValueError, match=r"draft hidden/vocab 4096/151936 != target's 5120/151936"):
+            call(wide, draft_config="qwen3-8b-dflash-b16")
+
+
+def test_cost_and_families_agree_on_structure():
+    from workbench.shapes import families
+
+    for name in ("qwen3-8b", "qwen3-coder-30b-a3b", "deepseek-v3", "qwen3-next-80b-a3b", "qwen3.6-35b-a3b"):
+        a, f = arch(name), families.facts(arch_cfg(name))
+        assert a.params == f.params["total"] and a.active_params == f.active_params + f.params["embed"]
+        assert a.kv_per_token * 2 == families.kv_bytes_per_token(f, "bfloat16")
+        assert [L.experts > 0 for L in a.layers] == [i in f.moe_layers for i in range(f.layers)]
+        if f.experts:
+            for n in (1, 17, 4096):
+                assert experts_touched(f.experts, f.experts_per_token, n) == families.experts_touched(f, n)["uniform"]
+    # state traffic uses SGLang's MambaPool dtypes (bf16 conv window, float32 state) whatever the model dtype
+    a = arch("qwen3-next-80b-a3b")
+    for e in (2, 4):
+        dec = forward_cost(a, "DECODE", 2, 1, 64, 1, dtype_bytes=e)
+        assert dec["state_bytes"] == 2 * 2 * families.linear_state_bytes_per_request(a.facts)
+
+
+def test_structure_defaults_follow_transformers():
+    from workbench.shapes import families
+
+    cfg = {k: v for k, v in DEEPSEEK_V3.items() if k != "first_k_dense_replace"}
+    assert families.facts(cfg).moe_layers[0] == 3  # DeepseekV3Config's default
+    with pytest.raises(ValueError, match="moe_layer_freq=2: only 1 is modelled"):
+        arch(dict(DEEPSEEK_V3, moe_layer_freq=2))
+    assert families.facts(dict(TINY, **LINEAR, model_type="qwen3_5_text")).linear.conv_kernel == 4

@@ -17,8 +17,9 @@ the tensors SGLang itself would build for the same forward.
     wb.shapes.sglang_layout.custom_mask_elements([512] * 8, [16] * 8, "FULL_MASK")
 
 Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``contracts``
-(check_contracts), ``plan`` (meta-device plans), ``families`` (per-family facts from a config: params,
-active params, KV / latent / linear-state bytes, experts), ``sglang_layout`` (SGLang's tensors per mode),
+(check_contracts), ``plan`` (meta-device plans), ``families`` (per-family facts from a config, the one
+home plan and cost share: config loading, layers, params, KV / latent / linear-state bytes, experts),
+``cost`` (FLOPs, bytes and roofline time per forward), ``sglang_layout`` (SGLang's tensors per mode),
 ``sglang_source`` (the SGLang rules mirrored, read from its installed source).
 """
 from __future__ import annotations

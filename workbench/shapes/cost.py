@@ -15,10 +15,11 @@ tokens' KV written, recurrent state read and written (hybrids), embedding rows g
 written; activations are left out (they stay on chip at these token counts). Roofline time =
 max(FLOPs / peak FLOP/s, bytes / bandwidth).
 
-Families (a small function each, from the config dict): dense Qwen3 / Llama; Qwen3-MoE; DeepSeek-V3 /
-Kimi-K2 MLA (absorbed form in DECODE and TARGET_VERIFY, as SGLang runs them; KV = the 576-wide latent);
-Qwen3-Next / Qwen3.5 hybrids (GatedDeltaNet layers carry a recurrent state; a tree verify writes one
-intermediate state per node, as SGLang's tree kernels do).
+Structure (layers, widths, experts, parameters, state bytes) comes from ``workbench.shapes.families``, the
+one home the shape plan shares; this module adds only what a forward costs. Per family: dense Qwen3 /
+Llama; Qwen3-MoE; DeepSeek-V3 / Kimi-K2 MLA (absorbed form in DECODE and TARGET_VERIFY, as SGLang runs
+them; KV = the 576-wide latent); Qwen3-Next / Qwen3.5 hybrids (GatedDeltaNet layers carry a recurrent
+state; a tree verify writes one intermediate state per node, as SGLang's tree kernels do).
 """
 from __future__ import annotations
 
@@ -29,12 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.shapes.plan import CONFIGS
+from workbench.shapes import families
 
 GPUS_FILE = Path(__file__).resolve().parent / "gpus.json"
 FREE_FACTOR = 1.1  # a verify is "free" while its roofline time stays within 10% of one DECODE forward
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1, "fp8": 1}
-SSM_STATE_BYTES = 4  # SGLang keeps GatedDeltaNet's recurrent state in float32 by default (mamba2_state_dtype)
 
 
 # --------------------------------------------------------------------------------------------------------- GPUs
@@ -85,7 +84,8 @@ def resolve_gpu(gpu) -> Gpu:
 # ------------------------------------------------------------------------------------------------ model facts
 @dataclass(frozen=True)
 class Layer:
-    """One decoder layer's cost facts. Counts are elements (parameters, cached values), not bytes."""
+    """One decoder layer's cost: its weights (from ``families.LayerParams``) and what a forward does with
+    them beyond weight matmuls. Counts are elements, except ``state_bytes``."""
 
     kind: str  # "attention", "mla" or "linear" (GatedDeltaNet)
     matmul_params: int  # weights used as matmul operands by every token (2 FLOPs each per token)
@@ -97,227 +97,91 @@ class Layer:
     pair_flops: int = 0  # FLOPs per (query, key) pair per request in DECODE / TARGET_VERIFY
     pair_flops_extend: int = 0  # in EXTEND (MLA prefills in the decompressed, multi-head form)
     token_flops: int = 0  # per-token FLOPs outside weight matmuls (the delta rule's state products)
-    state_elems: int = 0  # recurrent state per request (float32)
-    conv_elems: int = 0  # causal-conv window per request (model dtype)
+    state_bytes: int = 0  # committed linear-attention state per request (SGLang's MambaPool dtypes)
 
 
 @dataclass(frozen=True)
 class Arch:
-    """A model reduced to what its cost needs."""
+    """A model reduced to what its cost needs; its structure is ``facts`` (workbench.shapes.families)."""
 
     name: str
-    family: str
-    hidden: int
-    vocab: int
+    family: str  # facts.family, or "dflash" for a drafter
+    facts: families.ModelFacts
     layers: tuple
-    rope_dim: int  # rotary dims: HF's rotary embedding costs rope_dim FLOPs per position (inv_freq @ positions)
-    tied: bool
-    head_params: int  # final norm (+ the LM head unless tied)
-    max_positions: int | None = None
-    draft: dict | None = None  # DFlash drafter: {"context_features": F, "block_size": B}
+
+    hidden = property(lambda self: self.facts.hidden_size)
+    vocab = property(lambda self: self.facts.vocab_size)
+    tied = property(lambda self: self.facts.tied)
+    max_positions = property(lambda self: self.facts.max_positions)
+    # HF's rotary embedding costs rope_dim FLOPs per position (inv_freq @ positions)
+    rope_dim = property(lambda self: self.facts.rope_dim)
+
+    @property
+    def draft(self) -> dict | None:
+        """A DFlash drafter's {"context_features": target layers x H, "block_size": B}; None for a target."""
+        d = self.facts.draft
+        return {"context_features": len(d.target_layer_ids) * self.hidden, "block_size": d.block_size} if d else None
 
     @property
     def params(self) -> int:
-        """Every weight: embedding, layers (all experts), final norm, LM head."""
-        body = sum(L.matmul_params + L.other_params + L.experts * L.expert_params for L in self.layers)
-        return (0 if self.draft else self.vocab * self.hidden) + body + self.head_params + self._fc
+        """Every weight: embedding, layers (all experts), final norm, LM head (a drafter: fc, no table)."""
+        return self.facts.params["total"]
 
     @property
     def active_params(self) -> int:
-        """Weights one token uses: routed experts counted topk times (embedding and LM head included)."""
-        body = sum(L.matmul_params + L.other_params + L.topk * L.expert_params for L in self.layers)
-        return (0 if self.draft else self.vocab * self.hidden) + body + self.head_params + self._fc
+        """Weights one token uses, the embedding table included (as model cards count them): routed experts
+        counted topk times. ``facts.active_params`` leaves the table out (a lookup is not a matmul)."""
+        return self.facts.active_params + self.facts.params["embed"]
 
     @property
     def _fc(self) -> int:
-        return self.draft["context_features"] * self.hidden if self.draft else 0
+        return self.facts.params.get("fc", 0)
+
+    @property
+    def head_params(self) -> int:
+        """Weights outside the layers besides the embedding and fc: final norm(s) and the LM head unless tied."""
+        p = self.facts.params
+        return p["total"] - p["embed"] - self._fc - sum(L.total for L in self.facts.layer_params)
 
     @property
     def kv_per_token(self) -> int:
         return sum(L.kv_per_token for L in self.layers)
 
 
-def load_config(config, what: str = "target") -> dict:
-    """A config dict from a dict, a path (file or directory with config.json) or a shipped config's name."""
-    if isinstance(config, Mapping):
-        return dict(config)
-    if not isinstance(config, (str, Path)):
-        raise ValueError(f"{what} config {config!r} must be a dict, a path or a shipped config name")
-    p = Path(config)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        shipped = CONFIGS / f"{Path(str(config)).stem}.json"
-        if not shipped.is_file():
-            names = ", ".join(sorted(q.stem for q in CONFIGS.glob("*.json")))
-            raise ValueError(f"{what} config {config!s} is not a file, a directory with config.json, or a shipped "
-                             f"config ({names})")
-        p = shipped
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} config {p} is not valid JSON ({e})") from None
+load_config = families.load_config  # one reader for plan() and cost(): a dict, a path or a shipped name
 
 
-def _need(cfg: dict, *keys):
-    missing = [k for k in keys if cfg.get(k) is None]
-    if missing:
-        raise ValueError(f"{cfg.get('model_type')} config lacks {', '.join(map(repr, missing))}, needed for its cost")
-    return [cfg[k] for k in keys]
-
-
-def _rope_fraction(cfg: dict) -> float:
-    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    return float(cfg.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0)) or 1.0)
-
-
-def _gqa(cfg: dict, gated_q: bool = False, qk_norm: bool = True) -> Layer:
-    """Softmax attention with grouped K/V heads (Qwen3, Llama; Qwen3-Next's gated full attention)."""
-    H, hq = _need(cfg, "hidden_size", "num_attention_heads")
-    hkv = cfg.get("num_key_value_heads") or hq
-    d = cfg.get("head_dim") or H // hq
-    q_out = hq * d * (2 if gated_q else 1)  # a gated attention's q_proj also emits the output gate
-    mm = H * q_out + 2 * H * hkv * d + hq * d * H
-    bias = (q_out + 2 * hkv * d + H) if cfg.get("attention_bias") else 0
-    other = 2 * H + (2 * d if qk_norm else 0) + bias  # input / post-attention norms, q_norm and k_norm
-    return Layer("attention", mm, other, kv_per_token=2 * hkv * d, pair_flops=4 * hq * d, pair_flops_extend=4 * hq * d)
-
-
-def _dense_mlp(H: int, inter: int, bias: bool = False) -> tuple[int, int]:
-    return 3 * H * inter, (2 * inter + H if bias else 0)
-
-
-def _with_mlp(att: Layer, mm: int = 0, other: int = 0, experts: int = 0, topk: int = 0, expert: int = 0) -> Layer:
-    return Layer(att.kind, att.matmul_params + mm, att.other_params + other, experts, topk, expert, att.kv_per_token,
-                 att.pair_flops, att.pair_flops_extend, att.token_flops, att.state_elems, att.conv_elems)
-
-
-def _dense(cfg: dict) -> tuple[list, int]:
-    """Qwen3 / Llama: GQA attention and a SwiGLU MLP in every layer."""
-    H, I, n = _need(cfg, "hidden_size", "intermediate_size", "num_hidden_layers")
-    qk_norm = cfg.get("model_type") != "llama"
-    mm, other = _dense_mlp(H, I, bool(cfg.get("mlp_bias")))
-    layer = _with_mlp(_gqa(cfg, qk_norm=qk_norm), mm, other)
-    return [layer] * n, _rot(cfg)
-
-
-def _rot(cfg: dict) -> int:
-    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return int(d * _rope_fraction(cfg))
-
-
-def _moe_mlp(cfg: dict, i: int) -> dict:
-    """Qwen-style MoE block of layer i (router + experts + optional gated shared expert), or a dense MLP."""
-    H = cfg["hidden_size"]
-    E = cfg.get("num_experts") or 0
-    sparse = E and i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % (cfg.get("decoder_sparse_step") or 1) == 0
-    if not sparse:
-        return {"mm": 3 * H * _need(cfg, "intermediate_size")[0]}
-    k, Im = _need(cfg, "num_experts_per_tok", "moe_intermediate_size")
-    Is = cfg.get("shared_expert_intermediate_size") or 0
-    shared = 3 * H * Is + (H if Is else 0)  # a shared expert and its sigmoid gate (Linear H -> 1)
-    return {"mm": E * H + shared, "experts": E, "topk": k, "expert": 3 * H * Im}
-
-
-def _qwen_moe(cfg: dict) -> tuple[list, int]:
-    n = _need(cfg, "num_hidden_layers")[0]
-    att = _gqa(cfg)
-    return [_with_mlp(att, **_moe_mlp(cfg, i)) for i in range(n)], _rot(cfg)
-
-
-def _mla(cfg: dict) -> tuple[list, int]:
-    """DeepSeek-V3 / Kimi-K2: multi-head latent attention and DeepSeek MoE (first_k_dense_replace dense layers)."""
-    H, hq, n, r, rope, nope, v = _need(cfg, "hidden_size", "num_attention_heads", "num_hidden_layers", "kv_lora_rank",
-                                       "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-    ql = cfg.get("q_lora_rank")
-    qk = nope + rope
-    q_mm = (H * ql + ql * hq * qk) if ql else H * hq * qk
-    # kv_b_proj [r -> hq (nope + v)]: absorbed into q and o per token in decode/verify, applied to the
-    # new tokens in extend; either way 2 FLOPs per weight per token.
-    mm = q_mm + H * (r + rope) + r * hq * (nope + v) + hq * v * H
-    other = 2 * H + (ql or 0) + r + ((ql or hq * qk) + r + rope + H if cfg.get("attention_bias") else 0)
-    att = Layer("mla", mm, other, kv_per_token=r + rope,
-                pair_flops=2 * hq * (r + rope) + 2 * hq * r,  # scores over the latent + rope key; values = latent
-                pair_flops_extend=2 * hq * qk + 2 * hq * v)  # decompressed multi-head attention
-    E, k, Im = _need(cfg, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
-    shared = (cfg.get("n_shared_experts") or 0) * 3 * H * Im
-    first_dense = cfg.get("first_k_dense_replace") or 0
-    freq = cfg.get("moe_layer_freq") or 1
-    layers = []
-    for i in range(n):
-        if i < first_dense or i % freq:
-            layers.append(_with_mlp(att, 3 * H * _need(cfg, "intermediate_size")[0]))
-        else:  # router weight [E, H] (its [E] score-correction bias is a buffer: left out)
-            layers.append(_with_mlp(att, E * H + shared, 0, E, k, 3 * H * Im))
-    return layers, rope
-
-
-def _hybrid(cfg: dict) -> tuple[list, int]:
-    """Qwen3-Next / Qwen3.5: GatedDeltaNet linear attention interleaved with gated full attention."""
-    H, n = _need(cfg, "hidden_size", "num_hidden_layers")
-    nk, nv, dk, dv = _need(cfg, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                           "linear_value_head_dim")
-    K = cfg.get("linear_conv_kernel_dim") or 4
-    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % (cfg.get("full_attention_interval") or 4)
-                                       else "full_attention" for i in range(n)]
-    if len(types) != n:
-        raise ValueError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
-    conv_dim = 2 * nk * dk + nv * dv
-    # in_proj (q, k, v, z and the b, a gates) + out_proj + the depthwise conv (2 FLOPs per weight per token too)
-    lin_mm = H * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * H + conv_dim * K
-    lin = Layer("linear", lin_mm, 2 * H + 2 * nv + dv,  # norms, dt_bias, A_log, the gated output norm
-                token_flops=6 * nv * dk * dv,  # per token: S^T k, the rank-1 state update, S^T q (2 dk dv each)
-                state_elems=nv * dk * dv, conv_elems=(K - 1) * conv_dim)
-    full = _gqa(cfg, gated_q=True)
-    layers = []
-    for i, t in enumerate(types):
-        base = full if t == "full_attention" else lin
-        if t not in ("full_attention", "linear_attention"):
-            raise ValueError(f"layer_types[{i}]={t!r}: expected 'full_attention' or 'linear_attention'")
-        layers.append(_with_mlp(base, **_moe_mlp(cfg, i)))
-    return layers, _rot(cfg)
-
-
-FAMILIES = {"qwen3": ("dense", _dense), "llama": ("dense", _dense), "qwen3_moe": ("moe", _qwen_moe),
-            "deepseek_v3": ("mla", _mla), "kimi_k2": ("mla", _mla), "qwen3_next": ("hybrid", _hybrid),
-            "qwen3_5": ("hybrid", _hybrid), "qwen3_5_text": ("hybrid", _hybrid),
-            "qwen3_5_moe": ("hybrid", _hybrid), "qwen3_5_moe_text": ("hybrid", _hybrid)}
+def _layer(f: families.ModelFacts, L: families.LayerParams) -> Layer:
+    """A layer's cost from its weights and widths: FlopCounterMode's attention formula per (query, key) pair
+    and the delta rule's per-token state products."""
+    kw = dict(matmul_params=L.matmul, other_params=L.other, experts=L.experts, topk=L.topk, expert_params=L.expert)
+    if L.kind == "linear_attention":
+        lin = f.linear
+        return Layer("linear", **kw,
+                     token_flops=6 * lin.value_heads * lin.key_dim * lin.value_dim,  # S^T k, rank-1 update, S^T q
+                     state_bytes=families.linear_state_bytes_per_layer(f))
+    a = f.attention
+    if a.mla:
+        hq, r, rope = a.heads, a.kv_lora_rank, a.rope_dim
+        # kv_b_proj is absorbed into q and o per token in decode/verify and applied to the new tokens in
+        # extend: either way 2 FLOPs per weight per token (it is in matmul_params).
+        return Layer("mla", **kw, kv_per_token=f.kv_width,
+                     pair_flops=2 * hq * (r + rope) + 2 * hq * r,  # scores over the latent + rope key; values = latent
+                     pair_flops_extend=2 * hq * (a.nope_dim + rope) + 2 * hq * a.v_head_dim)  # decompressed heads
+    pair = 4 * a.heads * a.head_dim  # QK^T and PV, 2 FLOPs per multiply-add each
+    return Layer("attention", **kw, kv_per_token=f.kv_width, pair_flops=pair, pair_flops_extend=pair)
 
 
 def arch(config, what: str = "target") -> Arch:
     """A config (dict, path or shipped name) reduced to its cost facts; a nested ``text_config`` is unwrapped."""
     cfg = load_config(config, what)
-    name = cfg.get("_name") or (Path(str(config)).stem if not isinstance(config, Mapping) else
-                                (cfg.get("architectures") or [cfg.get("model_type", "model")])[0])
-    if isinstance(cfg.get("text_config"), Mapping):  # Qwen3.5 / Kimi-K2.5 wrap the language model
-        cfg = {"model_type": cfg.get("model_type"), **cfg["text_config"]}
-    mt = cfg.get("model_type")
-    if mt not in FAMILIES:
-        raise ValueError(f"{what} config model_type={mt!r} is not a family cost() knows ({', '.join(FAMILIES)})")
-    family, build = FAMILIES[mt]
-    layers, rope_dim = build(cfg)
-    H, V = _need(cfg, "hidden_size", "vocab_size")
-    draft = None
-    if "DFlash" in " ".join(cfg.get("architectures") or []) or cfg.get("dflash_config"):
-        ids = (cfg.get("dflash_config") or {}).get("target_layer_ids", cfg.get("target_layer_ids"))
-        if ids is None:
-            raise ValueError(f"{what} config is a DFlash drafter without target_layer_ids")
-        block = (cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size", 16))
-        draft = {"context_features": len(ids) * H, "block_size": int(block)}
-        family = "dflash"
-    tied = bool(cfg.get("tie_word_embeddings")) and draft is None
-    # a drafter owns no embedding and no LM head (it uses the target's): its head is the final norm + fc's norm
-    head = H + (0 if tied or draft else V * H) + (H if draft else 0)
-    return Arch(name, family, H, V, tuple(layers), rope_dim, tied, head, cfg.get("max_position_embeddings"), draft)
+    f = families.facts(cfg, what, purpose="cost model")
+    return Arch(families.config_name(config, cfg), "dflash" if f.draft else f.family, f,
+                tuple(_layer(f, L) for L in f.layer_params))
 
 
 # ------------------------------------------------------------------------------------------------ forward cost
-def experts_touched(experts: int, topk: int, tokens: int) -> float:
-    """Expected distinct experts that ``tokens`` tokens route to, each picking ``topk`` of ``experts``
-    uniformly (a balanced router): E (1 - (1 - k/E)^tokens). Exactly k for one token."""
-    if not experts:
-        return 0.0
-    return experts * (1.0 - (1.0 - topk / experts) ** tokens)
+experts_touched = families.uniform_experts  # distinct experts a batch's tokens touch (balanced routing)
 
 
 def forward_cost(a: Arch, mode: str, batch: int, tokens: int, past: int, logits_rows: int, dtype_bytes: int = 2,
@@ -346,9 +210,9 @@ def forward_cost(a: Arch, mode: str, batch: int, tokens: int, past: int, logits_
         touched = experts_touched(L.experts, L.topk, b * n)
         w_bytes += (L.matmul_params + L.other_params + touched * L.expert_params) * e
         kv_bytes += b * L.kv_per_token * (past + kv_new) * e  # read the cache, write the new tokens
-        if L.state_elems:
+        if L.state_bytes:
             writes = n if tree_states else 1  # a tree verify keeps every node's state to pick the accepted one
-            state_bytes += b * (1 + writes) * (L.state_elems * SSM_STATE_BYTES + L.conv_elems * e)
+            state_bytes += b * (1 + writes) * L.state_bytes
     flops += attn_flops
     rows = b * logits_rows
     flops += 2 * rows * H * V
@@ -477,29 +341,21 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    e = families.dtype_bytes(dtype)
     budgets = list(budgets)
     bad = [B for B in budgets if isinstance(B, bool) or not isinstance(B, int) or B < 0]
     if bad:
         raise ValueError(f"budgets {bad} must be non-negative integers")
     g = resolve_gpu(gpu)
     t = arch(target_config, "target")
-    if t.draft:
-        raise ValueError("target_config is a DFlash drafter config; pass it as draft_config=")
     d = arch(draft_config, "draft") if draft_config is not None else None
-    if d is not None:
-        if not d.draft:
-            raise ValueError("draft_config is not a DFlash drafter (no dflash_config / target_layer_ids)")
-        if d.hidden != t.hidden or d.vocab != t.vocab:
-            raise ValueError(f"draft hidden/vocab {d.hidden}/{d.vocab} != target's {t.hidden}/{t.vocab}; "
-                             "the drafter shares the target's embedding and LM head")
+    families.check_pair(t.facts, d.facts if d else None)
     top = prompt_len + 1 + max(budgets, default=0)
     if t.max_positions and top > t.max_positions:
         raise ValueError(f"prompt_len + 1 + max budget = {top} exceeds max_position_embeddings {t.max_positions}")
     if draft_context is None:
         draft_context = d.draft["block_size"] if d else 0
-    settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
+    settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": e,
                 "budgets": budgets, "draft_context": int(draft_context)}
     table = CostTable(t, g, settings, draft=d)
     table.rows = ([table.forward("EXTEND"), table.forward("DECODE")]

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import copy
 import html
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -14,7 +12,7 @@ from workbench.forward import ForwardMode
 from workbench.shapes import families
 from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, fmt_bytes, sglang_view, table
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = families.CONFIGS  # kept importable from here
 
 @dataclass
 class ShapePlan:
@@ -148,8 +146,6 @@ class ShapePlan:
 
 
 # --------------------------------------------------------------------------------------------- shapes without weights
-DRAFT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim")
 # Per family, module names hooked beyond the default capture (capture.TARGET_MODULES): the MoE router
 # (its outputs: router logits [T, E], top-k weights and expert ids [T, k]), MLA's projections (the latent
 # c_kv + k_pe is kv_a_proj_with_mqa's output) and the linear-attention layers.
@@ -161,30 +157,6 @@ FAMILY_MODULES = {
     "hybrid": (r"model\.layers\.\d+\.mlp\.gate",
                r"model\.layers\.\d+\.linear_attn(\.(in_proj_qkvz|in_proj_ba|in_proj_qkv|in_proj_z|conv1d))?"),
 }
-
-
-def _read_config(cfg, what: str) -> dict:
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    p = Path(cfg)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"{what} config {cfg!s} is not a file or a directory with config.json")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} config {p} is not valid JSON ({e})") from None
-
-
-def _require(cfg: dict, fields, what: str) -> None:
-    for f in fields:
-        if cfg.get(f) is None:
-            raise ValueError(f"{what} config lacks the field {f!r}, needed to compute shapes")
-
-
-def _draft_get(cfg: dict, name: str):
-    return (cfg.get("dflash_config") or {}).get(name, cfg.get(name))
 
 
 def _meta_model(tcfg: dict, dtype):
@@ -207,7 +179,8 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
     ``torch.device("meta")``, and runs the engine's own forward functions on meta tensors with a shape
     capture: EXTEND prefill [batch, prompt_len], AR DECODE [batch, 1], TARGET_VERIFY for DFlash
     (block_size tokens) and DDTree (1 + budget tokens) after the prompt, and the drafter's block forward
-    on its first cycle (context = the whole prompt). Bytes are per tensor.
+    on its first cycle (context = the whole prompt). Bytes are per tensor. ``config`` / ``draft_config``:
+    a dict, a path or a shipped config's name, read as ``cost()`` reads them (``families.load_config``).
 
     Logits follow SGLang's LogitsProcessor: the prefill keeps each request's last row
     ([batch, 1, V]) unless ``prompt_logprobs`` asks for every prompt row; DECODE and
@@ -224,27 +197,15 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
     tdt = resolve_dtype(dtype)
-    raw = _read_config(config, "target")
-    families.model_type(raw)  # unknown families: one line naming the model_type
-    families.require(raw, "target")
+    raw = families.load_config(config, "target")
     tcfg = families.text_config(raw)
-    facts = families.facts(raw)
-    dcfg = _read_config(draft_config, "draft") if draft_config is not None else None
-    layer_ids = None
-    if dcfg is not None:
-        _require(dcfg, DRAFT_FIELDS, "draft")
-        if _draft_get(dcfg, "block_size") is None:
-            raise ValueError("draft config lacks the field 'block_size' (top level or in dflash_config)")
-        layer_ids = _draft_get(dcfg, "target_layer_ids")
-        if layer_ids is None:
-            raise ValueError("draft config lacks the field 'target_layer_ids' (top level or in dflash_config)")
-        if dcfg["hidden_size"] != tcfg["hidden_size"]:
-            raise ValueError(f"draft hidden_size {dcfg['hidden_size']} != target hidden_size {tcfg['hidden_size']}; "
-                             "the drafter shares the target's embedding and LM head")
-        bad = [i for i in layer_ids if not 0 <= i < tcfg["num_hidden_layers"]]
-        if bad:
-            raise ValueError(f"draft target_layer_ids {bad} are outside the target's {tcfg['num_hidden_layers']} layers")
-        block_size = block_size or int(_draft_get(dcfg, "block_size"))
+    facts = families.facts(raw)  # unknown families and missing fields: one line naming them
+    dcfg = families.load_config(draft_config, "draft") if draft_config is not None else None
+    dfacts = families.facts(dcfg, "draft") if dcfg is not None else None
+    families.check_pair(facts, dfacts)  # a drafter as target; a drafter that does not fit the target
+    layer_ids = list(dfacts.draft.target_layer_ids) if dfacts else None
+    if dfacts:
+        block_size = block_size or dfacts.draft.block_size
     block_size = block_size or 16
     n_tree = 1 + budget
     need = prompt_len + max(n_tree, block_size)
@@ -302,7 +263,7 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
             dcache = DynamicCache(config=dconf)
             _, rec = run_draft(draft, target, ids(block_size), pos(0, P + block_size), context, dcache, cap)
             forwards.append((f"draft block (1st cycle, context {P})", rec))
-    name = Path(config).stem if not isinstance(config, dict) else (raw.get("architectures") or [tcfg["model_type"]])[0]
+    name = families.config_name(config, raw)
     settings = {"model": name, "batch": bs, "prompt_logprobs": prompt_logprobs,
                 "prompt_len": P, "budget": budget, "block_size": block_size, "dtype": sdt,
                 "target_layer_ids": layer_ids, "model_type": facts.model_type, "family": facts.family}
