@@ -62,7 +62,8 @@ class TreeLayout:
     @property
     def hops(self) -> Tensor:
         """int64 [B, N, max_depth + 1]: [b, i, h] = node i's ancestor h levels up (the root past the top).
-        Visibility is this table scattered; a recurrent state's conv window is a gather along it."""
+        Visibility is this table scattered (for real nodes; padding nodes hop to the root but see only
+        themselves); a recurrent state's conv window is a gather along it."""
         if self._hops is None:
             self._hops = ancestor_hops(self.tree.parents, self.max_depth)
         return self._hops
