@@ -67,8 +67,9 @@ class Rows:
     """The model states of B >= 1 requests and the cycle over them.
 
     ``prefill(reqs)`` starts every request; ``step(reqs)`` runs one cycle for the requests given (the
-    live ones, in row order) and returns (their Cycle records, the batched forwards, the stopwatch still
-    running in "record", for the caller's bookkeeping); ``select(rows)`` retires rows.
+    live ones, in row order) and returns (their Cycle records, the cycle's TreeLayout, the batched
+    forwards' records, the stopwatch still running in "record" so the caller's bookkeeping is timed);
+    ``select(rows)`` retires rows. Rows are the requests' order at prefill, less the retired ones.
     """
 
     def __init__(self, models, capture=None):
