@@ -23,15 +23,22 @@ class CompiledTree:
     retrieve_next_sibling: Tensor  # int64 [bs, n]: next child of the same parent or -1
 
 
+def ancestor_hops(parents: Tensor, max_depth: int) -> Tensor:
+    """[bs, n] parents -> int64 [bs, n, max_depth + 1]: [b, i, h] = the ancestor of i h levels up (hop 0 is i;
+    past the root the hops stay at the root)."""
+    bs, n = parents.shape
+    up = parents.clamp(min=0)  # the root's parent is the root: walking past it adds nothing new
+    hops = [torch.arange(n, device=parents.device).expand(bs, n)]
+    for _ in range(max_depth):
+        hops.append(up if len(hops) == 1 else up.gather(1, hops[-1]))
+    return torch.stack(hops, dim=2)
+
+
 def ancestor_matrix(parents: Tensor, max_depth: int) -> Tensor:
     """[bs, n] parents -> bool [bs, n, n] ancestor-or-self matrix."""
     bs, n = parents.shape
-    up = parents.clamp(min=0)  # the root's parent is the root: walking past it adds nothing new
-    hops = [torch.arange(n, device=parents.device).expand(bs, n)]  # hop h: the ancestor h levels up
-    for _ in range(max_depth):
-        hops.append(up if len(hops) == 1 else up.gather(1, hops[-1]))
     vis = torch.zeros(bs, n, n, dtype=torch.bool, device=parents.device)
-    return vis.scatter_(2, torch.stack(hops, dim=2), True)  # one write for every (node, ancestor)
+    return vis.scatter_(2, ancestor_hops(parents, max_depth), True)  # one write for every (node, ancestor)
 
 
 def compile_tree(tree: Tree, start: Tensor | int, max_depth: int | None = None) -> CompiledTree:

@@ -229,7 +229,7 @@ def test_ragged_cache_keep_rows_equals_per_request_compaction():
     from types import SimpleNamespace
 
     from ddtree_kernels import compact_kv
-    from workbench.kv_cache import RaggedCache
+    from workbench.models.dense import KVBuffers as RaggedCache
 
     cfg = SimpleNamespace(get_text_config=lambda decoder=True: SimpleNamespace(num_hidden_layers=2))
     g = torch.Generator().manual_seed(0)
@@ -255,3 +255,37 @@ def test_ragged_cache_keep_rows_equals_per_request_compaction():
             assert torch.equal(v, compact_kv(fv, starts[b], nodes[b]))
     cache.select([2, 0])
     assert cache.lengths == [11, 6] and cache.kv(0)[0][0].shape == (1, 2, 11, 4)
+
+
+def test_batch_with_causal_and_sliding_drafter_layers_equals_alone(tmp_path):
+    """A drafter mixing sliding-window (causal) and full layers, as z-lab's Qwen3.6 drafters do: batched
+    drafting builds each layer kind's mask per row and reproduces every request run alone."""
+    import json
+
+    from tiny_models import make_pair
+
+    t, d = make_pair(tmp_path, vocab=64, hidden=32, layers=4, draft_layers=3, layer_ids=(1, 2), block_size=8,
+                     seed=11)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(layer_types=["sliding_attention", "full_attention", "sliding_attention"], use_sliding_window=True,
+               sliding_window=5)  # shorter than block + context: the window hides keys
+    (d / "config.json").write_text(json.dumps(cfg))
+    engine = wb.load(target=t, draft=d, threads=1)
+    kinds = [(layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in engine.models.draft.layers]
+    assert kinds == [(True, 5), (False, None), (True, 5)], kinds
+    prompts = tiny_prompts(engine, 4, seed=13)
+    policies = [wb.DDTree(8), wb.DFlash(), wb.DDTree(3), wb.AR()]
+    limits = [24, 24, 10, 16]
+    bs = engine.batch_session(prompts, policy=policies, max_new_tokens=limits)
+    bs.run()
+    refs = []
+    for p, pol, n, s in zip(prompts, policies, limits, bs.sessions):
+        ref = alone(engine, p, pol, n)
+        assert s.tokens == ref.tokens, f"{pol} {p!r}"
+        check_same_cycles(s, ref)
+        refs.append(ref)
+    # The layer kinds matter: the same drafter with every layer full and non-causal drafts otherwise.
+    for layer in engine.models.draft.layers:
+        layer.self_attn.is_causal, layer.self_attn.sliding_window = False, None
+    full = alone(engine, prompts[0], policies[0], limits[0])
+    assert any(not torch.equal(a.draft_topk_tokens, b.draft_topk_tokens) for a, b in zip(full.cycles, refs[0].cycles))

@@ -288,11 +288,7 @@ class SessionStore:
         """Bytes held by the live sessions' KV caches (target and drafter)."""
         total = 0
         for e in self.entries():
-            for cache in (e.session._target_cache, e.session._draft_cache):
-                for layer in cache.layers:
-                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                        if t is not None and hasattr(t, "nelement"):
-                            total += t.nelement() * t.element_size()
+            total += e.session.cache_bytes()
         return total
 
     # ------------------------------------------------------------------ expiry in the background

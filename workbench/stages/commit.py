@@ -1,4 +1,4 @@
-"""Commit: keep the accepted rows of the target cache, extend the output, stop on end-of-text."""
+"""Commit: tell the target's state which nodes each row accepted; read the new tokens once for all rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ddtree_kernels import Accepted, Tree
+from ddtree_kernels import Accepted
+from workbench.layout import TreeLayout
 
 
 @dataclass
@@ -17,15 +18,17 @@ class Committed:
     context: Tensor | None  # [1, L + 1, F] drafter context of the accepted rows
 
 
-def commit(cache, tree: Tree, accepted: Accepted, features: Tensor | None, start: int) -> Committed:
-    """``cache`` is a ``workbench.kv_cache.BufferedCache``: only the accepted rows are moved."""
-    # The cycle's one host read: accepted length, bonus and the path's tokens, copied together.
-    path_tokens = tree.tokens[:1].gather(1, accepted.index[:1].clamp(min=0))  # [1, max_depth + 1], padded
-    host = torch.cat([accepted.length[:1, None], accepted.bonus[:1, None], path_tokens], dim=1)[0].tolist()
-    L, bonus = host[0], host[1]
-    toks = host[2 : L + 3]
-    nodes = accepted.index[0, : L + 1]
-    cache.keep_rows(start, nodes)
-    ctx = features[:, nodes] if features is not None else None
-    # The root was the previous bonus, already shown; new tokens are the accepted drafts and the bonus.
-    return Committed(nodes, toks[1:] + [bonus], bonus, ctx)
+def commit(state, layout: TreeLayout, accepted: Accepted, features: Tensor | None) -> list[Committed]:
+    """``state``: the target's ``TargetState``; it keeps each row's accepted nodes and drops the rest."""
+    # The cycle's one host read: every row's accepted length, bonus and path tokens, copied together.
+    path_tokens = layout.tree.tokens.gather(1, accepted.index.clamp(min=0))  # [B, max_depth + 1], padded
+    host = torch.cat([accepted.length[:, None], accepted.bonus[:, None], path_tokens], dim=1).tolist()
+    nodes = [accepted.index[b, : h[0] + 1] for b, h in enumerate(host)]
+    state.commit(layout, nodes)
+    out = []
+    for b, (h, x) in enumerate(zip(host, nodes)):
+        L, bonus = h[0], h[1]
+        ctx = features[b : b + 1, x] if features is not None else None
+        # The root was the previous bonus, already shown; new tokens are the accepted drafts and the bonus.
+        out.append(Committed(x, h[3 : L + 3] + [bonus], bonus, ctx))
+    return out

@@ -1,4 +1,4 @@
-"""Draft: one drafter forward over the block [bonus, MASK x (B-1)] -> per-slot log-probs."""
+"""Draft: one drafter forward over every row's block [root, MASK x (B-1)] -> per-slot log-probs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ddtree_kernels.tree_build import top_slots
-from workbench.forward import ForwardRecord, run_draft
+from workbench.forward import ForwardRecord
 
 
 @dataclass
@@ -28,16 +28,12 @@ class Draft:
         return v[..., :k], i[..., :k]
 
 
-def draft(models, draft_cache, bonus: int, start: int, context: Tensor, depth: int, capture=None) -> Draft:
-    """Run the drafter once. ``context`` [1, m, F] holds the target features of positions
-    [start - m, start) not yet in ``draft_cache``; afterwards the cache holds exactly [0, start)."""
-    B = models.block_size
-    dev = models.device
-    block = torch.full((1, B), models.mask_token_id, dtype=torch.long, device=dev)
-    block[0, 0] = bonus
-    m = context.shape[1]
-    positions = torch.arange(start - m, start + B, device=dev)[None]
-    logits, rec = run_draft(models.draft, models.target, block, positions, context, draft_cache, capture)
-    # The block's own K/V must not stay: next cycle's block sits at other positions.
-    draft_cache.crop(start - draft_cache.get_seq_length())
-    return Draft(torch.log_softmax(logits[:, :depth].float(), dim=-1), rec)
+def draft(drafter, roots: list[int], starts: list[int], depths: list[int | None]) -> list[Draft | None]:
+    """Run the drafter once for every row (``drafter``: its state, holding each row's pending context).
+    ``depths[b]``: slots row b keeps, or None where the row drafts nothing this cycle."""
+    logits, rec = drafter.draft(roots, starts)  # [B, block - 1, V]
+    if len(roots) == 1:  # log-softmax only the kept slots
+        return [Draft(torch.log_softmax(logits[:, : depths[0]].float(), dim=-1), rec)]
+    deepest = max(d for d in depths if d is not None)
+    lp = torch.log_softmax(logits[:, :deepest].float(), dim=-1)
+    return [None if d is None else Draft(lp[b : b + 1, :d], rec) for b, d in enumerate(depths)]

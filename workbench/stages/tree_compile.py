@@ -1,8 +1,11 @@
-"""Tree compile: positions, visibility and retrieve arrays for verify and accept."""
+"""Tree compile: every row's positions, visibility and retrieve arrays, as one ``TreeLayout``."""
 from __future__ import annotations
 
-from ddtree_kernels import CompiledTree, Tree, compile_tree
+from ddtree_kernels import Tree, compile_tree
+from workbench.layout import TreeLayout
 
 
-def tree_compile(tree: Tree, start: int, max_depth: int) -> CompiledTree:
-    return compile_tree(tree, start, max_depth)
+def tree_compile(trees: list[Tree], starts: list[int], max_depths: list[int]) -> TreeLayout:
+    """Row b's tree is rooted at position ``starts[b]``; ``max_depths[b]`` bounds its ancestry walk."""
+    compiled = [compile_tree(t, s, d) for t, s, d in zip(trees, starts, max_depths)]
+    return TreeLayout.of_rows(trees, compiled, starts, max_depths)

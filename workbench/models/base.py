@@ -1,0 +1,122 @@
+"""The interface between the cycle and a model: one state object per model, holding every request's rows.
+
+The cycle (``workbench.runner``) never touches a cache, a mask or a model forward; it hands a state the
+per-cycle ``TreeLayout`` (architecture-free: tokens, positions, parents, visibility, per-row starts) and
+tells it which tree nodes each row accepted. How the state lays out its memory (per-token K/V, a latent, a
+recurrent state per request) and which mask or fork it needs is the state's business, as an SGLang
+attention backend owns its buffers and ``init_forward_metadata``.
+
+A new architecture plugs in by writing a class that satisfies ``TargetState`` and registering a detector
+with ``register_target_state`` (first match wins; the dense KV state is the fallback).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from workbench.forward import ForwardRecord
+from workbench.layout import TreeLayout
+
+
+@dataclass
+class StepOut:
+    """What one forward of a state returns to the cycle."""
+
+    logits: Tensor  # [B, n, V]: prefill: each row's last prompt token (n = 1); verify/decode: every node
+    features: Tensor | None  # [B, n, F]: the drafter's context (target hidden states); prefill: [B, P, F] padded
+    record: ForwardRecord
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One buffer of a state, for the shapes tools: what it is per, its shape and its bytes."""
+
+    name: str  # "keys", "values", "conv", "ssm", ...
+    kind: str  # "per_token" (grows with the sequence), "per_request" (fixed per row), "scratch_per_node"
+    layers: int  # how many layers hold one such buffer
+    shape: tuple  # per layer, e.g. (batch, kv_heads, tokens, head_dim)
+    dtype: torch.dtype
+
+    @property
+    def bytes(self) -> int:
+        n = self.layers
+        for d in self.shape:
+            n *= int(d)
+        return n * torch.empty(0, dtype=self.dtype).element_size()
+
+
+@runtime_checkable
+class TargetState(Protocol):
+    """The target model's state over B >= 1 rows (requests), row b of every buffer belonging to request b.
+
+    Row lengths are host ints: ``lengths[b]`` tokens of request b are committed (= the position of its
+    pending root). Every method keeps the rows' order; only ``select`` changes which rows exist.
+    """
+
+    lengths: list[int]
+
+    def prefill(self, prompts: list[list[int]]) -> StepOut:
+        """EXTEND over each row's prompt (rows start empty). Commits the prompts; logits [B, 1, V] at each
+        row's last prompt token, features [B, max P, F] (row b's first len(prompts[b]) are real)."""
+
+    def verify(self, layout: TreeLayout) -> StepOut:
+        """TARGET_VERIFY over the layout's [B, N] nodes (row b's tree rooted at ``layout.starts[b]`` ==
+        ``lengths[b]``): every node sees its row's committed prefix and its own ancestors. Leaves the
+        committed state as it was (the tree is scratch until ``commit``)."""
+
+    def decode(self, layout: TreeLayout) -> StepOut:
+        """DECODE: ``verify`` of a root-only layout (N == 1), labelled and planned as plain decoding."""
+
+    def commit(self, layout: TreeLayout, nodes: list[Tensor]) -> None:
+        """Keep the accepted nodes of the last verify: ``nodes[b]`` int64 [L_b + 1], root first, in path
+        order (indices into row b's tree). Afterwards ``lengths[b] == layout.starts[b] + len(nodes[b])``."""
+
+    def crop(self, lengths: list[int]) -> None:
+        """Roll every row back to ``lengths[b]`` committed tokens (<= now). Refuses where ``can_crop`` is False."""
+
+    def can_crop(self, lengths: list[int]) -> bool:
+        ...
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order (retiring finished requests)."""
+
+    def view(self, row: int) -> list[tuple[Tensor, ...]]:
+        """Read-only per-layer views of one row's committed state (dense: (keys, values) [1, H, len, D])."""
+
+    def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
+        """The buffers a forward of ``batch`` rows at ``length`` committed tokens with ``nodes`` scratch
+        nodes holds (defaults: now). From the config alone; no tensors are made."""
+
+    def nbytes(self) -> int:
+        """Bytes of committed state held for all rows now."""
+
+
+# ------------------------------------------------------------------------------------------- registry
+_TARGET_STATES: list[tuple[Callable, Callable]] = []  # (detect(config) -> bool, factory(models, capture))
+
+
+def register_target_state(detect: Callable, factory: Callable) -> None:
+    """Route targets whose config ``detect`` accepts to ``factory(models, capture) -> TargetState``."""
+    _TARGET_STATES.insert(0, (detect, factory))
+
+
+def new_target_state(models, capture=None) -> TargetState:
+    """The state class for ``models.target``: the first registered detector that accepts its config,
+    else dense attention K/V."""
+    config = models.target.config
+    for detect, factory in _TARGET_STATES:
+        if detect(config):
+            return factory(models, capture)
+    from workbench.models.dense import DenseKV
+
+    return DenseKV(models, capture)
+
+
+def new_draft_state(models, capture=None):
+    """The drafter's state: DFlash drafters are dense attention (full, causal or sliding per layer)."""
+    from workbench.models.dense import DraftKV
+
+    return DraftKV(models, capture)

@@ -1,0 +1,469 @@
+"""Dense attention state: per-token keys/values in preallocated buffers, for the target and the drafter.
+
+``KVBuffers`` is the one cache (a Hugging Face ``Cache``) for B >= 1 rows: every row keeps its own
+left-aligned rows in shared ``[B, kv_heads, capacity, head_dim]`` buffers with its own length. A forward
+of n tokens per row writes rows ``[lengths[b], lengths[b] + n)`` and attention sees ``max(lengths) + n``
+columns; the state's mask hides each row's columns it does not own. When every row writes at the same
+offset (always at B = 1) the write is a slice, otherwise one scatter. Hugging Face's ``DynamicLayer``
+would instead concatenate onto the whole cache at every forward.
+
+``PrefixMask`` builds the tree-verify mask (committed prefix + own ancestors) incrementally across cycles.
+``DenseKV`` is the target's ``TargetState``; ``DraftKV`` the DFlash drafter's (full, causal or sliding
+layers; pending target context per row).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer
+
+from ddtree_kernels import compact_kv_
+from workbench.forward import ForwardMode, ForwardRecord, run_draft, run_target
+from workbench.layout import TreeLayout
+from workbench.models.base import StateSpec, StepOut
+
+
+def additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool -> additive (0 visible, -inf hidden), the form SDPA adds to the scores as it is."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
+# -------------------------------------------------------------------------------------------- the cache
+class KVLayer(DynamicLayer):
+    """One layer's keys/values: [B, kv_heads, capacity, head_dim] buffers owned by a ``KVBuffers``.
+
+    Zero-initialised (not ``new_empty``): a hidden column still enters SDPA's weighted sum as 0 * value,
+    and garbage NaN there would poison the output.
+    """
+
+    MIN_CAPACITY = 256
+
+    def __init__(self, owner: "KVBuffers"):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._k = key_states.new_zeros(key_states.shape[0], key_states.shape[1], 0, key_states.shape[3])
+        self._v = value_states.new_zeros(value_states.shape[0], value_states.shape[1], 0, value_states.shape[3])
+        self.is_initialized = True
+
+    def _reserve(self, rows: int) -> None:
+        cap = self._k.shape[2]
+        if rows <= cap:
+            return
+        new_cap = max(self.MIN_CAPACITY, cap * 2, rows)  # doubling keeps growth rare
+        k = self._k.new_zeros(*self._k.shape[:2], new_cap, self._k.shape[3])
+        v = self._v.new_zeros(*self._v.shape[:2], new_cap, self._v.shape[3])
+        used = max(self.owner.lengths, default=0)
+        if used:
+            k[:, :, :used].copy_(self._k[:, :, :used])
+            v[:, :, :used].copy_(self._v[:, :, :used])
+        self._k, self._v = k, v
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        offset, rows, width = self.owner.write_plan(n)
+        self._reserve(width)
+        if rows is None:  # every row writes at the same offset: a slice
+            self._k[:, :, offset : offset + n].copy_(key_states)
+            self._v[:, :, offset : offset + n].copy_(value_states)
+        else:
+            b = torch.arange(rows.shape[0], device=rows.device)[:, None]
+            # Advanced indices around a slice put their dims first: the target is [B, n, heads, head_dim].
+            self._k[b, :, rows] = key_states.transpose(1, 2)
+            self._v[b, :, rows] = value_states.transpose(1, 2)
+        return self._k[:, :, :width], self._v[:, :, :width]
+
+    def get_seq_length(self) -> int:
+        return self.owner.width()
+
+    def rows_of(self, b: int) -> tuple[Tensor, Tensor]:
+        n = self.owner.lengths[b]
+        return self._k[b : b + 1, :, :n], self._v[b : b + 1, :, :n]
+
+
+class KVBuffers(Cache):
+    """Every row's keys/values, left-aligned in shared buffers, ``lengths[b]`` rows in use for row b.
+
+    After a forward the caller sets the new lengths (``set_lengths``), keeps the accepted rows of a
+    verified tree (``keep_rows``) or drops rows (``select``).
+    """
+
+    def __init__(self, config, lengths: list[int]):
+        n = config.get_text_config(decoder=True).num_hidden_layers
+        super().__init__(layers=[KVLayer(self) for _ in range(n)])
+        self.lengths = list(lengths)
+        self._plan = None
+        self._written: int | None = None
+        self.layer_masks: dict | None = None  # layer index -> mask, for a forward whose layers differ
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def write_plan(self, n: int) -> tuple[int, Tensor | None, int]:
+        """(offset, destination rows [B, n] or None when every row writes at ``offset``, visible width)."""
+        key = (n, tuple(self.lengths))
+        if self._plan is None or self._plan[0] != key:  # computed once per forward, shared by the layers
+            first = self.lengths[0]
+            rows = None
+            if any(x != first for x in self.lengths):
+                rows = torch.tensor(self.lengths)[:, None] + torch.arange(n)[None]
+                rows = rows.to(self.layers[0]._k.device)
+            self._plan = (key, (first, rows, max(self.lengths) + n))
+        self._written = self._plan[1][2]
+        return self._plan[1]
+
+    def width(self) -> int:
+        """Columns attention sees: max(lengths), or the last forward's width until the lengths are set."""
+        return self._written if self._written is not None else max(self.lengths, default=0)
+
+    def uniform(self) -> bool:
+        return all(x == self.lengths[0] for x in self.lengths)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        self.lengths, self._written = list(lengths), None
+
+    def kv(self, b: int) -> list[tuple[Tensor, Tensor]]:
+        """Row b as (keys, values) per layer, [1, kv_heads, lengths[b], head_dim] each (views)."""
+        if not self.layers[0].is_initialized:
+            return []
+        return [layer.rows_of(b) for layer in self.layers]
+
+    def keep_rows(self, starts: list[int], nodes: list[Tensor]) -> None:
+        """Row b verified a tree at rows [starts[b], ...); keep its ``nodes[b]`` rows (root first), in order,
+        at rows [starts[b], starts[b] + len(nodes[b])). One row: ``compact_kv_`` moves only what must move;
+        more: one gather and one scatter per buffer for the whole batch."""
+        layers = [layer for layer in self.layers if layer.is_initialized]
+        if len(starts) == 1:
+            for layer in layers:
+                compact_kv_(layer._k, starts[0], nodes[0])
+                compact_kv_(layer._v, starts[0], nodes[0])
+        elif layers:
+            A = max(int(x.shape[0]) for x in nodes)
+            dev = nodes[0].device
+            j = torch.arange(A, device=dev)
+            # Short rows repeat their last node: those copies land past the new length, where nothing reads.
+            src = torch.stack([s + x[j.clamp(max=x.shape[0] - 1)] for s, x in zip(starts, nodes)])  # [B, A]
+            dst = torch.tensor(starts, device=dev)[:, None] + j[None]  # [B, A]
+            b_idx = torch.arange(len(starts), device=dev)[:, None]
+            for layer in layers:
+                for buf in (layer._k, layer._v):
+                    buf[b_idx, :, dst] = buf[b_idx, :, src]  # the gather copies first: overlapping rows are safe
+        self.set_lengths([s + int(x.shape[0]) for s, x in zip(starts, nodes)])
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only the rows ``keep``, in order: retired requests leave the buffers."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                idx = torch.tensor(keep, dtype=torch.long, device=layer._k.device)
+                layer._k, layer._v = layer._k.index_select(0, idx), layer._v.index_select(0, idx)
+        self.set_lengths([self.lengths[b] for b in keep])
+
+    def nbytes(self) -> int:
+        """Bytes of the committed rows (all rows, all layers)."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                per_row = layer._k[0, :, :1].numel() * layer._k.element_size()
+                total += 2 * per_row * sum(self.lengths)
+        return total
+
+
+# -------------------------------------------------------------------------------------------- the mask
+class PrefixMask:
+    """The verify mask [B, 1, N, max(starts) + N], kept in one buffer across cycles: row b's nodes see its
+    committed prefix (columns < starts[b]) and, in its tree block [starts[b], starts[b] + N), their own
+    ancestors; nothing else (other rows' longer prefixes, stale rows).
+
+    Every row's buffer is "prefix visible, the rest hidden" except its current tree block. From one cycle
+    to the next the prefix grows into the old block and a new block is written, so a cycle writes
+    O(N x (N + accepted)) entries per row instead of building [N, start + N] afresh.
+    """
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.buf = torch.zeros(0, 1, 0, 0, dtype=dtype, device=device)  # [rows, 1, queries, cols]
+        self._written: list[tuple[int, int]] | None = None  # per row: (start, queries) of its tree block
+
+    def _fresh(self, rows: int, queries: int, cols: int, starts: list[int]) -> None:
+        col = torch.arange(cols, device=self.device)[None, None, None]
+        st = torch.tensor(starts, device=self.device)[:, None, None, None]
+        self.buf = additive((col < st).expand(rows, 1, queries, cols), self.dtype).contiguous()
+        self._written = [(s, 0) for s in starts]
+
+    def tree(self, visibility: Tensor, starts: list[int]) -> Tensor:
+        """visibility bool [B, N, N] ancestor-or-self, rooted at ``starts`` -> additive [B, 1, N, max + N] (a view)."""
+        B, N, _ = visibility.shape
+        W = max(starts) + N
+        rows, r, c = self.buf.shape[0], self.buf.shape[2], self.buf.shape[3]
+        old = self._written
+        if (old is None or rows != B or N > r or W > c
+                or any(s < s0 for s, (s0, _) in zip(starts, old))):  # grown, reshaped or rolled back: rebuild
+            self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
+            old = self._written
+        inf = float("-inf")
+        for b, (s, (s0, q0)) in enumerate(zip(starts, old)):
+            row = self.buf[b]
+            if s > s0:
+                row[:, :, s0:s] = 0  # committed since: prefix now, for every query
+            if s0 + q0 > s:
+                row[:, :q0, s : s0 + q0] = inf  # what is left of the old block is hidden again
+            row[:, :N, s : s + N].masked_fill_(~visibility[b, None], inf).masked_fill_(visibility[b, None], 0)
+        self._written = [(s, N) for s in starts]
+        return self.buf[:, :, :N, :W]
+
+    def mask(self, visibility: Tensor, start: int) -> Tensor:
+        """One row: visibility [1, n, n] -> additive [1, 1, n, start + n]."""
+        return self.tree(visibility, [start])
+
+    def select(self, keep: list[int]) -> None:
+        if self._written is not None and self.buf.shape[0] == len(self._written):
+            self.buf = self.buf[keep]
+            self._written = [self._written[b] for b in keep]
+
+    def reset(self) -> None:
+        self._written = None
+
+
+# ------------------------------------------------------------------------------------------- the target
+def _kv_shape(config) -> tuple[int, int, int]:
+    c = config.get_text_config(decoder=True)
+    heads = c.num_key_value_heads
+    return c.num_hidden_layers, heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+class DenseKV:
+    """``TargetState`` of a dense-attention target (Qwen3, Llama, ...): K/V per token in ``KVBuffers``."""
+
+    def __init__(self, models, capture=None, rows: int = 0):
+        self.models, self.capture = models, capture
+        self.cache = KVBuffers(models.target.config, [0] * rows)
+        self.masks = PrefixMask(models.dtype, models.device)
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    def _forward(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None) -> StepOut:
+        m = self.models
+        out = run_target(m.target, ids, positions, self.cache, mode, m.target_layer_ids, mask, self.capture)
+        return StepOut(out.logits, out.features, out.record)
+
+    def prefill(self, prompts: list[list[int]]) -> StepOut:
+        m = self.models
+        dev = m.device
+        B, P = len(prompts), max(len(p) for p in prompts)
+        self.cache.set_lengths([0] * B)
+        self.masks.reset()
+        mask = None  # one prompt (or equal lengths): the model's own causal mask
+        if B == 1:
+            ids = torch.tensor(prompts, device=dev)
+        else:
+            ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+            for b, x in enumerate(prompts):
+                ids[b, : len(x)] = torch.tensor(x, device=dev)
+            if any(len(x) != P for x in prompts):
+                lens = torch.tensor([len(x) for x in prompts], device=dev)
+                col = torch.arange(P, device=dev)
+                # Causal within each prompt; padding queries see their prompt (never an empty row: NaN).
+                visible = (col[None, None] <= col[None, :, None]) & (col[None, None] < lens[:, None, None])
+                mask = additive(visible[:, None], m.dtype)  # [B, 1, P, P]
+        pos = torch.arange(P, device=dev).expand(B, P)
+        out = self._forward(ids, pos, ForwardMode.EXTEND, mask)
+        self.cache.set_lengths([len(x) for x in prompts])
+        if B == 1:
+            last = out.logits[:, -1:]
+        else:
+            last = out.logits[torch.arange(B, device=dev), torch.tensor([len(x) - 1 for x in prompts], device=dev)]
+            last = last[:, None]
+        return StepOut(last, out.features, out.record)
+
+    def _check(self, layout: TreeLayout) -> None:
+        if layout.starts != self.cache.lengths:
+            raise ValueError(f"layout roots at {layout.starts} but the rows hold {self.cache.lengths} tokens")
+
+    def verify(self, layout: TreeLayout, mode: ForwardMode = ForwardMode.TARGET_VERIFY) -> StepOut:
+        self._check(layout)
+        mask = None  # one query per row over equal prefixes sees every column: no mask needed
+        if layout.N > 1 or not self.cache.uniform():
+            mask = self.masks.tree(layout.visibility, layout.starts)
+        return self._forward(layout.tokens, layout.positions, mode, mask)
+
+    def decode(self, layout: TreeLayout) -> StepOut:
+        if layout.N != 1:
+            raise ValueError(f"decode takes one token per row, got a layout of {layout.N} nodes; use verify")
+        return self.verify(layout, ForwardMode.DECODE)
+
+    def commit(self, layout: TreeLayout, nodes: list[Tensor]) -> None:
+        self.cache.keep_rows(layout.starts, nodes)
+
+    def can_crop(self, lengths: list[int]) -> bool:
+        return len(lengths) == self.rows and all(0 <= n <= L for n, L in zip(lengths, self.lengths))
+
+    def crop(self, lengths: list[int]) -> None:
+        if not self.can_crop(lengths):
+            raise ValueError(f"crop({lengths}): give one length per row, each at most its {self.lengths}")
+        self.cache.set_lengths(lengths)
+        self.masks.reset()
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(rows)
+        self.masks.select(rows)
+
+    def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
+        return self.cache.kv(row)
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes()
+
+    def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
+        layers, heads, dim = _kv_shape(self.models.target.config)
+        batch = self.rows if batch is None else batch
+        length = max(self.lengths, default=0) if length is None else length
+        shape = (batch, heads, length + nodes, dim)
+        return [StateSpec(name, "per_token", layers, shape, self.models.dtype) for name in ("keys", "values")]
+
+
+# ------------------------------------------------------------------------------------------ the drafter
+def _layer_kind(attn) -> tuple[bool, int | None]:
+    """(causal, sliding window or None) of one DFlash attention module."""
+    return bool(getattr(attn, "is_causal", False)), getattr(attn, "sliding_window", None)
+
+
+def _swap_layer_mask(module, args, kwargs):
+    """Forward pre-hook on a drafter attention module: in a forward whose layers need different masks,
+    take this layer's from the cache the model hands every layer (no global state)."""
+    masks = getattr(kwargs.get("past_key_values"), "layer_masks", None)
+    if masks is not None and module.layer_idx in masks:
+        kwargs["attention_mask"] = masks[module.layer_idx]
+        return args, kwargs
+    return None
+
+
+class DraftKV:
+    """The DFlash drafter's state: its K/V rows (``[0, start)`` per row after each draft) and each row's
+    pending target context (features of committed positions not yet in its cache).
+
+    One row runs exactly as dflash's own generation does: no mask, so each layer (full, causal or
+    sliding) builds its own. More rows pad the context to the longest, and the mask is built per layer
+    kind from each key's and query's real position: the same rule dflash applies, per row.
+    """
+
+    def __init__(self, models, capture=None, rows: int = 0):
+        self.models, self.capture = models, capture
+        self.cache = KVBuffers(models.draft.config, [0] * rows)
+        self.context: list[Tensor] = []  # per row [1, m_b, F]
+        self.kinds = [_layer_kind(layer.self_attn) for layer in models.draft.layers]
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    def start(self, features: list[Tensor]) -> None:
+        """Rows begin empty with the prefill's features as pending context ([1, P_b, F] each)."""
+        self.cache.set_lengths([0] * len(features))
+        self.context = list(features)
+
+    def add_context(self, features: list[Tensor | None]) -> None:
+        """Append each row's newly committed features [1, k_b, F] to its pending context."""
+        self.context = [c if f is None else torch.cat([c, f], dim=1) for c, f in zip(self.context, features)]
+
+    def draft(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        """One block forward for every row: [root, MASK x (block - 1)] at positions [start, start + block).
+        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b])."""
+        m = self.models
+        dev, Bk = m.device, m.block_size
+        B = len(roots)
+        if B == 1:
+            block = torch.full((1, Bk), m.mask_token_id, dtype=torch.long, device=dev)
+            block[0, 0] = roots[0]
+            ctx = self.context[0]
+            positions = torch.arange(starts[0] - ctx.shape[1], starts[0] + Bk, device=dev)[None]
+            logits, rec = run_draft(m.draft, m.target, block, positions, ctx, self.cache, self.capture)
+        else:
+            logits, rec = self._draft_rows(roots, starts)
+        # The block's own K/V must not stay: next cycle's block sits at other positions.
+        self.cache.set_lengths(starts)
+        self.context = [c[:, :0] for c in self.context]
+        return logits, rec
+
+    def _draft_rows(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        m = self.models
+        dev, Bk = m.device, m.block_size
+        B = len(roots)
+        ctx_lens = [c.shape[1] for c in self.context]
+        M = max(ctx_lens)
+        ctx = self.context[0].new_zeros(B, M, self.context[0].shape[-1])
+        pos = torch.zeros(B, M + Bk, dtype=torch.long, device=dev)
+        for b, (c, s) in enumerate(zip(self.context, starts)):
+            ctx[b, : c.shape[1]] = c[0]
+            pos[b, : c.shape[1]] = torch.arange(s - c.shape[1], s, device=dev)
+            pos[b, M:] = torch.arange(s, s + Bk, device=dev)
+        block = torch.full((B, Bk), m.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = torch.tensor(roots, device=dev)
+        # Keys of row b: its cache rows [0, L_b) (positions 0..L_b-1), its M context rows (m_b real, at
+        # positions L_b..start_b-1), its block rows (positions start_b..): every real key's column is
+        # L_b + j for context row j, so position = column there; padding is hidden.
+        L = torch.tensor(self.cache.lengths, device=dev)[:, None]
+        col = torch.arange(max(self.cache.lengths) + M + Bk, device=dev)[None]  # [1, W]
+        mlen = torch.tensor(ctx_lens, device=dev)[:, None]
+        st = torch.tensor(starts, device=dev)[:, None]
+        in_block = (col >= L + M) & (col < L + M + Bk)
+        valid = (col < L + mlen) | in_block  # [B, W]
+        kpos = torch.where(in_block, st + col - L - M, col)[:, None, :]  # [B, 1, W]
+        qpos = (st + torch.arange(Bk, device=dev)[None])[:, :, None]  # [B, Bk, 1]
+        masks = {}
+        for kind in set(self.kinds):
+            causal, window = kind
+            vis = valid[:, None, :].expand(B, Bk, valid.shape[1])
+            if causal:
+                vis = vis & (kpos <= qpos)
+            if window is not None:
+                vis = vis & (qpos - kpos < window)
+                if not causal:
+                    vis = vis & (kpos - qpos < window)
+            masks[kind] = additive(vis[:, None], m.dtype)  # [B, 1, Bk, W]
+        first = masks[self.kinds[0]]
+        if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
+            self._install_hooks()
+            self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        try:
+            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+        finally:
+            self.cache.layer_masks = None
+
+    def _install_hooks(self) -> None:
+        for layer in self.models.draft.layers:
+            attn = layer.self_attn
+            if not getattr(attn, "_wb_layer_mask_hook", False):
+                attn.register_forward_pre_hook(_swap_layer_mask, with_kwargs=True)
+                attn._wb_layer_mask_hook = True
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(rows)
+        self.context = [self.context[r] for r in rows]
+
+    def crop(self, lengths: list[int]) -> None:
+        """Free for K/V; the pending context of the dropped positions is dropped with them."""
+        self.cache.set_lengths([min(n, L) for n, L in zip(lengths, self.cache.lengths)])
+
+    def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
+        return self.cache.kv(row)
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes()
+
+    def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
+        layers, heads, dim = _kv_shape(self.models.draft.config)
+        batch = self.cache.rows if batch is None else batch
+        length = max(self.lengths, default=0) if length is None else length
+        shape = (batch, heads, length + nodes, dim)
+        return [StateSpec(f"draft {n}", "per_token", layers, shape, self.models.dtype) for n in ("keys", "values")]
