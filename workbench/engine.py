@@ -13,6 +13,7 @@ from workbench.forward import ForwardMode, run_target
 from workbench.kv_cache import BufferedCache
 from workbench.loading import Models, load_models, model_ref
 from workbench.policies import AR, DDTree, Policy, as_policy
+from workbench.prompting import Prompt, encode_prompt
 from workbench.sampling import Sampling, target_choice
 from workbench.stages.verify import MaskBuffer
 
@@ -73,18 +74,20 @@ class SessionFinished(RuntimeError):
     """``step()`` was called on a session that has already ended."""
 
 
-def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backend: str = "torch",
-         threads: int | None = None) -> "Engine":
+def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
+         threads: int | None = None, device_map=None, trust_remote_code: bool = False) -> "Engine":
     """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
 
-    ``wb.load(target=DIR, draft=DIR, device="cuda", dtype="bfloat16")`` for real checkpoints.
+    ``wb.load(target=DIR, draft=DIR, device="cuda")`` for real checkpoints: ``dtype="auto"`` keeps the
+    checkpoint's own dtype; ``device_map`` (e.g. "auto") spreads a large target over devices;
+    ``trust_remote_code=True`` runs a checkpoint's own code (Kimi-K2). See ``workbench.loading``.
     """
     check_backend(kernel_backend)
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
         env = os.environ.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
-    return Engine(load_models(target, draft, device, dtype), kernel_backend)
+    return Engine(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend)
 
 
 class Engine:
@@ -108,23 +111,44 @@ class Engine:
         return (f"Engine(target={self.models.target_dir.name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
                 f"draft block {self.models.block_size}, layers {self.models.target_layer_ids}; "
                 f"device={self.device}, dtype={str(self.models.dtype).replace('torch.', '')}, "
-                f"kernel_backend={self.kernel_backend!r})")
+                f"kernel_backend={self.kernel_backend!r})"
+                + "".join(f"\n  note: {n}" for n in self.models.notes))
 
-    def session(self, prompt: str, policy: Policy = DDTree(32), temperature: float = 0.0, top_p: float = 1.0,
-                top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                kernel_backend: str | None = None, record_topk: int = 8, capture=None) -> "Session":
-        """Start a generation from ``prompt`` (runs the prefill now)."""
-        return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
-                       max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
+    def encode(self, prompt: str | None = None, *, messages=None, prompt_ids=None) -> Prompt:
+        """The target tokenizer's encoding of one prompt (see ``workbench.prompting``)."""
+        m = self.models
+        return encode_prompt(m.tokenizer, prompt, messages=messages, prompt_ids=prompt_ids,
+                             max_positions=m.max_positions, vocab_size=m.target.get_input_embeddings().num_embeddings)
 
-    def batch_session(self, prompts: list[str], policy=DDTree(32), **kw) -> "BatchSession":  # noqa: F821
-        """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``."""
+    def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
+                top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
+                prompt_ids=None) -> "Session":
+        """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
+        (chat, through the target's chat template) or ``prompt_ids`` (exact ids)."""
+        return Session(self, self.encode(prompt, messages=messages, prompt_ids=prompt_ids), as_policy(policy),
+                       Sampling(temperature, top_p, top_k), seed, max_new_tokens,
+                       kernel_backend or self.kernel_backend, record_topk, capture)
+
+    def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,
+                      prompt_ids=None, **kw) -> "BatchSession":  # noqa: F821
+        """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``.
+        ``messages``: one chat per request; ``prompt_ids``: one id list per request (instead of ``prompts``)."""
         from workbench.batch import BatchSession
 
+        lists = {"messages": messages, "prompt_ids": prompt_ids}
+        given = {k: v for k, v in lists.items() if v is not None}
+        if given:
+            if prompts is not None or len(given) > 1:
+                raise ValueError("give exactly one of prompts=, messages= or prompt_ids= (one entry per request)")
+            (name, items), = given.items()
+            if not isinstance(items, (list, tuple)) or not items:
+                raise ValueError(f"{name}= must be a non-empty list with one entry per request")
+            prompts = [self.encode(**{name: x}) for x in items]
         return BatchSession(self, prompts, policy, **kw)
 
-    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                 **kw) -> Trace:
+    def generate(self, prompt: str | None = None, policy: Policy = DDTree(32),
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **kw) -> Trace:
         """Run a whole session and return its trace."""
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         return s.run()
@@ -160,27 +184,20 @@ class SessionState:
 class Session(SessionState):
     """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
 
-    def __init__(self, engine: Engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
+    def __init__(self, engine: Engine, prompt: str | Prompt, policy: Policy, sampling: Sampling, seed: int,
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture):
         t_start = clock(engine.models.device)
         m = engine.models
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
+        if not isinstance(prompt, Prompt):
+            prompt = engine.encode(prompt)
         check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
         self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
         self._max_new_tokens = max_new_tokens
-        self.prompt = prompt
-        ids = m.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ValueError(f"prompt={prompt!r} encodes to no tokens")
-        if len(ids) >= m.max_positions:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens but the target has {m.max_positions} positions; shorten the prompt"
-            )
-        self.prompt_ids: list[int] = ids
+        self.prompt = prompt.text  # the raw text, the rendered chat, or the decoded ids
+        self.prompt_ids: list[int] = list(prompt.ids)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1")
         self.generator = torch.Generator(device=m.device).manual_seed(seed)
@@ -188,7 +205,7 @@ class Session(SessionState):
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.trace = Trace(meta={
-            "prompt": prompt, "prompt_ids": ids, "policy": str(policy), "temperature": sampling.temperature,
+            **prompt.trace_meta(), "policy": str(policy), "temperature": sampling.temperature,
             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "kernel_backend": kernel_backend,
             "target": model_ref(m.target_dir), "draft": model_ref(m.draft_dir), "device": str(m.device),
             "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,
