@@ -13,6 +13,7 @@ import workbench as wb
 
 PROMPTS = ["t1 t2 t3 t4", "t7 t5"]
 NEW = 10
+THREADS = 1  # tiny models: one thread is several times faster than two on a busy machine
 POLICIES = [wb.DFlash(), wb.DDTree(8), wb.EagleTree(topk=2, steps=3, num_draft_tokens=8)]
 
 
@@ -45,7 +46,7 @@ def engines(layouts):
     def get(target, draft="zlab", **kw):
         key = (target, draft, tuple(sorted(kw.items())))
         if key not in cache:
-            cache[key] = wb.load(target=layouts(target), draft=layouts(f"draft_{draft}"), **kw)
+            cache[key] = wb.load(target=layouts(target), draft=layouts(f"draft_{draft}"), threads=THREADS, **kw)
         return cache[key]
 
     return get
@@ -121,7 +122,7 @@ def test_dflash2_loads_its_own_class_and_every_tensor(engines, layouts, tmp_path
     (d / "config.json").write_text(json.dumps(c))
     with pytest.raises(wb.ModelPairError, match=r"draft checkpoint .* does not match DFlashDraftModel: 7 unexpected: "
                                                 r"candidate_selector\.hidden_projection\.weight, "):
-        wb.load(target=layouts("qwen3"), draft=d)
+        wb.load(target=layouts("qwen3"), draft=d, threads=THREADS)
 
 
 def test_missing_or_unexpected_weights_are_named(layouts, tmp_path):
@@ -135,13 +136,13 @@ def test_missing_or_unexpected_weights_are_named(layouts, tmp_path):
     t["extra.bias"] = torch.zeros(2)
     save_file(t, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(wb.ModelPairError, match=r"^draft checkpoint .* 1 missing: fc\.weight; 1 unexpected: extra\.bias"):
-        wb.load(target=layouts("qwen3"), draft=d)
+        wb.load(target=layouts("qwen3"), draft=d, threads=THREADS)
     tdir = shutil.copytree(layouts("qwen3"), tmp_path / "t")
     t = load_file(tdir / "model.safetensors")
     del t["model.layers.2.mlp.up_proj.weight"]
     save_file(t, tdir / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(wb.ModelPairError, match=r"^target checkpoint .* 1 missing: model\.layers\.2\.mlp\.up_proj"):
-        wb.load(target=tdir, draft=layouts("draft_zlab"))
+        wb.load(target=tdir, draft=layouts("draft_zlab"), threads=THREADS)
 
 
 def test_sliding_drafter_layers_are_causal_and_windowed(engines):
@@ -165,7 +166,7 @@ def test_bf16_sharded_loads_in_its_own_dtype(engines, layouts):
     s = engines("sharded_bf16").session(PROMPTS[0], policy=wb.DDTree(8), max_new_tokens=6)
     s.run()
     assert s.trace.meta["dtype"] == "bfloat16" and len(s.tokens) >= 1
-    assert wb.load().models.dtype == torch.float32  # the embedded pair's checkpoint says float32
+    assert wb.load(threads=THREADS).models.dtype == torch.float32  # the embedded pair's checkpoint says float32
 
 
 def test_explicit_device_map_on_cpu(layouts, monkeypatch):
@@ -177,7 +178,7 @@ def test_explicit_device_map_on_cpu(layouts, monkeypatch):
             "lm_head": "cpu"}
     if not is_accelerate_available():  # transformers needs accelerate for any device_map: said in one line
         with pytest.raises(wb.ModelPairError, match=r"needs the 'accelerate' package \(pip install accelerate\)$"):
-            wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=dmap)
+            wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=dmap, threads=THREADS)
         return
     seen = []
     real = Qwen3ForCausalLM.from_pretrained.__func__
@@ -187,7 +188,7 @@ def test_explicit_device_map_on_cpu(layouts, monkeypatch):
         return real(cls, *a, **kw)
 
     monkeypatch.setattr(Qwen3ForCausalLM, "from_pretrained", classmethod(spy))
-    e = wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=dmap)
+    e = wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=dmap, threads=THREADS)
     assert seen == [dmap]
     assert e.device == torch.device("cpu") and next(e.models.draft.parameters()).device == e.device
     a = e.session(PROMPTS[0], policy=wb.AR(), max_new_tokens=NEW)
@@ -208,7 +209,7 @@ def test_refusals_are_one_line(layouts, monkeypatch, target, match):
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a [y/N] question would read here and fail
     with pytest.raises(wb.ModelPairError, match=match) as err:
-        wb.load(target=layouts(target), draft=layouts("draft_zlab"))
+        wb.load(target=layouts(target), draft=layouts("draft_zlab"), threads=THREADS)
     assert "\n" not in str(err.value)
 
 
@@ -216,7 +217,7 @@ def test_cli_refusal_names_the_flag(layouts, capsys):
     from workbench.cli import main
 
     code = main(["run", "--target", str(layouts("kimi_k2_remote")), "--draft", str(layouts("draft_zlab")),
-                 "--prompt", "t1"])
+                 "--prompt", "t1", "--threads", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and err.startswith("workbench: error: target ") and "--trust-remote-code" in err
 
@@ -262,10 +263,10 @@ def test_cli_chat_flag(layouts, capsys):
     from workbench.cli import main
 
     args = ["run", "--target", str(layouts("qwen3")), "--draft", str(layouts("draft_zlab")), "--prompt", "t1 t2",
-            "--max-new-tokens", "5", "--policy", "ddtree:8", "--json"]
+            "--max-new-tokens", "5", "--policy", "ddtree:8", "--json", "--threads", "1"]
     assert main(args + ["--chat"]) == 0
     chat = json.loads(capsys.readouterr().out)
-    e = wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"))
+    e = wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), threads=THREADS)
     s = e.session(messages=[{"role": "user", "content": "t1 t2"}], policy=wb.AR(), max_new_tokens=5)
     s.run()
     assert chat["tokens"] == s.tokens
