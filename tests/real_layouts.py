@@ -15,6 +15,7 @@ second. Reproduced from the installed dflash 0.1.0 and SGLang 0.5.23 sources and
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,8 +78,23 @@ def _common(**kw) -> dict:
                 **kw)
 
 
+@contextmanager
+def quiet():
+    """No 'Writing model shards' bars (noise in test logs and in a notebook's stored outputs)."""
+    from transformers.utils import logging as hf_logging
+
+    on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if on:
+            hf_logging.enable_progress_bar()
+
+
 def _save(model, tokenizer, directory: Path, **kw) -> Path:
-    model.save_pretrained(directory, **kw)
+    with quiet():
+        model.save_pretrained(directory, **kw)
     tokenizer.save_pretrained(directory)
     return directory
 
@@ -165,6 +181,21 @@ def write_kimi_k25(d: Path, seed: int = 4) -> Path:
     return d
 
 
+def write_qwen3_5_dense(d: Path, seed: int = 6) -> Path:
+    """``Qwen3_5ForConditionalGeneration`` as save_pretrained writes it (text model under
+    ``model.language_model.``, a vision tower under ``model.visual.``) with only full-attention layers:
+    the nested layout with a text model the engine can verify (Qwen3.5's gated attention)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tok = make_tokenizer()
+    text = dict(_common(), num_hidden_layers=LAYERS, layer_types=["full_attention"] * LAYERS,
+                eos_token_id=tok.eos_token_id)
+    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=8, num_heads=2, intermediate_size=16,
+                                                             out_hidden_size=HIDDEN))
+    return _save(Qwen3_5ForConditionalGeneration(cfg), tok, d)
+
+
 def write_qwen3_next_config(d: Path) -> Path:
     """A Qwen3-Next config (hybrid: GatedDeltaNet layers between gated attention layers); refused before
     any weight is read, so the config and tokenizer are all there is."""
@@ -240,7 +271,8 @@ def write_draft(d: Path, kind: str = "zlab", seed: int = 10) -> Path:
             for name, p in model.named_parameters():
                 if name.endswith("base_kernel"):
                     p.normal_(0, 0.3)
-    model.save_pretrained(d)
+    with quiet():
+        model.save_pretrained(d)
     path = d / "config.json"
     c = json.loads(path.read_text())
     name = "DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"

@@ -23,7 +23,7 @@ def layouts(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
     writers = {
         "qwen3": rl.write_qwen3, "qwen3_moe": rl.write_qwen3_moe, "llama3": rl.write_llama3,
-        "deepseek_v3": rl.write_deepseek_v3, "kimi_k25": rl.write_kimi_k25,
+        "deepseek_v3": rl.write_deepseek_v3, "kimi_k25": rl.write_kimi_k25, "qwen3_5_dense": rl.write_qwen3_5_dense,
         "sharded_bf16": lambda d: rl.write_qwen3(d, seed=5, dtype=torch.bfloat16, max_shard_size="20KB"),
         "qwen3_next": rl.write_qwen3_next_config, "qwen3_5": rl.write_qwen3_5_config,
         "kimi_k2_remote": rl.write_remote_code_config,
@@ -61,7 +61,8 @@ def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-PAIRS = [(t, "zlab") for t in ("qwen3", "qwen3_moe", "llama3", "deepseek_v3", "kimi_k25", "sharded_bf16")] + [
+PAIRS = [(t, "zlab") for t in ("qwen3", "qwen3_moe", "llama3", "deepseek_v3", "kimi_k25", "qwen3_5_dense",
+                                    "sharded_bf16")] + [
     ("qwen3", k) for k in ("toplevel", "dflash2", "sliding")]
 
 
@@ -150,10 +151,22 @@ def test_sliding_drafter_layers_are_causal_and_windowed(engines):
     assert [(a.self_attn.is_causal, a.self_attn.sliding_window) for a in layers] == [(True, 3), (False, None)]
 
 
-def test_nested_text_config_loads_the_text_model(engines):
-    e = engines("kimi_k25", dtype="float32")
-    assert type(e.models.target).__name__ == "DeepseekV3ForCausalLM"
-    assert "note: target: text model of a Kimi_K25 checkpoint (2 non-text tensors left on disk)" in repr(e)
+@pytest.mark.parametrize("target,cls,prefix,head,others", [
+    ("kimi_k25", "DeepseekV3ForCausalLM", "language_model.model.", "language_model.lm_head.weight", 2),
+    ("qwen3_5_dense", "Qwen3_5ForCausalLM", "model.language_model.", "lm_head.weight", 21),
+])
+def test_nested_text_config_loads_the_text_model(engines, layouts, target, cls, prefix, head, others):
+    from safetensors.torch import load_file
+
+    e = engines(target, dtype="float32")
+    assert type(e.models.target).__name__ == cls
+    wrapper = {"kimi_k25": "Kimi_K25", "qwen3_5_dense": "Qwen3_5"}[target]
+    assert f"note: target: the text model of a {wrapper} checkpoint ({others} other tensors left on disk)" in repr(e)
+    disk = load_file(layouts(target) / "model.safetensors")
+    sd = e.models.target.state_dict()
+    for name in ("embed_tokens.weight", "layers.1.self_attn.o_proj.weight", "norm.weight"):
+        assert torch.equal(sd["model." + name], disk[prefix + name]), name
+    assert torch.equal(sd["lm_head.weight"], disk[head])
 
 
 def test_bf16_sharded_loads_in_its_own_dtype(engines, layouts):

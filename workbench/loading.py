@@ -265,29 +265,29 @@ def checkpoint_keys(directory: Path) -> list[str]:
     return keys
 
 
-def text_key_mapping(keys: list[str]) -> tuple[dict[str, str], str | None]:
+def text_key_mapping(keys: list[str]) -> tuple[dict[str, str], set[str]]:
     """For a multimodal wrapper checkpoint: (regex renames that put its text model's tensors where a
-    ``*ForCausalLM`` expects them, the text model's prefix in the checkpoint)."""
+    ``*ForCausalLM`` expects them, the checkpoint's tensors outside the text model and its head)."""
     emb = sorted((k for k in keys if k.endswith("embed_tokens.weight")), key=len)
     if not emb:
-        return {}, None
+        return {}, set()
     prefix = emb[0][: -len("embed_tokens.weight")]  # e.g. "language_model.model." or "model.language_model."
     mapping = {} if prefix == "model." else {"^" + re.escape(prefix): "model."}
     heads = sorted((k for k in keys if k == "lm_head.weight" or k.endswith(".lm_head.weight")), key=len)
-    if heads and heads[0] != "lm_head.weight":
-        mapping["^" + re.escape(heads[0][: -len("lm_head.weight")]) + r"lm_head\."] = "lm_head."
-    return mapping, prefix
+    head = heads[0] if heads else None
+    if head and head != "lm_head.weight":
+        mapping["^" + re.escape(head[: -len("lm_head.weight")]) + r"lm_head\."] = "lm_head."
+    return mapping, {k for k in keys if not k.startswith(prefix) and k != head}
 
 
-def check_loading_info(info: dict, role: str, directory: Path, cls_name: str, allowed_unexpected=()) -> list[str]:
-    """Refuse missing, unexpected or misshapen weights, naming them. -> the unexpected keys that
-    ``allowed_unexpected`` (prefixes) let through, so the caller can say what was left out."""
+def check_loading_info(info: dict, role: str, directory: Path, cls_name: str, allowed_unexpected=frozenset()) -> None:
+    """Refuse missing, unexpected or misshapen weights, naming them (``allowed_unexpected``: tensors
+    the caller leaves on disk on purpose, and says so)."""
     def names(keys) -> str:
         keys = sorted(keys)
         return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
 
-    skipped = sorted(k for k in info.get("unexpected_keys", ()) if k.startswith(tuple(allowed_unexpected)))
-    unexpected = sorted(set(info.get("unexpected_keys", ())) - set(skipped))
+    unexpected = sorted(set(info.get("unexpected_keys", ())) - set(allowed_unexpected))
     missing = sorted(info.get("missing_keys", ()))
     mismatched = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", ())]
     problems = [f"{len(v)} {what}: {names(v)}" for what, v in
@@ -295,7 +295,6 @@ def check_loading_info(info: dict, role: str, directory: Path, cls_name: str, al
     if problems:
         raise ModelPairError(f"{role} checkpoint '{directory}' does not match {cls_name}: " + "; ".join(problems)
                              + " (nothing is dropped or left random)")
-    return skipped
 
 
 def _placement(device: torch.device, device_map) -> dict:
@@ -328,17 +327,12 @@ def load_target(tdir: Path, config, dtype: torch.dtype, device: torch.device, de
     except KeyError:
         raise ModelPairError(f"target '{tdir}' nests a {text.model_type!r} text model that has no causal-LM class "
                              "in transformers") from None
-    mapping, prefix = text_key_mapping(checkpoint_keys(tdir))
+    mapping, outside = text_key_mapping(checkpoint_keys(tdir))
     model, info = cls.from_pretrained(tdir, config=text, key_mapping=mapping or None, **kw)
-    skipped = check_loading_info(info, "target", tdir, cls.__name__,
-                                 allowed_unexpected=() if prefix is None else ("",))
-    # Everything outside the text model (vision tower, projector) stays on disk; say how much.
-    inside = [k for k in skipped if prefix and k.startswith(prefix)]
-    if inside:
-        raise ModelPairError(f"target checkpoint '{tdir}' has text-model tensors {cls.__name__} does not use: "
-                             f"{', '.join(inside[:6])}")
-    notes.append(f"target: text model of a {type(config).__name__.replace('Config', '')} checkpoint"
-                 + (f" ({len(skipped)} non-text tensors left on disk)" if skipped else ""))
+    # Everything outside the text model and its head (vision tower, projector, MTP) stays on disk; say how much.
+    check_loading_info(info, "target", tdir, cls.__name__, allowed_unexpected=outside)
+    notes.append(f"target: the text model of a {type(config).__name__.replace('Config', '')} checkpoint"
+                 + (f" ({len(outside)} other tensors left on disk)" if outside else ""))
     return model, notes
 
 
