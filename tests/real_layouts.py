@@ -234,6 +234,37 @@ def write_remote_code_config(d: Path) -> Path:
     return d
 
 
+REMOTE_CONFIG = """from transformers import Qwen3Config
+
+
+class RemoteConfig(Qwen3Config):
+    model_type = "qwen3_remote"
+"""
+REMOTE_MODELING = """from transformers import Qwen3ForCausalLM
+
+from .configuration_remote import RemoteConfig
+
+
+class RemoteForCausalLM(Qwen3ForCausalLM):
+    config_class = RemoteConfig
+"""
+
+
+def write_remote_code_target(d: Path, seed: int = 0) -> Path:
+    """A checkpoint with its own code beside the weights (as Kimi-K2 ships): ``auto_map`` to
+    ``configuration_remote.py`` / ``modeling_remote.py`` (here thin subclasses of transformers' Qwen3, whose
+    weight names need no conversion), loadable only with ``trust_remote_code=True``."""
+    write_qwen3(d, seed=seed)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="qwen3_remote", architectures=["RemoteForCausalLM"],
+               auto_map={"AutoConfig": "configuration_remote.RemoteConfig",
+                         "AutoModelForCausalLM": "modeling_remote.RemoteForCausalLM"})
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "configuration_remote.py").write_text(REMOTE_CONFIG)
+    (d / "modeling_remote.py").write_text(REMOTE_MODELING)
+    return d
+
+
 # ------------------------------------------------------------------------------------------------ drafters
 def _draft_config(*, dflash2: bool = False, sliding: bool = False, seed_layers: int = 1):
     from transformers import Qwen3Config

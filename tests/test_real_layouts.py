@@ -26,7 +26,7 @@ def layouts(tmp_path_factory):
         "deepseek_v3": rl.write_deepseek_v3, "kimi_k25": rl.write_kimi_k25, "qwen3_5_dense": rl.write_qwen3_5_dense,
         "sharded_bf16": lambda d: rl.write_qwen3(d, seed=5, dtype=torch.bfloat16, max_shard_size="20KB"),
         "qwen3_next": rl.write_qwen3_next_config, "qwen3_5": rl.write_qwen3_5_config,
-        "kimi_k2_remote": rl.write_remote_code_config,
+        "kimi_k2_remote": rl.write_remote_code_config, "remote_code": rl.write_remote_code_target,
         **{f"draft_{k}": (lambda d, k=k: rl.write_draft(d, k)) for k in ("zlab", "toplevel", "dflash2", "sliding")},
     }
     done = {}
@@ -224,6 +224,21 @@ def test_refusals_are_one_line(layouts, monkeypatch, target, match):
     with pytest.raises(wb.ModelPairError, match=match) as err:
         wb.load(target=layouts(target), draft=layouts("draft_zlab"), threads=THREADS)
     assert "\n" not in str(err.value)
+
+
+def test_trusted_remote_code_loads_and_is_lossless(layouts, monkeypatch, tmp_path):
+    import transformers.dynamic_module_utils as dmu
+
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # the copied code stays in tmp
+    with pytest.raises(wb.ModelPairError, match=r"pass trust_remote_code=True \(CLI --trust-remote-code\)"):
+        wb.load(target=layouts("remote_code"), draft=layouts("draft_zlab"), threads=THREADS)
+    e = wb.load(target=layouts("remote_code"), draft=layouts("draft_zlab"), threads=THREADS, trust_remote_code=True,
+                dtype="float32")
+    assert type(e.models.target).__module__.endswith("modeling_remote")  # the checkpoint's own class
+    ar = e.session(PROMPTS[0], policy=wb.AR(), max_new_tokens=NEW)
+    tree = e.session(PROMPTS[0], policy=wb.DDTree(8), max_new_tokens=NEW)
+    ar.run(), tree.run()
+    assert len(ar.tokens) >= 4 and tree.tokens == ar.tokens == hf_greedy(e, ar.prompt_ids, NEW)
 
 
 def test_cli_refusal_names_the_flag(layouts, capsys):
