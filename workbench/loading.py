@@ -297,16 +297,18 @@ def check_loading_info(info: dict, role: str, directory: Path, cls_name: str, al
                              + " (nothing is dropped or left random)")
 
 
-def _placement(device: torch.device, device_map) -> dict:
-    """from_pretrained arguments that load weights straight onto their device (no host copy first)."""
+def _placement(device: torch.device, device_map) -> tuple[dict, str | None]:
+    """(from_pretrained arguments that load weights straight onto their device, or a note saying they
+    go through host memory: transformers places weights itself only with the accelerate package)."""
     if device_map is None and device.type == "cpu":
-        return {}
+        return {}, None
     from transformers.utils import is_accelerate_available
 
-    if not is_accelerate_available():
-        raise ModelPairError(f"loading onto {device_map or str(device)!r} needs the 'accelerate' package "
-                             "(pip install accelerate)")
-    return {"device_map": device_map if device_map is not None else {"": device}}
+    if is_accelerate_available():
+        return {"device_map": device_map if device_map is not None else {"": device}}, None
+    if device_map is not None:
+        raise ModelPairError(f"device_map={device_map!r} needs the 'accelerate' package (pip install accelerate)")
+    return {}, f"weights loaded on the host, then moved to {device}: pip install accelerate to load them onto it directly"
 
 
 def load_target(tdir: Path, config, dtype: torch.dtype, device: torch.device, device_map, trust_remote_code: bool):
@@ -315,13 +317,14 @@ def load_target(tdir: Path, config, dtype: torch.dtype, device: torch.device, de
     from transformers import AutoModelForCausalLM
 
     text = config.get_text_config(decoder=True)
-    kw = dict(local_files_only=True, dtype=dtype, output_loading_info=True, **_placement(device, device_map))
-    notes: list[str] = []
+    placement, moved = _placement(device, device_map)
+    kw = dict(local_files_only=True, dtype=dtype, output_loading_info=True, **placement)
+    notes: list[str] = [f"target: {moved}"] if moved else []
     if text is config:
         model, info = AutoModelForCausalLM.from_pretrained(tdir, config=config, trust_remote_code=trust_remote_code,
                                                            **kw)
         check_loading_info(info, "target", tdir, type(model).__name__)
-        return model, notes
+        return (model.to(device) if moved else model), notes
     try:
         cls = AutoModelForCausalLM._model_mapping[type(text)]
     except KeyError:
@@ -333,7 +336,7 @@ def load_target(tdir: Path, config, dtype: torch.dtype, device: torch.device, de
     check_loading_info(info, "target", tdir, cls.__name__, allowed_unexpected=outside)
     notes.append(f"target: the text model of a {type(config).__name__.replace('Config', '')} checkpoint"
                  + (f" ({len(outside)} other tensors left on disk)" if outside else ""))
-    return model, notes
+    return (model.to(device) if moved else model), notes
 
 
 def load_tokenizer(tdir: Path, trust_remote_code: bool):
@@ -361,9 +364,12 @@ def load_draft(ddir: Path, ds: DraftSettings, dtype: torch.dtype, device: torch.
     if ds.num_target_layers is None:  # dflash's constructor reads it even when target_layer_ids are given
         config.num_target_layers = target_depth
         notes.append(f"draft config has no num_target_layers: the target's {target_depth} layers assumed")
+    placement, moved = _placement(device, None)
     model, info = cls.from_pretrained(ddir, config=config, local_files_only=True, dtype=dtype,
-                                      output_loading_info=True, **_placement(device, None))
+                                      output_loading_info=True, **placement)
     check_loading_info(info, "draft", ddir, cls.__name__)
+    if moved:
+        model = model.to(device)
     return model, notes
 
 
