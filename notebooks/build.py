@@ -527,36 +527,68 @@ NOTEBOOKS["06_real_checkpoints"] = [
     md("""
 # 06 · Real checkpoints: the same workbench on a GPU host
 
-**Question.** How do I point this workbench at a real target and its DFlash drafter (for example
-Qwen3-8B and the matching DFlash-b16 drafter) on a GPU host? The same functions load the embedded
-default and real checkpoints; cells that need CUDA say so and are skipped with a printed reason on
-a machine without it.
+**Question.** What does a GPU-host user type to run a real target and its DFlash drafter (for
+example Qwen3-8B and z-lab's Qwen3-8B-DFlash-b16)? The same functions load the embedded default and
+published checkpoints. Where your checkpoints are not on this machine, a tiny random pair written in
+the very same on-disk layout stands in (z-lab's drafter config, a mask id the tokenizer has no
+string for), so every cell below runs here too; cells that need CUDA say so and print why they skip.
 """),
     code("""
-import os, torch
+import os, pathlib, sys, tempfile, torch
 import workbench as wb
 
-TARGET = os.environ.get("WB_TARGET", "/models/Qwen3-8B")              # a local HF directory
-DRAFT = os.environ.get("WB_DRAFT", "/models/Qwen3-8B-DFlash-b16")     # the matching DFlash drafter
+TARGET = os.environ.get("WB_TARGET", "/models/Qwen3-8B")              # your target: a local HF directory
+DRAFT = os.environ.get("WB_DRAFT", "/models/Qwen3-8B-DFlash-b16")     # its DFlash drafter
 has_cuda = torch.cuda.is_available()
-has_models = os.path.isdir(TARGET) and os.path.isdir(DRAFT)
-print("CUDA available:", has_cuda, "| checkpoints present:", has_models)
+if not (os.path.isdir(TARGET) and os.path.isdir(DRAFT)):
+    sys.path.insert(0, str(pathlib.Path(wb.__file__).parents[1] / "tests"))
+    from real_layouts import write_draft, write_qwen3     # the test suite's writers of published layouts
+    stand_in = pathlib.Path(tempfile.mkdtemp())
+    TARGET, DRAFT = write_qwen3(stand_in / "target"), write_draft(stand_in / "draft", "zlab")
+    print("stand-in: a tiny random Qwen3 target and DFlash drafter in the published layout")
+print("CUDA available:", has_cuda)
 """),
-    md("Validation happens before any weights load, with messages that name both values:"),
+    md("""
+Loading: `dtype="auto"` (the default) keeps the checkpoint's own dtype (bfloat16 for Qwen3-8B; the
+embedded pair is float32), weights go straight onto the device, and a target larger than one GPU
+takes `device_map="auto"`. A checkpoint that needs its own Python code (Kimi-K2) loads only with
+`trust_remote_code=True`; hybrid targets (Qwen3-Next, Qwen3.5) are refused with the reason. The
+notes say what the loader noticed, here that the drafter's mask id has no string in the tokenizer
+(as in z-lab's Qwen3 drafters: only its embedding is used).
+"""),
+    code("""
+engine = wb.load(target=TARGET, draft=DRAFT, device="cuda" if has_cuda else "cpu",
+                 kernel_backend="sglang" if has_cuda else "torch")
+engine
+"""),
+    md("Bad pairs are refused before any weights load, with messages that name both values:"),
     code("""
 try:
     wb.load(target="/models/does-not-exist")
 except wb.ModelPairError as e:
     print("ModelPairError:", e)
 """),
+    md("""
+z-lab's drafters were trained on chat-formatted, non-thinking prompts, so give the session
+`messages=`: the target tokenizer's chat template is applied (with `enable_thinking=False` where the
+template has that switch). Raw text goes in as `prompt=` (with the BOS the tokenizer would add, as
+Llama 3's does) and exact ids as `prompt_ids=`; the trace records which was used.
+"""),
     code("""
-# Needs CUDA and the checkpoints: skipped with a reason otherwise.
-if has_cuda and has_models:
-    engine = wb.load(target=TARGET, draft=DRAFT, device="cuda", dtype="bfloat16", kernel_backend="sglang")
-    s = engine.session("Write a Python function that parses an HTTP header line.", policy=wb.DDTree(64), max_new_tokens=128)
-    print(s.run().summary())
-else:
-    print("skipped: needs a CUDA device and local checkpoints (set WB_TARGET and WB_DRAFT)")
+chat = [{"role": "user", "content": "Write a Python function that parses an HTTP header line."}]
+s = engine.session(messages=chat, policy=wb.DDTree(64), max_new_tokens=64)
+meta = s.trace.meta
+print(meta["prompt_format"], meta["chat_template_kwargs"], "|", len(s.prompt_ids), "prompt tokens:")
+print(s.prompt)
+"""),
+    code(IGNORE + """
+print(s.run().summary())
+"""),
+    code("""
+ar = engine.session(messages=chat, policy=wb.AR(), max_new_tokens=64)
+ar.run()
+d = wb.first_divergence(s, ar, tokenizer=engine.tokenizer)
+print("DDTree(64) == AR token for token:", s.tokens == ar.tokens, "|", "identical" if d is None else d)
 """),
     md("""
 ## Lossless, precisely: float32 vs bfloat16
@@ -622,6 +654,20 @@ else:
     print("skipped: no CUDA device here (torch.cuda.is_available() is False); on a GPU host this cell "
           "runs the embedded pair in bfloat16 and float32 through SGLang's CUDA JIT kernel")
 """),
+    md("""
+The GPU check: float32 on CUDA against the CPU, bfloat16 divergences explained as near-ties, the
+accept kernels against each other, and per-stage timings, in one JSON report (a few minutes).
+"""),
+    code("""
+# Needs CUDA: skipped with a reason otherwise.
+import subprocess
+check = [sys.executable, str(pathlib.Path(wb.__file__).parents[1] / "tests/gpu/check_cuda.py"),
+         "--target", str(TARGET), "--draft", str(DRAFT)]
+if has_cuda:
+    subprocess.run(check, check=True)
+else:
+    print("skipped: no CUDA device here; on the GPU host: python tests/gpu/check_cuda.py --target $WB_TARGET --draft $WB_DRAFT")
+"""),
     md("Planning a deployment needs no GPU and no weights: shapes from the config alone."),
     code("""
 import pathlib
@@ -637,7 +683,7 @@ and two notebooks should be able to share one loaded engine. On the GPU host the
 its own process, and notebooks attach to it:
 
 ```
-python -m workbench serve --target DIR --draft DIR --device cuda --dtype bfloat16 --token-file ~/.wb-token
+python -m workbench serve --target DIR --draft DIR --device cuda --token-file ~/.wb-token
 ```
 
 It binds 127.0.0.1 (reach it through an SSH tunnel) and needs its token on every request. Here we
@@ -705,7 +751,8 @@ print(next(l for l in (work / "server.log").read_text().splitlines() if "stopped
 """),
     md("""
 **What we learned.** Nothing in the workbench is specific to the embedded models: `wb.load` takes
-local directories, a device and a dtype, validates the pair, and never downloads. With CUDA the
+local directories in every published DFlash layout, keeps the checkpoint's dtype, validates the pair,
+and never downloads; chat prompts go through the target's own template. With CUDA the
 accept walk runs through SGLang's own CUDA JIT kernel. Greedy speculative decoding is lossless token
 for token in float32 and up to near-ties in reduced precision, and `wb.first_divergence` tells the
 two apart from the recorded top-2 logits. And the engine need not live in the notebook:

@@ -64,8 +64,10 @@ class BatchSession:
             raise ValueError(f"prompts={prompts!r:.60} must be a list of strings (one per request)")
         if not prompts:
             raise ValueError("prompts=[] is empty; give at least one prompt")
+        from workbench.prompting import Prompt
+
         for i, p in enumerate(prompts):
-            if not isinstance(p, str):
+            if not isinstance(p, (str, Prompt)):
                 raise ValueError(f"prompts[{i}]={p!r:.60} is not a string")
         policy = DDTree(32) if policy is None else policy
         policies = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(prompts)

@@ -95,7 +95,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", metavar="DIR", help="target model directory (default: the embedded pair)")
     g.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with --target)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    g.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    g.add_argument("--dtype", default="auto",
+                   help="auto (default: the checkpoint's own dtype), float32, bfloat16, float16")
+    g.add_argument("--device-map", default=None, metavar="MAP",
+                   help="transformers' device_map for the target, e.g. auto (a target larger than one GPU)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="run a checkpoint's own Python code (e.g. Kimi-K2); refused without this flag")
     g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default), sglang (SGLang's CUDA JIT kernel "
                    "on CUDA, its Triton kernel on CPU) or sglang-triton")
     g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: up to 8)")
@@ -113,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
     p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true",
+                   help="send --prompt as one user message through the target's chat template (non-thinking)")
     p.add_argument("--policy", default="ddtree:32",
                    help="ar, dflash, ddtree:N or a label the bench prints, e.g. 'DDTree(16, width=1)' "
                         "(default ddtree:32)")
@@ -193,7 +200,8 @@ def _load_engine(args):
 
     hf_logging.disable_progress_bar()  # stderr is for our own progress and errors
     return wb.load(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
-                   kernel_backend=args.kernel_backend, threads=args.threads)
+                   kernel_backend=args.kernel_backend, threads=args.threads, device_map=args.device_map,
+                   trust_remote_code=args.trust_remote_code)
 
 
 def cmd_run(args, out, err) -> int:
@@ -207,7 +215,8 @@ def cmd_run(args, out, err) -> int:
     if args.trace:
         _check_output(args.trace, "--trace")
     engine = _load_engine(args)
-    s = engine.session(args.prompt, policy=policy, temperature=args.temperature, top_p=args.top_p,
+    text = dict(messages=[{"role": "user", "content": args.prompt}]) if args.chat else dict(prompt=args.prompt)
+    s = engine.session(**text, policy=policy, temperature=args.temperature, top_p=args.top_p,
                        top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_new_tokens)
     trace = s.run()
     if args.trace:

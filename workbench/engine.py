@@ -10,23 +10,26 @@ from workbench.batch import BatchSession
 from workbench.cycle import Trace
 from workbench.loading import Models, load_models
 from workbench.policies import DDTree, Policy, as_policy
+from workbench.prompting import Prompt, encode_prompt
 from workbench.runner import SessionFinished, Stopwatch, clock  # noqa: F401  (re-exported: wb.SessionFinished)
 from workbench.sampling import Sampling
 from workbench.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_host  # noqa: F401
 
 
-def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backend: str = "torch",
-         threads: int | None = None) -> "Engine":
+def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
+         threads: int | None = None, device_map=None, trust_remote_code: bool = False) -> "Engine":
     """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
 
-    ``wb.load(target=DIR, draft=DIR, device="cuda", dtype="bfloat16")`` for real checkpoints.
+    ``wb.load(target=DIR, draft=DIR, device="cuda")`` for real checkpoints: ``dtype="auto"`` keeps the
+    checkpoint's own dtype; ``device_map`` (e.g. "auto") spreads a large target over devices;
+    ``trust_remote_code=True`` runs a checkpoint's own code (Kimi-K2). See ``workbench.loading``.
     """
     check_backend(kernel_backend)
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
         env = os.environ.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
-    return Engine(load_models(target, draft, device, dtype), kernel_backend)
+    return Engine(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend)
 
 
 class Engine:
@@ -50,21 +53,41 @@ class Engine:
         return (f"Engine(target={self.models.target_dir.name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
                 f"draft block {self.models.block_size}, layers {self.models.target_layer_ids}; "
                 f"device={self.device}, dtype={str(self.models.dtype).replace('torch.', '')}, "
-                f"kernel_backend={self.kernel_backend!r})")
+                f"kernel_backend={self.kernel_backend!r})"
+                + "".join(f"\n  note: {n}" for n in self.models.notes))
 
-    def session(self, prompt: str, policy: Policy = DDTree(32), temperature: float = 0.0, top_p: float = 1.0,
-                top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                kernel_backend: str | None = None, record_topk: int = 8, capture=None) -> Session:
-        """Start a generation from ``prompt`` (runs the prefill now)."""
-        return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
-                       max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
+    def encode(self, prompt: str | None = None, *, messages=None, prompt_ids=None) -> Prompt:
+        """The target tokenizer's encoding of one prompt (see ``workbench.prompting``)."""
+        m = self.models
+        return encode_prompt(m.tokenizer, prompt, messages=messages, prompt_ids=prompt_ids,
+                             max_positions=m.max_positions, vocab_size=m.target.get_input_embeddings().num_embeddings)
 
-    def batch_session(self, prompts: list[str], policy=DDTree(32), **kw) -> BatchSession:
-        """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``."""
+    def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
+                top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
+                prompt_ids=None) -> Session:
+        """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
+        (chat, through the target's chat template) or ``prompt_ids`` (exact ids)."""
+        return Session(self, self.encode(prompt, messages=messages, prompt_ids=prompt_ids), as_policy(policy),
+                       Sampling(temperature, top_p, top_k), seed, max_new_tokens,
+                       kernel_backend or self.kernel_backend, record_topk, capture)
+
+    def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,
+                      prompt_ids=None, **kw) -> BatchSession:
+        """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``.
+        ``messages``: one chat per request; ``prompt_ids``: one id list per request (instead of ``prompts``)."""
+        given = {k: v for k, v in {"messages": messages, "prompt_ids": prompt_ids}.items() if v is not None}
+        if given:
+            if prompts is not None or len(given) > 1:
+                raise ValueError("give exactly one of prompts=, messages= or prompt_ids= (one entry per request)")
+            (name, items), = given.items()
+            if not isinstance(items, (list, tuple)) or not items:
+                raise ValueError(f"{name}= must be a non-empty list with one entry per request")
+            prompts = [self.encode(**{name: x}) for x in items]
         return BatchSession(self, prompts, policy, **kw)
 
-    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                 **kw) -> Trace:
+    def generate(self, prompt: str | None = None, policy: Policy = DDTree(32),
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **kw) -> Trace:
         """Run a whole session and return its trace."""
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         return s.run()

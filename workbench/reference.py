@@ -43,7 +43,9 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
     dev, target, draft = models.device, models.target, models.draft
     B, layer_ids = models.block_size, models.target_layer_ids
     t0 = _now(dev)
-    ids = models.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    from workbench.prompting import encode_prompt
+
+    ids = encode_prompt(models.tokenizer, prompt).ids  # as a session encodes it (BOS where the tokenizer adds one)
     P = len(ids)
     cache, dcache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
     out = target(input_ids=torch.tensor([ids], device=dev), position_ids=torch.arange(P, device=dev)[None],

@@ -7,6 +7,7 @@ from ddtree_kernels import check_backend
 from workbench.cycle import Cycle, Trace, setting_label
 from workbench.loading import model_ref
 from workbench.policies import Policy, as_policy
+from workbench.prompting import Prompt
 from workbench.runner import Rows, SessionFinished, clock
 from workbench.sampling import Sampling
 
@@ -53,29 +54,22 @@ class SessionState:
 class Session(SessionState):
     """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
 
-    def __init__(self, engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
+    def __init__(self, engine, prompt: "str | Prompt", policy: Policy, sampling: Sampling, seed: int,
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture, batch=None):
         """``batch``: the BatchSession this request is a row of (it prefills and steps it); None: a
         session of its own, prefilled now."""
         t_start = clock(engine.models.device)
         m = engine.models
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
+        if not isinstance(prompt, Prompt):
+            prompt = engine.encode(prompt)
         check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
         self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
         self._max_new_tokens = max_new_tokens
-        self.prompt = prompt
-        ids = m.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ValueError(f"prompt={prompt!r} encodes to no tokens")
-        if len(ids) >= m.max_positions:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens but the target has {m.max_positions} positions; shorten the prompt"
-            )
-        self.prompt_ids: list[int] = ids
+        self.prompt = prompt.text  # the raw text, the rendered chat, or the decoded ids
+        self.prompt_ids: list[int] = list(prompt.ids)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1")
         self.generator = torch.Generator(device=m.device).manual_seed(seed)
@@ -83,7 +77,7 @@ class Session(SessionState):
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.trace = Trace(meta={
-            "prompt": prompt, "prompt_ids": ids, "policy": str(policy), "temperature": sampling.temperature,
+            **prompt.trace_meta(), "policy": str(policy), "temperature": sampling.temperature,
             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "kernel_backend": kernel_backend,
             "target": model_ref(m.target_dir), "draft": model_ref(m.draft_dir), "device": str(m.device),
             "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,

@@ -119,7 +119,7 @@ def run_session(engine, prompt, policy, n):
 
 
 def fp32_cuda_vs_cpu(wb, models, prompts, n, device: str = "cuda") -> dict:
-    cpu = wb.load(*models)
+    cpu = wb.load(*models, dtype="float32")  # the reference: float32 whatever the checkpoint holds
     gpu = wb.load(*models, device=device, dtype="float32")
     equal, diverged = 0, []
     for p in prompts:
