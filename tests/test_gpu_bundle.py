@@ -61,3 +61,5 @@ def test_bundle_takes_pyprojects_extras_less_what_the_host_has():
     assert "triton" in gb.extra("sglang-kernels") and "triton" not in gb.sglang_kernel_extra()
     assert set(gb.sglang_kernel_extra()) == set(gb.extra("sglang-kernels")) - gb.HOST_HAS
     assert gb.NO_DEPS == ["dflash==0.1.0"]  # as the Makefile and the README install it
+    # The engine's own dependencies the host lacks travel too (accelerate: weights straight onto the GPU).
+    assert gb.core_missing() == ["accelerate"]

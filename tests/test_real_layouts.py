@@ -178,17 +178,24 @@ def test_bf16_sharded_loads_in_its_own_dtype(engines, layouts):
     assert wb.load(threads=THREADS).models.dtype == torch.float32  # the embedded pair's checkpoint says float32
 
 
+DEVICE_MAP = {"model.embed_tokens": "cpu", "model.layers": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
+              "lm_head": "cpu"}
+
+
+def test_device_map_without_accelerate_is_one_line(layouts, monkeypatch):
+    """transformers places weights itself only with accelerate (a dependency): without it, one line."""
+    import transformers.utils
+
+    monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda *a, **k: False)
+    with pytest.raises(wb.ModelPairError, match=r"^device_map=\{.*\} needs the 'accelerate' package \(pip install accelerate\)$"):
+        wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=DEVICE_MAP, threads=THREADS)
+
+
 def test_explicit_device_map_on_cpu(layouts, monkeypatch):
     """The map goes to transformers as given; the drafter lands on the device of the target's embedding."""
     from transformers import Qwen3ForCausalLM
-    from transformers.utils import is_accelerate_available
 
-    dmap = {"model.embed_tokens": "cpu", "model.layers": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
-            "lm_head": "cpu"}
-    if not is_accelerate_available():  # transformers needs accelerate for any device_map: said in one line
-        with pytest.raises(wb.ModelPairError, match=r"^device_map=\{.*\} needs the 'accelerate' package \(pip install accelerate\)$"):
-            wb.load(target=layouts("qwen3"), draft=layouts("draft_zlab"), device_map=dmap, threads=THREADS)
-        return
+    dmap = DEVICE_MAP
     seen = []
     real = Qwen3ForCausalLM.from_pretrained.__func__
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,12 @@ print("ok")
 """
 
 
+def core_missing() -> list[str]:
+    """pyproject.toml's own dependencies that the host lacks (accelerate: weights straight onto the GPU)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [r for r in deps if re.split(r"[<>=!~ \[]", r)[0].lower() not in HOST_HAS]
+
+
 def sglang_kernel_extra() -> list[str]:
     """The [sglang-kernels] extra of pyproject.toml, the light imports of SGLang's spec_tree, less what the
     host has (triton comes with its CUDA torch)."""
@@ -119,7 +126,7 @@ def download_wheels(dest: Path) -> list[str]:
     """-> names of the wheels dropped because the host has them."""
     dest.mkdir(parents=True, exist_ok=True)
     pip_download(NO_DEPS, dest, deps=False)
-    pip_download([*gpu_extra(), *NOTEBOOK, *sglang_kernel_extra(), *BUILD], dest, deps=True)
+    pip_download([*core_missing(), *gpu_extra(), *NOTEBOOK, *sglang_kernel_extra(), *BUILD], dest, deps=True)
     dropped = []
     for w in sorted(dest.glob("*.whl")):
         name = wheel_name(w)
@@ -186,13 +193,13 @@ def main(argv=None) -> int:
                            text=True, cwd=tempfile.gettempdir())
         if r.returncode or r.stdout.strip() != "ok":
             raise SystemExit(f"gpu_bundle: the sglang subset does not work on its own: {r.stderr.strip()[-400:]}")
-        reqs = " ".join(f"'{q}'" for q in [*gpu_extra(), *NOTEBOOK, *sglang_kernel_extra(), *BUILD])
+        reqs = " ".join(f"'{q}'" for q in [*core_missing(), *gpu_extra(), *NOTEBOOK, *sglang_kernel_extra(), *BUILD])
         (work / "install.sh").write_text(INSTALL_SH % {"reqs": reqs})
         wheels = {w.name: w.stat().st_size for w in sorted((work / "wheels").glob("*.whl"))}
         subset = {str(f): (work / "sglang-subset" / f).stat().st_size for f in files}
         total = sum(wheels.values()) + sum(subset.values())
         manifest = {
-            "python": PYTHON, "platforms": PLATFORMS, "no_deps": NO_DEPS, "gpu": gpu_extra(),
+            "python": PYTHON, "platforms": PLATFORMS, "no_deps": NO_DEPS, "core": core_missing(), "gpu": gpu_extra(),
             "notebook": NOTEBOOK, "sglang_kernels": sglang_kernel_extra(), "dropped_host_has": dropped,
             "sglang_modules": sorted(str(f) for f in files if f.suffix == ".py" and not str(f).startswith(
                 tuple(f"sglang/{d}" for d in SGLANG_JIT_DIRS))),
