@@ -14,6 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from workbench import validate
+from workbench.validate import as_arg
+
 EXIT_FAILED = 1  # the command ran, but what it checks failed (the lossless check)
 EXIT_USAGE = 2  # bad input
 
@@ -44,40 +47,26 @@ def _int_at_least(low: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = None
-    if v is None or not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: give an integer from 0 to 2**64-1")
-    return v
-
-
 def _device(text: str) -> str:
     """cpu, cuda or cuda:N; anything else (tpu, meta, mps, ...) is refused before any model loads."""
+    from workbench.validate import device
+
     t = text.strip().lower()
-    if t == "cpu" or t == "cuda" or (t.startswith("cuda:") and t[5:].isdigit()):
-        return t
-    raise argparse.ArgumentTypeError(f"{text!r} is not a device this workbench runs on: use cpu, cuda or cuda:N")
+    try:
+        return device(t)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _check_output(path: str, option: str) -> Path:
-    """Refuse an output path that cannot be written, before any model loads (the message names it)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{option} '{p}' is a directory; give a file name, e.g. {p / 'out'}")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # missing folders are created; the nearest existing one must be writable
-    if not parent.is_dir():
-        raise UsageError(f"{option} '{p}': '{parent}' is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{option} '{p}' cannot be written (no permission)")
-    return p
+    """Refuse an output path that cannot be written, before any model loads (the message names it;
+    a missing folder is refused, never created)."""
+    from workbench.validate import output_path
+
+    try:
+        return output_path(path, option)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _finite_float(text: str) -> float:
@@ -98,7 +87,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default), sglang (SGLang's CUDA JIT kernel "
                    "on CUDA, its Triton kernel on CPU) or sglang-triton")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: up to 8)")
+    g.add_argument("--threads", type=as_arg(validate.threads), default=None, help="CPU threads (default: up to 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,16 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--prompt", required=True, type=as_arg(validate.text), help="the prompt text")
     p.add_argument("--policy", default="ddtree:32",
                    help="ar, dflash, ddtree:N or a label the bench prints, e.g. 'DDTree(16, width=1)' "
                         "(default ddtree:32)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"new tokens in all, the first included (default {DEFAULT_MAX_NEW_TOKENS})")
-    p.add_argument("--temperature", type=_finite_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=as_arg(validate.temperature), default=0.0,
+                   help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-p", type=_finite_float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
     p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample from the k best tokens (0 = all)")
-    p.add_argument("--seed", type=_seed, default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
+    p.add_argument("--seed", type=as_arg(validate.seed), default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
     _add_model_args(p)
     p.add_argument("--trace", metavar="FILE", help="save the trace (JSON lines) to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -241,8 +231,8 @@ def cmd_bench(args, out, err) -> int:
         prompts = prompts[: args.limit]
     if args.out:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
-    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ValueError(f"--profile {args.profile!r} is a file; give a directory for the trace files")
+    if args.profile:
+        validate.output_dir(args.profile, "--profile")
     engine = _load_engine(args)
     if args.batch_size:
         return _bench_batch(args, engine, policies, prompts, out)
@@ -434,7 +424,7 @@ def _add_serve_parser(sub) -> None:
     _add_model_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    g.add_argument("--port", type=_non_negative_int, default=8765, help="port (default 8765; 0 picks a free one)")
+    g.add_argument("--port", type=as_arg(validate.port), default=8765, help="port (default 8765; 0 picks a free one)")
     g.add_argument("--token-file", metavar="FILE",
                    help="read the token from FILE; if FILE does not exist, write a new token there (mode 600)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

@@ -7,7 +7,7 @@ import time
 import torch
 
 from ddtree_kernels import check_backend
-from workbench import stages
+from workbench import stages, validate
 from workbench.cycle import Cycle, Trace, setting_label
 from workbench.forward import ForwardMode, run_target
 from workbench.kv_cache import BufferedCache
@@ -79,6 +79,7 @@ def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backen
 
     ``wb.load(target=DIR, draft=DIR, device="cuda", dtype="bfloat16")`` for real checkpoints.
     """
+    validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
     check_backend(kernel_backend)
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
@@ -164,8 +165,8 @@ class Session(SessionState):
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture):
         t_start = clock(engine.models.device)
         m = engine.models
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
+        validate.text(prompt), validate.record_topk(record_topk), validate.capture(capture)
+        validate.policy_fits(policy, m.block_size - 1)
         check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
@@ -181,10 +182,8 @@ class Session(SessionState):
                 f"prompt is {len(ids)} tokens but the target has {m.max_positions} positions; shorten the prompt"
             )
         self.prompt_ids: list[int] = ids
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1")
-        self.generator = torch.Generator(device=m.device).manual_seed(seed)
-        self.seed = seed
+        self.generator = torch.Generator(device=m.device)
+        self.seed = seed  # validated and applied to the generator by the setter
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.trace = Trace(meta={
@@ -203,7 +202,17 @@ class Session(SessionState):
 
     @policy.setter
     def policy(self, p) -> None:
-        self._policy = as_policy(p)
+        self._policy = validate.policy_fits(as_policy(p), self.models.block_size - 1)
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, s: int) -> None:
+        """Re-seed the sampler: the next cycle's draws come from ``s`` (greedy decoding ignores it)."""
+        self._seed = validate.seed(s)
+        self.generator.manual_seed(s)
 
     @property
     def temperature(self) -> float:
