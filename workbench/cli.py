@@ -243,7 +243,9 @@ def cmd_bench(args, out, err) -> int:
 
         atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     if args.json:
-        print(json.dumps(res.summary), file=out)
+        from workbench.bench import bench_json
+
+        print(json.dumps(bench_json(res)), file=out)
     else:
         st = res.settings
         print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), greedy, "
