@@ -100,3 +100,24 @@ def test_budget_needed_says_what_it_cannot_see():
     text = str(bn)
     assert "inf" not in text
     assert "more than 8 nodes" in text and "2 of 3 accepted paths" in text and "record_topk" in text
+
+
+def test_stepper_width_control_and_steady_rate(tiny_engines):
+    import workbench as wb
+    from workbench.views import Stepper
+
+    s = tiny_engines["l4-h32"].session("t1 t2", policy=wb.DDTree(8, width=2), max_new_tokens=40)
+    st = Stepper(s)
+    assert st.width.value == 2  # a width set in code is shown ...
+    st.budget.value = 12
+    assert s.policy == wb.DDTree(12, width=2)  # ... and kept when the user types a budget
+    st.width.value = 0
+    assert s.policy == wb.DDTree(12)  # the user can lift it
+    st.width.value = 1
+    assert st.step().policy == "DDTree(12, width=1)"
+    assert "needs two cycles" in st.stats.value
+    st.run(3)
+    assert "steady:" in st.stats.value and "cold, left out" in st.stats.value
+    s.policy = wb.DFlash()
+    st.step()
+    assert st.width.disabled and st.budget.disabled
