@@ -235,3 +235,16 @@ def test_report_exits_2_on_an_inconsistent_trace(capsys, saved, tmp_path):
 
 def test_consistent_trace_loads(saved):
     assert Trace.load(saved).new_tokens == 16
+
+
+# ------------------------------------------------------------------------------- item 8: progress by default
+def test_bench_shows_progress_on_a_non_terminal_stderr_unless_quiet(capsys, pair_args, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "t1 t5 t9"}\n')
+    argv = ["bench", "--policies", "ar,ddtree:4", "--prompts", str(prompts), "--max-new-tokens", "6",
+            "--repeats", "1", *pair_args]
+    assert main(argv) == 0
+    err = capsys.readouterr().err  # capsys: stderr is not a terminal
+    assert "loading the models" in err and "bench" in err and "warm-up" in err
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -174,14 +174,16 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
 
     from tqdm.auto import tqdm
 
-    if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
-        for p in pols:
-            run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
-
-    bar = tqdm(total=len(prompts) * repeats * len(pols), desc="bench", unit="gen", leave=False,
-               disable=(None if progress is None else not progress))
+    # The warm-up is counted in the bar too: on a CPU it can take a while, and silence reads as a hang.
+    bar = tqdm(total=(len(pols) if warmup else 0) + len(prompts) * repeats * len(pols), desc="bench", unit="gen",
+               leave=False, disable=(None if progress is None else not progress))
     runs: dict[tuple[int, str], list[Run]] = {}  # (prompt index, policy label): ids need not be unique
     try:
+        if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
+            for p in pols:
+                bar.set_postfix_str(f"warm-up {p}", refresh=False)
+                run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
+                bar.update(1)
         for i, item in enumerate(prompts):
             for _ in range(repeats):
                 for p in pols:

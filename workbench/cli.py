@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per policy")
     p.add_argument("--batch-size", type=_positive_int, default=None,
                    help="batched DDTree: a batch of N requests against the same N run one after another")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress on stderr (default: on; --no-progress or --quiet silences it)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--reference", action="store_true",
                    help="also run each DDTree budget through a plain reference decoder, interleaved, and "
                         "compare speed per stage (checks both decode the same trees)")
@@ -161,12 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress on stderr (default: on; --no-progress or --quiet silences it)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser
 
 
 # ---------------------------------------------------------------------------------------------- commands
+def _progress(args) -> bool:
+    """Long work shows progress on stderr by default, a terminal or not (a log, a notebook's !cell)."""
+    return bool(args.progress) and not args.quiet
+
+
 def _load_engine(args):
     import workbench as wb
 
@@ -233,11 +240,13 @@ def cmd_bench(args, out, err) -> int:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
     if args.profile:
         validate.output_dir(args.profile, "--profile")
+    if _progress(args):
+        print("workbench: loading the models ...", file=err, flush=True)
     engine = _load_engine(args)
     if args.batch_size:
         return _bench_batch(args, engine, policies, prompts, out)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                check_lossless=args.check_lossless, progress=args.progress, warmup=not args.no_warmup)
+                check_lossless=args.check_lossless, progress=_progress(args), warmup=not args.no_warmup)
     if args.out:
         from workbench.views.export import atomic_write_text
 
@@ -259,7 +268,7 @@ def cmd_bench(args, out, err) -> int:
         budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
         if not budgets:
             raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
-        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, args.progress)
+        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, _progress(args))
         if args.json:
             print(json.dumps({"reference": ref}), file=out)
         else:
@@ -313,7 +322,7 @@ def cmd_kernels(args, out, err) -> int:
                              f"the limit is {MAX_BUDGET} nodes, as for --policies")
     if args.threads:
         torch.set_num_threads(args.threads)
-    res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=args.progress)
+    res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=_progress(args))
     print(json.dumps(res) if args.json else kernel_table(res), file=out)
     return 0
 
