@@ -121,3 +121,37 @@ def test_stepper_width_control_and_steady_rate(tiny_engines):
     s.policy = wb.DFlash()
     st.step()
     assert st.width.disabled and st.budget.disabled
+
+
+def test_tree_labels_of_whitespace_runs_are_short():
+    from workbench.views.figures import short_label, visible
+
+    assert short_label(" " * 16) == "␣×16"
+    assert short_label("\n\n") == "⏎⏎" and short_label("\n\n\n") == "⏎×3"
+    assert short_label("    return") == "␣×4return"
+    assert len(short_label("x" * 40)) == 10 and short_label("x" * 40).endswith("…")
+    assert short_label("<b>") == "&lt;b&gt;" and visible(" " * 16) == "␣" * 16  # hovers keep the full text
+
+
+def test_tree_figure_uses_short_labels_and_token_strip_fits(tiny_engines):
+    import workbench as wb
+    from workbench.views.figures import token_stream, tree_figure
+
+    eng = tiny_engines["l4-h32"]
+    t = eng.generate("t1 t2", wb.DDTree(8), max_new_tokens=12)
+
+    class Spaces:  # every token decodes to a long run of spaces
+        def decode(self, ids):
+            return " " * 16
+
+        def convert_ids_to_tokens(self, i):
+            return "x"
+
+    fig = tree_figure(t.cycles[0], Spaces())
+    texts = [x for tr in fig.data for x in (tr.text or ())]
+    assert texts and all(x == "␣×16" for x in texts)
+    assert any("␣" * 16 in h for tr in fig.data for h in (tr.hovertext or ()))
+    strip = token_stream(t, Spaces(), width=16, rows_in_view=2)
+    bar = next(tr.colorbar for tr in strip.data if tr.showscale)
+    assert bar.dtick >= 1 and bar.tickmode == "linear" and "<br>" not in bar.title.text
+    assert "<br><sup>rows 1-2" in strip.layout.title.text
