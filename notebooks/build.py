@@ -830,7 +830,11 @@ def drop_widget_state(nb) -> None:
     nb.metadata.pop("widgets", None)
 
 
-def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE) -> Path:
+def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE, static: bool = True) -> Path:
+    """Write (and execute) one notebook. ``static``: give every stored figure a PNG and every widget a
+    run-the-cell sentence (``workbench.views.static``), so they show on GitHub, nbviewer and in an
+    HTML export; a missing browser stops the build with one line rather than storing figures silently
+    without them."""
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -839,6 +843,15 @@ def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE) ->
     if execute:
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     drop_widget_state(nb)
+    if execute and static:
+        from workbench.views.static import add_static_fallbacks
+
+        try:
+            counts = add_static_fallbacks(nb)
+        except RuntimeError as e:
+            raise SystemExit(f"{path.name}: {e}") from None
+        if counts["rendered"] < counts["figures"]:
+            raise SystemExit(f"{path.name}: only {counts['rendered']} of {counts['figures']} figures rendered to PNG")
     text = nbformat.writes(nb)
     if len(text.encode()) > MAX_NOTEBOOK_BYTES:
         raise SystemExit(f"{path.name} would be {len(text.encode()) / 1e6:.1f} MB (limit {MAX_NOTEBOOK_BYTES / 1e6:.0f} MB): "
