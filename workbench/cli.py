@@ -240,8 +240,6 @@ def cmd_bench(args, out, err) -> int:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
     if args.profile:
         validate.output_dir(args.profile, "--profile")
-    if _progress(args):
-        print("workbench: loading the models ...", file=err, flush=True)
     engine = _load_engine(args)
     if args.batch_size:
         return _bench_batch(args, engine, policies, prompts, out)
