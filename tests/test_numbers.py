@@ -155,3 +155,30 @@ def test_tree_figure_uses_short_labels_and_token_strip_fits(tiny_engines):
     bar = next(tr.colorbar for tr in strip.data if tr.showscale)
     assert bar.dtick >= 1 and bar.tickmode == "linear" and "<br>" not in bar.title.text
     assert "<br><sup>rows 1-2" in strip.layout.title.text
+
+
+def test_order_verdict_claims_only_what_the_spread_holds():
+    from workbench.analysis import order_values
+
+    clear = order_values({"AR": [1.0, 1.0, 1.0], "DDTree(16)": [1.7, 1.9, 1.8], "DFlash": [1.2, 1.3, 1.25]}, "x")
+    assert clear.holds and clear.order == ["DDTree(16)", "DFlash", "AR"]
+    assert "order holds across spread" in str(clear) and "DDTree(16) > DFlash > AR" in str(clear)
+    noisy = order_values({"AR": [1.0, 1.0], "DDTree(16)": [1.8, 0.4]}, "x")  # the 1.80x -> 0.40x
+    assert not noisy.holds and "too noisy" in str(noisy) and noisy.overlapping == [("DDTree(16)", "AR")]
+    one = order_values({"AR": [1.0], "DDTree(16)": [1.8]}, "x")
+    assert not one.holds and "no order is claimed" in str(one)
+
+
+def test_bench_summary_gives_speedups_per_repeat(tiny_engines):
+    import workbench as wb
+    from workbench.analysis import order_verdict
+    from workbench.bench import bench
+
+    res = bench(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
+                max_new_tokens=8, repeats=3, progress=False, warmup=False)
+    s = res.summary
+    assert s["AR"]["speedup_vs_ar_per_repeat"] == [1.0, 1.0, 1.0]
+    assert len(s["DDTree(4)"]["speedup_vs_ar_per_repeat"]) == 3
+    v = order_verdict(s)
+    assert v.repeats == 3 and set(v.order) == {"AR", "DDTree(4)"}
+    assert ("order holds" in str(v)) == v.holds

@@ -28,6 +28,8 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
   (1.0 = nothing spent outside the forwards). AR's own ceiling is above 1 for the same reason.
 * ``tokens_per_s_range``: [min, max] over repeats of the pooled tokens/s (each repeat: all
   prompts' new tokens / their wall times); ``None`` with one repeat, which shows no spread.
+  ``tokens_per_s_per_repeat`` lists them; ``speedup_vs_ar_per_repeat`` divides each by AR's in the
+  same repeat (``workbench.analysis.order_verdict`` orders policies only where these separate).
 * ``lossless``: every greedy output (every repeat) equals AR's on the same prompt (``None``
   when not checked: no AR run, or sampling).
 """
@@ -291,12 +293,16 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
             **cycle_tails([r for m in ms for r in m["runs"]]),
             "forward_tokens_per_s": committed / forward_s if forward_s > 0 else 0.0,
             "tokens_per_s_range": [min(per_repeat), max(per_repeat)] if n_rep > 1 else None,
+            "tokens_per_s_per_repeat": per_repeat,
         }
     ar = out.get("AR")
     dflash = out.get(str(DFlash()))
     ar_decode = ar["decode_tokens_per_s"] if ar else None
     for label, s in out.items():
         s["speedup_vs_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        # within each repeat (interleaved: the same pass over the prompts), so a slow pass cancels
+        s["speedup_vs_ar_per_repeat"] = ([a / b for a, b in zip(s["tokens_per_s_per_repeat"],
+                                                               ar["tokens_per_s_per_repeat"])] if ar else None)
         s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
                                      if ar and ar["decode_tokens_per_s"] else None)
         s["speedup_vs_dflash"] = (s["tokens_per_s"] / dflash["tokens_per_s"]
