@@ -182,3 +182,19 @@ def test_bench_summary_gives_speedups_per_repeat(tiny_engines):
     v = order_verdict(s)
     assert v.repeats == 3 and set(v.order) == {"AR", "DDTree(4)"}
     assert ("order holds" in str(v)) == v.holds
+
+
+def test_run_and_kernels_json_carry_settings_and_versions(capsys, tiny_pairs):
+    import json
+
+    from workbench.__main__ import main
+
+    t, d = tiny_pairs["l4-h32"]
+    assert main(["run", "--prompt", "t1 t2", "--policy", "ddtree:4", "--max-new-tokens", "4", "--json",
+                 "--target", str(t), "--draft", str(d), "--threads", "1"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert (obj["device"], obj["dtype"], obj["threads"], obj["max_new_tokens"]) == ("cpu", "float32", 1, 4)
+    assert obj["versions"]["torch"] and obj["seed"] == 0
+    assert main(["kernels", "--budgets", "4", "--repeats", "1", "--json", "--quiet"]) == 0
+    k = json.loads(capsys.readouterr().out)
+    assert k["versions"]["workbench"] and "vectorized_range_s" in k["tree_build"][0]

@@ -473,7 +473,7 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             available[b] = str(e)
 
     out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
-           "repeats": repeats, "tree_build": [], "accept": [], "kv_compact": []}
+           "repeats": repeats, "seed": seed, "versions": versions(), "tree_build": [], "accept": [], "kv_compact": []}
     # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
     bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
                disable=(None if progress is None else not progress))

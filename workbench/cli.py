@@ -194,6 +194,9 @@ def _load_engine(args):
 
 
 def cmd_run(args, out, err) -> int:
+    import torch
+
+    from workbench.bench import versions
     from workbench.policies import parse_policy
 
     policy = parse_policy(args.policy)
@@ -218,6 +221,9 @@ def cmd_run(args, out, err) -> int:
             "stage_seconds": summ.stage_seconds, "prefill_seconds": trace.prefill_seconds,
             "seconds": summ.seconds, "finish_reason": trace.finish_reason, "tokens": s.tokens,
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens, "device": str(engine.device),
+            "dtype": str(engine.models.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "kernel_backend": engine.kernel_backend, "versions": versions(),
         }
         if args.trace:
             obj["trace"] = str(args.trace)
