@@ -105,7 +105,7 @@ engine = wb.load()
 session = engine.session("class LineReader:\\n    def __init__(self, path):\\n        ", policy=wb.DDTree(budget=16), seed=0, max_new_tokens=96)
 """),
     code(IGNORE + """
-stepper = wb.Stepper(session)      # Step, Run N, Reset; a slider over past cycles; budget/temperature for the next cycle
+stepper = wb.Stepper(session)      # Step, Run N, Reset; a slider over past cycles; budget/width/temperature for the next cycle
 stepper
 """),
     md("""

@@ -92,6 +92,12 @@ def test_seed_assignment_is_checked_and_applied(eng):
         s.policy = wb.EagleTree(topk=2, steps=50, num_draft_tokens=8)
 
 
+def test_server_port_checked_from_python(eng):
+    from workbench.serve import EngineServer
+
+    one_line_value_error(lambda: EngineServer(eng, port=99999), "port=99999")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["serve", "--port", "99999"], "port=99999"),
     (["run", "--prompt", "caf\udce9"], "index 3"),  # non-UTF-8 byte 0xe9 as Python's argv holds it

@@ -70,6 +70,9 @@ class EngineServer:
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  limits: Limits = Limits(), log_level: str = "warning"):
+        from workbench.validate import port as check_port
+
+        check_port(port)  # one line for 99999, as `serve --port 99999` gives
         if token is not None and (not isinstance(token, str) or len(token) < 8 or token != token.strip()):
             raise ValueError("token must be a string of at least 8 characters without surrounding spaces")
         self.token = token or new_token()
