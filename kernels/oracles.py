@@ -5,30 +5,61 @@ the vectorized kernels cannot hide in shared code.
 """
 from __future__ import annotations
 
-import heapq
+import math
+from fractions import Fraction
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ddtree_kernels.tree_build import heap_tree_lists
+from ddtree_kernels.tree_build import heap_tree_lists  # noqa: F401 - the reference decoder's heap
+
+
+def build_tree_greedy_exact(logprobs: Tensor, root_token: int, budget: int, width: int | None = None) -> dict:
+    """The documented tree for one request (logprobs [D, V]), by the rule's own words, with exact sums.
+
+    Path scores are exact rational sums of the float32 log-probs (``fractions.Fraction``; -inf stays
+    -inf), so no rounding can tie or reorder them. Nodes are taken one at a time: among all
+    candidates whose parent is already a node (every child of every node, none skipped), the best by
+    (score descending, depth ascending, parent index ascending, rank ascending). A linear scan,
+    no heap and no code shared with ``ddtree_kernels.tree_build``. Returns a dict of lists, root first.
+    """
+    lp = logprobs.detach().float().cpu().tolist()
+    D, V = len(lp), len(lp[0])
+    k = min(budget, width or budget, V)
+    # Rank order per slot: log-prob descending, token id ascending (a plain sort, not the kernels' key).
+    order = [sorted(range(V), key=lambda t, row=row: (-row[t], t))[:k] for row in lp]  # [D][k]
+
+    def exact(x: float):
+        return Fraction(x) if math.isfinite(x) else x
+
+    tree = {"tokens": [int(root_token)], "parents": [-1], "depth": [0], "rank": [0], "score": [Fraction(0)]}
+    cands = {}  # (parent node, rank) -> sort key
+
+    def add_children(node: int) -> None:
+        d = tree["depth"][node]
+        if d < D:
+            for r in range(k):
+                s = tree["score"][node] + exact(lp[d][order[d][r]])
+                cands[node, r] = (-s, d + 1, node, r, s)
+
+    add_children(0)
+    while cands and len(tree["tokens"]) <= budget:
+        (par, r), (_, d, _, _, s) = min(cands.items(), key=lambda kv: kv[1][:4])
+        del cands[par, r]
+        tree["tokens"].append(order[d - 1][r])
+        tree["parents"].append(par)
+        tree["depth"].append(d)
+        tree["rank"].append(r)
+        tree["score"].append(s)
+        add_children(len(tree["tokens"]) - 1)
+    tree["score"] = [float(x) for x in tree["score"]]
+    return tree
 
 
 def build_tree_heap(logprobs: Tensor, root_token: int, budget: int, width: int | None = None):
-    """Best-first heap build for one request (logprobs [D, V]).
-
-    Heap key = (-score, depth, parent index, rank): the documented tie rule.
-    Scores are float32 sums, as in the vectorized build. Returns a dict of lists.
-    """
-    lp = logprobs.detach().float().cpu().numpy()
-    D, V = lp.shape
-    k = min(budget, width or budget, V)
-    # Rank order per slot: log-prob descending, token id ascending (a plain sort, not the kernels' key).
-    order = np.array([sorted(range(V), key=lambda t, row=row: (-row[t], t))[:k] for row in lp])  # [D, k]
-    vals = np.take_along_axis(lp, order, axis=1)
-    tokens, parents, depth, rank, score = heap_tree_lists(vals, order, int(root_token), budget)
-    return {"tokens": tokens, "parents": parents, "depth": depth, "rank": rank,
-            "score": [float(x) for x in score]}
+    """Alias kept for the parity tests: the tree of ``build_tree_greedy_exact``."""
+    return build_tree_greedy_exact(logprobs, root_token, budget, width)
 
 
 def accept_walk_python(tokens, parents, choice):

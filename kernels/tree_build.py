@@ -1,11 +1,21 @@
 """Tree build: the N best prefixes of the drafter's per-slot log-probs, as a flattened tree.
 
-A prefix (t1..td) scores sum_i L[i, t_i]. Scores only fall as a prefix grows, so
-the N best prefixes form a prefix-closed tree. Ties are broken one way, shared
-with the heap oracle: **score descending, then depth ascending, then the parent's
-flattened index ascending, then token rank ascending** (token rank = position of
-the token in its slot's log-probs sorted descending, equal log-probs ordered by
-token id). Every parent therefore precedes its children in the flattened order.
+A prefix (t1..td) scores sum_i L[i, t_i], summed in float64 (the paper's reference sums
+Python floats too; in float32, sums of different paths that differ in their last bits
+collapse or swap). Scores only fall as a prefix grows, so the N best prefixes form a
+prefix-closed tree. Ties are broken by one rule, shared by both builds and the
+independent oracle (``oracles.build_tree_greedy_exact``): nodes are taken one at a time,
+each the best candidate whose parent is already in the tree by **score descending, then
+depth ascending, then the parent's flattened index ascending, then token rank
+ascending** (token rank = position of the token in its slot's log-probs sorted
+descending, equal log-probs ordered by token id). Every parent therefore precedes its
+children in the flattened order, and -inf log-probs (masked tokens) are ordinary ties.
+
+Relation to the paper's reference heap: the same tree and order whenever no two
+candidate scores tie; on ties the reference orders by the rank path (lexicographic
+tuple of ranks from the root) and takes equal log-probs in ``torch.topk``'s order,
+which nothing promises, so both give a valid best-N tree but may keep different
+nodes at a tied budget boundary.
 
 Two builds give the same tree. On a GPU the build is vectorized over the batch and
 stays on the device: per-depth beams, every shape known from the arguments alone, no
@@ -32,7 +42,7 @@ class Tree:
     parents: Tensor  # int64 [bs, n], -1 at the root
     depth: Tensor  # int64 [bs, n], 0 at the root
     rank: Tensor  # int64 [bs, n], token rank within its slot, 0 at the root
-    score: Tensor  # float32 [bs, n], path log-prob, 0 at the root
+    score: Tensor  # float64 [bs, n], path log-prob (summed in float64), 0 at the root
 
     @property
     def n(self) -> int:
@@ -143,6 +153,7 @@ def build_tree_vectorized(topv: Tensor, topi: Tensor, root_tokens: Tensor, budge
     """The device build: per-depth beams, every shape known from the arguments alone, no host sync."""
     bs, D, k = topv.shape
     dev = topv.device
+    topv = topv.double()  # path sums in float64: the order of the heap build and of the reference
     sizes = beam_sizes(D, k, budget)
     # Per-depth beams, each ordered by (score desc, parent beam position asc, rank asc). Only the
     # scores go through the sequential loop; the rest is gathered once after it.
@@ -177,7 +188,7 @@ def build_tree_vectorized(topv: Tensor, topi: Tensor, root_tokens: Tensor, budge
         parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parent, dim=1).gather(1, sel) + 1)], dim=1),
         depth=torch.cat([root, depth], dim=1),
         rank=torch.cat([root, rank_sel], dim=1),
-        score=torch.cat([root.float(), all_scores.gather(1, sel)], dim=1),
+        score=torch.cat([root.double(), all_scores.gather(1, sel)], dim=1),
     )
 
 
@@ -189,34 +200,35 @@ def _entry_depths(sizes: tuple, device: torch.device) -> Tensor:
 
 def _heap_build(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
     """The host path of ``build_tree_from_topk``: one heap walk per request (``heap_tree_lists``)."""
-    vals, ids = topv.numpy(), topi.numpy()
+    vals, ids = topv.tolist(), topi.tolist()  # Python floats: float64 sums, and cheap heap compares
     roots = root_tokens.reshape(-1).tolist()
     rows = [heap_tree_lists(vals[b], ids[b], roots[b], budget) for b in range(len(roots))]
     cols = [torch.from_numpy(np.array([r[f] for r in rows], dtype=np.int64)) for f in range(4)]
-    return Tree(*cols, torch.from_numpy(np.array([r[4] for r in rows], dtype=np.float32)))
+    return Tree(*cols, torch.from_numpy(np.array([r[4] for r in rows], dtype=np.float64)))
 
 
 def heap_tree_lists(vals, ids, root_token: int, budget: int) -> tuple[list, list, list, list, list]:
-    """Best-first heap over one request's per-slot top-k (vals/ids: NumPy [D, k], each row in the
-    documented order). Pop the best prefix, make it a node, push its next sibling (same slot, next
-    rank) and its first child (next slot, rank 0). The heap key (-score, depth, parent, rank) is the
-    documented tie rule. -> tokens, parents, depth, rank, score lists, root first."""
-    D, k = vals.shape
-    tokens, parents, depth, rank, score = [root_token], [-1], [0], [0], [np.float32(0.0)]
-    heap = [(-vals[0, 0], 1, 0, 0, np.float32(0.0))]
+    """Best-first heap over one request's per-slot top-k (vals/ids: nested lists [D][k] of Python
+    floats / ints, each row in the documented order). Pop the best prefix, make it a node, push its
+    next sibling (same slot, next rank) and its first child (next slot, rank 0). The heap key
+    (-score, depth, parent, rank), scores summed in float64, is the documented tie rule.
+    -> tokens, parents, depth, rank, score lists, root first."""
+    D, k = len(vals), len(vals[0])
+    tokens, parents, depth, rank, score = [root_token], [-1], [0], [0], [0.0]
+    heap = [(-vals[0][0], 1, 0, 0, 0.0)]
     while heap and len(tokens) <= budget:
         neg, d, par, r, par_score = heapq.heappop(heap)
         s = -neg
         idx = len(tokens)
-        tokens.append(int(ids[d - 1, r]))
+        tokens.append(ids[d - 1][r])
         parents.append(par)
         depth.append(d)
         rank.append(r)
         score.append(s)
         if r + 1 < k:
-            heapq.heappush(heap, (-(par_score + vals[d - 1, r + 1]), d, par, r + 1, par_score))
+            heapq.heappush(heap, (-(par_score + vals[d - 1][r + 1]), d, par, r + 1, par_score))
         if d < D:
-            heapq.heappush(heap, (-(s + vals[d, 0]), d + 1, idx, 0, s))
+            heapq.heappush(heap, (-(s + vals[d][0]), d + 1, idx, 0, s))
     return tokens, parents, depth, rank, score
 
 
@@ -227,14 +239,14 @@ def chain_tree(draft_tokens: Tensor, root_tokens: Tensor, logprobs: Tensor | Non
     idx = torch.arange(D + 1, device=device).expand(bs, D + 1)
     if logprobs is not None:
         step = logprobs.float().gather(2, draft_tokens[..., None])[..., 0]  # [bs, D]
-        score = torch.cat([torch.zeros(bs, 1, device=device), step.cumsum(1)], dim=1)
+        score = torch.cat([torch.zeros(bs, 1, dtype=torch.float64, device=device), step.double().cumsum(1)], dim=1)
         lp = logprobs.float()
         ids = torch.arange(lp.shape[-1], device=device)
         ahead = (lp > step[..., None]) | ((lp == step[..., None]) & (ids < draft_tokens[..., None]))
         rank = ahead.sum(-1)  # the same order as sorted_slots
         rank = torch.cat([torch.zeros(bs, 1, dtype=torch.long, device=device), rank], dim=1)
     else:
-        score = torch.zeros(bs, D + 1, device=device)
+        score = torch.zeros(bs, D + 1, dtype=torch.float64, device=device)
         rank = torch.zeros(bs, D + 1, dtype=torch.long, device=device)
     return Tree(
         tokens=torch.cat([root_tokens.reshape(bs, 1).long(), draft_tokens.long()], dim=1),

@@ -105,7 +105,7 @@ engine = wb.load()
 session = engine.session("class LineReader:\\n    def __init__(self, path):\\n        ", policy=wb.DDTree(budget=16), seed=0, max_new_tokens=96)
 """),
     code(IGNORE + """
-stepper = wb.Stepper(session)      # Step, Run N, Reset; a slider over past cycles; budget/temperature for the next cycle
+stepper = wb.Stepper(session)      # Step, Run N, Reset; a slider over past cycles; budget/width/temperature for the next cycle
 stepper
 """),
     md("""
@@ -442,6 +442,44 @@ batch.run()
 **What we learned from the real batch.** Every verified token of every request gets a logits row:
 SGLang's flattened layout has exactly sum(1 + budget) rows; ours pads to batch x N and masks the padding.
 """),
+    md("""
+### 4. SGLang's own DFlash verify checks against this ragged batch
+
+`check_contracts` above runs *our* contract checks. SGLang's DFlash worker has its own, in
+`sglang/srt/speculative/dflash_utils.py`: every `if ...: raise` of the functions it runs on the verify
+logits, read here from the installed file (nothing imported), with the branch of
+`DFlashWorkerV2` that reaches each one and whether the batch above (node counts 17, 33 and 9:
+ragged) passes it. Candidates are given two ways: flattened like the logits (SGLang's ragged layout)
+and padded to `[bs, max nodes]`.
+"""),
+    code("""
+from workbench.shapes.dflash_checks import dflash_verify_checks, greedy_accept_call
+
+counts = [n for n in lay["verify_lens"]]
+for padded in (False, True):
+    print("candidates", "padded [bs, max nodes]" if padded else "flat [sum nodes]")
+    for c in dflash_verify_checks(counts, vocab=engine.tokenizer.vocab_size, block_size=engine.models.block_size,
+                                  padded=padded):
+        verdict = {True: "passes", False: "FAILS", None: "unknown"}[c.ragged]
+        print(f"  {verdict:7s} {c.function}: {c.condition}  ({c.why})")
+print()
+paths = {c.function: c.path for c in dflash_verify_checks(counts)}
+for fn, path in paths.items():
+    print(f"{fn} runs in {path}")
+name, when = greedy_accept_call()
+print(f"greedy accept calls {name} ({when}): no shape checks on that path")
+"""),
+    md("""
+**What we learned from SGLang's checks.** A ragged batch of trees does not pass SGLang's DFlash verify
+as it stands: flattened, it fails `candidates.ndim != 2` (and cannot be unpacked into `bs,
+draft_token_num`); padded, it passes the dimension, device and sample-shape checks but fails
+`next_token_logits.shape[0] != bs * draft_token_num`, because its logits have `sum(nodes)` rows, not
+`bs * block_size`; `apply_dflash_verify_logits_adjustments` fails the same row count against the
+block size. Those checks guard only the sampling path (non-greedy requests) and the logit
+adjustments (any `sampling_info`); the greedy path calls an accept kernel named `..._unchecked`, so
+a ragged tree there meets no check at all and would be read with the chain's fixed stride: the
+place a tree port must add its own check.
+"""),
 ]
 
 NOTEBOOKS["05_budget_sweep"] = [
@@ -453,7 +491,9 @@ evaluation prompts, the long excerpts and the short openings people type? We com
 decode speedup over AR (the cycles alone) with its *ceiling*: the speedup the policy would reach if
 its cycles cost only their model forwards (drafter and target). Their ratio is the share of cycle
 time spent in the forwards, at most 1 by construction, so the gap is what the engine spends outside
-them. All measured side by side in one run per split. Then: what sampling does to tau.
+them. All measured side by side, interleaved prompt by prompt, three repeats per split: a speed
+order is stated only where it holds across the repeats' spread (`wb.analysis.order_verdict`). The
+prompt sets and sizes of every figure are listed in `docs/figures.md`. Then: what sampling does to tau.
 """),
     code("""
 import workbench as wb
@@ -462,7 +502,7 @@ from workbench.prompts import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=64, progress=False)
+results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=48, repeats=3, progress=False)
            for split in ("long", "short")}
 result, prompts = results["long"], eval_prompts("long")
 """),
@@ -476,8 +516,20 @@ for name in result.summary:
 for split, r in results.items():
     print(split)
     for name, row in r.summary.items():
-        print(f"  {name:12s} tok/s {row['tokens_per_s']:7.1f}  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
+        lo, hi = min(row["speedup_vs_ar_per_repeat"]), max(row["speedup_vs_ar_per_repeat"])
+        print(f"  {name:12s} tok/s {row['tokens_per_s']:7.1f}  speedup {row['speedup_vs_ar']:.2f}x "
+              f"[{lo:.2f}-{hi:.2f} over repeats]  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
               f"ceiling {row['ceiling_speedup']:.2f}x  share of cycle in forwards {row['ceiling_ratio']:.0%}")
+"""),
+    md("""
+**What the speed figures allow.** A speedup from one run is not a conclusion: on a loaded machine the
+same DDTree(16) has measured 1.80x and 0.40x AR. The verdict below orders the policies by their
+speedup over AR only where the min-max ranges over the three interleaved repeats do not overlap; where
+they do, it says the machine was too noisy and no order is claimed.
+"""),
+    code(IGNORE + """
+for split, r in results.items():
+    print(split, "->", wb.analysis.order_verdict(r.summary, labels=["AR", "DFlash", "DDTree(16)", "DDTree(64)"]))
 """),
     code(IGNORE + """
 wb.views.budget_sweep_figure(result.summary)
@@ -509,8 +561,10 @@ for temperature in (0.0, 0.3, 0.6, 1.0):
 """),
     md("""
 **What we learned.** tau keeps rising with the budget but saturates, since deeper and wider
-alternatives are ever less likely to be what the target says; the verify forward grows with every
-node. Throughput therefore peaks at a middle budget. The measured decode speedup stays below its
+alternatives are ever less likely to be what the target says (tau does not depend on the machine's
+load); the verify forward grows with every node, so throughput should peak at a middle budget. Whether
+this run shows that peak is what the verdict lines above say: an order is claimed only where it held
+across the repeats' spread, and "too noisy" means this machine could not tell. The measured decode speedup stays below its
 ceiling, and the share of cycle time spent in the forwards says how much: what is left is the
 engine's own work (tree build and compile, accept, commit, record keeping), which matters most
 when, as here, the model forwards are cheap.
@@ -828,7 +882,7 @@ policies = [wb.AR(), wb.DFlash(), custom,
 verified = {"DFlash": 16}
 for p in policies[2:]:
     verified[str(p)] = p.budget + 1
-result = bench(engine, policies, prompts, max_new_tokens=48, progress=False)
+result = bench(engine, policies, prompts, max_new_tokens=48, repeats=3, progress=False)
 print("lossless (greedy == AR for every prompt and policy):", result.lossless)
 print(f"{'policy':22s} {'verified':>8s} {'tau':>6s} {'tau/verified':>12s}")
 for name, n in verified.items():
@@ -838,7 +892,11 @@ for name, n in verified.items():
     code(IGNORE + """
 for name in verified:
     row = result.summary[name]
-    print(f"{name:22s} {row['tokens_per_s']:7.1f} tok/s   speedup over AR {row['speedup_vs_ar']:.2f}x")
+    lo, hi = min(row["speedup_vs_ar_per_repeat"]), max(row["speedup_vs_ar_per_repeat"])
+    print(f"{name:22s} {row['tokens_per_s']:7.1f} tok/s   speedup over AR {row['speedup_vs_ar']:.2f}x "
+          f"[{lo:.2f}-{hi:.2f} over 3 interleaved repeats]")
+# An order of speed is claimed only where the repeats' ranges separate; else: too noisy.
+print(wb.analysis.order_verdict(result.summary, labels=["DDTree(15)", "EagleTree(4, 8, 16)", "DFlash"]))
 rows = [{"family": name.split("(")[0], "policy": name, "verified": n, "tau": result.summary[name]["tau"]}
         for name, n in verified.items()]
 wb.views.policy_compare_figure(rows)
@@ -885,7 +943,9 @@ wb.views.budget_needed_figure(need, measured={b: result.summary[f"DDTree({b})"][
 the same per-slot log-probs, DDTree takes the globally best prefixes while SGLang's EAGLE tree can only
 extend the top-k paths of each step, so at equal verified tokens DDTree should accept at least as much;
 the table shows by how much (on the embedded pair: clearly more at both 16 and 32 verified tokens). The
-hand-made caterpillar and the linear chain trail both. The reliability diagram tests DDTree's premise directly: the printed ECE and the
+hand-made caterpillar and the linear chain trail both. tau is a count, the same on any machine; speed
+is not, so the verdict line above states a speed order only where it held across the three
+interleaved repeats, and says "too noisy" otherwise. The reliability diagram tests DDTree's premise directly: the printed ECE and the
 per-depth rates show how close the drafter's path probabilities are to the target's acceptance (a
 calibrated drafter sits on the diagonal). The budget-needed curve, from a single run, predicts tau at
 other budgets to within the printed error, and reproduces the run's own tau exactly: it tells where to
@@ -1075,7 +1135,11 @@ def drop_widget_state(nb) -> None:
     nb.metadata.pop("widgets", None)
 
 
-def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE) -> Path:
+def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE, static: bool = True) -> Path:
+    """Write (and execute) one notebook. ``static``: give every stored figure a PNG and every widget a
+    run-the-cell sentence (``workbench.views.static``), so they show on GitHub, nbviewer and in an
+    HTML export; a missing browser stops the build with one line rather than storing figures silently
+    without them."""
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -1084,6 +1148,15 @@ def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE) ->
     if execute:
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     drop_widget_state(nb)
+    if execute and static:
+        from workbench.views.static import add_static_fallbacks
+
+        try:
+            counts = add_static_fallbacks(nb)
+        except RuntimeError as e:
+            raise SystemExit(f"{path.name}: {e}") from None
+        if counts["rendered"] < counts["figures"]:
+            raise SystemExit(f"{path.name}: only {counts['rendered']} of {counts['figures']} figures rendered to PNG")
     text = nbformat.writes(nb)
     if len(text.encode()) > MAX_NOTEBOOK_BYTES:
         raise SystemExit(f"{path.name} would be {len(text.encode()) / 1e6:.1f} MB (limit {MAX_NOTEBOOK_BYTES / 1e6:.0f} MB): "

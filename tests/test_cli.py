@@ -99,7 +99,14 @@ def test_bench_lossless_all_policies_json_and_rows(capsys, pair_args, prompts_fi
                                  "--out", str(rows_file), *pair_args])
     assert rc == 0, err
     summary = json.loads(out)
+    st = summary.pop("settings")  # the run's settings and versions come first
+    assert (st["prompts"], st["max_new_tokens"], st["repeats"], st["device"], st["dtype"], st["threads"]) == (
+        2, 24, 2, "cpu", "float32", 1)
+    assert st["seeds"] == [0] and st["versions"]["torch"] and st["versions"]["workbench"]
     assert list(summary) == ["AR", "DFlash", "DDTree(1)", "DDTree(8)", "DDTree(32)"]
+    for s in summary.values():  # units in the key names
+        assert s["wall_time_s"] == s["wall_time"]
+        assert s["stage_percentiles_ms"]["cycle"]["p50_ms"] == pytest.approx(1e3 * s["stage_percentiles"]["cycle"]["p50"])
     for label, s in summary.items():
         for k in ("tau", "tokens_per_s", "speedup_vs_ar", "accept_rate", "lossless", "stage_seconds",
                   "ceiling_speedup"):

@@ -6,7 +6,8 @@ import torch
 
 from ddtree_kernels import accept, build_tree, chain_tree, compact_kv, compact_kv_, compile_tree
 from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
-from ddtree_kernels.oracles import (accept_walk_python, ancestors_python, build_tree_heap, build_tree_host_heap,
+from ddtree_kernels.oracles import (accept_walk_python, ancestors_python, build_tree_greedy_exact, build_tree_heap,
+                                   build_tree_host_heap,
                                    compact_kv_loop)
 
 
@@ -172,3 +173,49 @@ def test_host_heap_baseline_equals_the_vectorized_build(budget):
     a, b = build_tree(lp, roots, budget), build_tree_host_heap(lp, roots, budget)
     for f in ("tokens", "parents", "depth", "rank", "score"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+def tie_heavy_logprobs(seed: int, bs: int, D: int, V: int) -> torch.Tensor:
+    """Log-probs the way a bf16 drafter gives them: few distinct values, so many exact ties, a few
+    -inf (masked tokens), and pairs one float32 ulp apart whose path sums round together in float32."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.tensor([0.0, -0.5, -1.0, -2.0, -3.0, -8.0], dtype=torch.float32)
+    # (no neighbour of 0: a denormal beside -8 is the one kind of sum float64 cannot hold exactly)
+    pool = torch.cat([base, torch.nextafter(base[1:], torch.tensor(-1e9)), torch.tensor([float("-inf")])])
+    return pool[torch.randint(0, len(pool), (bs, D, V), generator=g)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("budget", [3, 9, 40])
+def test_tie_order_equals_the_exact_greedy_oracle(seed, budget):
+    """Both builds against the rule written out with exact sums (no heap, no float): ties, -inf, and
+    near-ulp differences that a float32 sum collapses into false ties must all come out in one order."""
+    D, V, bs = 4, 6, 4
+    lp = tie_heavy_logprobs(seed, bs, D, V)
+    roots = torch.arange(bs)
+    k = min(budget, V)
+    for build in (build_tree_vectorized, build_tree_from_topk):
+        tree = build(*sorted_slots(lp, k), roots, budget)
+        assert tree.score.dtype == torch.float64
+        for b in range(bs):
+            ref = build_tree_greedy_exact(lp[b], int(roots[b]), budget)
+            got = {f: getattr(tree, f)[b].tolist() for f in ("tokens", "parents", "depth", "rank", "score")}
+            assert got == ref, (build.__name__, b)
+    assert tree_of(build_tree(lp, roots, budget)) == tree_of(tree)  # the public entry takes the same route
+
+
+def tree_of(t) -> list:
+    return [getattr(t, f).tolist() for f in ("tokens", "parents", "depth", "rank")]
+
+
+def test_float32_sums_would_reorder_this_case():
+    """Exact scores: A = (0, 0) at -4 - 3u (u = 2**-23) beats B = (1,) at -4 - 4u. In float32 A's sum
+    rounds to -4 - 4u, a false tie that the depth rule hands to B. float64 keeps A first."""
+    u = 2.0 ** -23
+    lp = torch.full((1, 2, 3), float("-inf"))
+    lp[0, 0, 0], lp[0, 0, 1] = -1 - 3 * u, -4 - 4 * u  # both exact in float32
+    lp[0, 1, 0] = -3.0
+    for build in (build_tree_vectorized, build_tree_from_topk):
+        tree = build(*sorted_slots(lp, 3), torch.tensor([7]), 2)
+        assert tree.depth[0].tolist() == [0, 1, 2], build.__name__  # root, (0,), then A
+        assert tree.score[0, 2].item() == -4 - 3 * u

@@ -415,7 +415,7 @@ def test_cli_outputs_checked_before_any_model_loads(capsys, tmp_path, no_model_l
 
 @pytest.mark.parametrize("argv,needles", [
     (["run", "--prompt", "t1", "--seed", str(2**64)], ("--seed", "2**64-1")),
-    (["run", "--prompt", "t1", "--seed", "-1"], ("--seed", "'-1'")),
+    (["run", "--prompt", "t1", "--seed", "-1"], ("--seed", "seed=-1")),
     (["run", "--prompt", "t1", "--device", "tpu"], ("--device", "'tpu'", "cpu, cuda")),
     (["run", "--prompt", "t1", "--device", "meta"], ("--device", "'meta'")),
     (["kernels", "--device", "meta"], ("--device", "'meta'")),

@@ -367,6 +367,10 @@ NET_SRC = re.compile(r"<script[^>]+src=[\"']?(https?:)?//", re.I)
 
 def test_save_html_self_contained_and_atomic(tmp_path, tiny, ddtree_trace):
     fig = views.tree_figure(ddtree_trace[0], tiny.tokenizer)
+    with pytest.raises(ValueError, match="does not exist"):  # a missing folder is refused, not created
+        views.save_html(fig, tmp_path / "sub" / "tree.html")
+    assert not (tmp_path / "sub").exists()
+    (tmp_path / "sub").mkdir()
     p = views.save_html(fig, tmp_path / "sub" / "tree.html")
     html = p.read_text()
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")

@@ -28,6 +28,8 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
   (1.0 = nothing spent outside the forwards). AR's own ceiling is above 1 for the same reason.
 * ``tokens_per_s_range``: [min, max] over repeats of the pooled tokens/s (each repeat: all
   prompts' new tokens / their wall times); ``None`` with one repeat, which shows no spread.
+  ``tokens_per_s_per_repeat`` lists them; ``speedup_vs_ar_per_repeat`` divides each by AR's in the
+  same repeat (``workbench.analysis.order_verdict`` orders policies only where these separate).
 * ``lossless``: every greedy output (every repeat) equals AR's on the same prompt (``None``
   when not checked: no AR run, or sampling).
 """
@@ -42,6 +44,7 @@ import torch
 from workbench.cycle import STAGES, percentiles
 from workbench.engine import clock
 from workbench.policies import AR, MAX_BUDGET, DFlash, Policy, parse_policy
+from workbench.texttable import legend, text_table
 
 # The stages that are the model forwards (with their sampling): the only cost the ceiling keeps.
 FORWARD_STAGES = ("draft", "verify")
@@ -173,14 +176,16 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
 
     from tqdm.auto import tqdm
 
-    if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
-        for p in pols:
-            run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
-
-    bar = tqdm(total=len(prompts) * repeats * len(pols), desc="bench", unit="gen", leave=False,
-               disable=(None if progress is None else not progress))
+    # The warm-up is counted in the bar too: on a CPU it can take a while, and silence reads as a hang.
+    bar = tqdm(total=(len(pols) if warmup else 0) + len(prompts) * repeats * len(pols), desc="bench", unit="gen",
+               leave=False, disable=(None if progress is None else not progress))
     runs: dict[tuple[int, str], list[Run]] = {}  # (prompt index, policy label): ids need not be unique
     try:
+        if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
+            for p in pols:
+                bar.set_postfix_str(f"warm-up {p}", refresh=False)
+                run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
+                bar.update(1)
         for i, item in enumerate(prompts):
             for _ in range(repeats):
                 for p in pols:
@@ -225,10 +230,36 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
                         break
 
     summary = summarize(med, prompts, labels, failures if can_check else None)
-    settings = {"policies": labels, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
-                "temperature": temperature, "device": str(engine.device), "threads": torch.get_num_threads(),
-                "kernel_backend": engine.kernel_backend}
+    settings = {"policies": labels, "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
+                "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
+                "temperature": temperature, "seeds": [0], "device": str(engine.device),
+                "dtype": str(engine.models.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+                "kernel_backend": engine.kernel_backend, "versions": versions()}
     return BenchResult(rows, summary, failures, settings)
+
+
+def versions() -> dict:
+    """The versions a benchmark's numbers depend on."""
+    import platform
+
+    import transformers
+
+    import workbench
+
+    out = {"workbench": workbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version()}
+    try:
+        from importlib.metadata import version
+
+        out["sglang"] = version("sglang")
+    except Exception:  # noqa: BLE001 - not installed
+        out["sglang"] = None
+    return out
+
+
+def bench_json(res: "BenchResult") -> dict:
+    """What ``bench --json`` prints: the run's settings, then one summary per policy label."""
+    return {"settings": res.settings, **res.summary}
 
 
 def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> dict:
@@ -258,15 +289,20 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
             "stage_seconds": stages,
             "stage_seconds_per_cycle": {s: v / cycles if cycles else 0.0 for s, v in stages.items()},
             "cycles": cycles, "new_tokens": new_tokens, "wall_time": wall,
+            "wall_time_s": wall,
             **cycle_tails([r for m in ms for r in m["runs"]]),
             "forward_tokens_per_s": committed / forward_s if forward_s > 0 else 0.0,
             "tokens_per_s_range": [min(per_repeat), max(per_repeat)] if n_rep > 1 else None,
+            "tokens_per_s_per_repeat": per_repeat,
         }
     ar = out.get("AR")
     dflash = out.get(str(DFlash()))
     ar_decode = ar["decode_tokens_per_s"] if ar else None
     for label, s in out.items():
         s["speedup_vs_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        # within each repeat (interleaved: the same pass over the prompts), so a slow pass cancels
+        s["speedup_vs_ar_per_repeat"] = ([a / b for a, b in zip(s["tokens_per_s_per_repeat"],
+                                                               ar["tokens_per_s_per_repeat"])] if ar else None)
         s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
                                      if ar and ar["decode_tokens_per_s"] else None)
         s["speedup_vs_dflash"] = (s["tokens_per_s"] / dflash["tokens_per_s"]
@@ -288,26 +324,35 @@ def cycle_tails(runs: list[Run]) -> dict:
     firsts = [sum(r.cycle_seconds[0].values()) if r.cycle_seconds else 0.0 for r in runs]
     rest = [r.wall_time - r.setup_seconds - r.prefill_seconds - sum(sum(c.values()) for c in r.cycle_seconds)
             for r in runs]
+    pct = {st: percentiles(v) for st, v in cols.items()}
+    outside = {"setup": statistics.median(r.setup_seconds for r in runs),
+               "prefill": statistics.median(r.prefill_seconds for r in runs),
+               "first_cycle": statistics.median(firsts), "between_cycles": statistics.median(rest)}
     return {
-        "stage_percentiles": {st: percentiles(v) for st, v in cols.items()},
-        "outside_cycles": {"setup": statistics.median(r.setup_seconds for r in runs),
-                           "prefill": statistics.median(r.prefill_seconds for r in runs),
-                           "first_cycle": statistics.median(firsts), "between_cycles": statistics.median(rest)},
+        "stage_percentiles": pct, "outside_cycles": outside,  # seconds (older readers use these keys)
+        "stage_percentiles_ms": {st: {f"{q}_ms": 1e3 * v for q, v in d.items()} for st, d in pct.items()},
+        "outside_cycles_ms": {f"{k}_ms": 1e3 * v for k, v in outside.items()},
     }
 
 
 def percentile_table(summary: dict) -> str:
-    """Per policy: ms per steady cycle for each stage as p50 / p90 / max, then the time outside the cycles."""
+    """Per policy: ms per steady cycle for each stage as p50 / p90 / max, then the time outside the cycles
+    (medians over generations). Aligned at any width; a legend names every column."""
     cols = ["cycle", *STAGES]
-    lines = [f"{'policy':<16}" + "".join(f"{c:>17}" for c in cols) + "   outside: setup prefill 1st-cycle between"]
+    head = ["policy", *(f"{c} p50/p90/max" for c in cols), "setup", "prefill", "1st cycle", "between"]
+    rows = []
     for label, s in summary.items():
         pc = s["stage_percentiles"]
-        cells = "".join(f"{'/'.join(format(1e3 * pc[c][q], '.2f') for q in ('p50', 'p90', 'max')):>17}"
-                        for c in cols)
         o = s["outside_cycles"]
-        lines.append(f"{label:<16}{cells}   {1e3 * o['setup']:.1f} {1e3 * o['prefill']:.1f} "
-                     f"{1e3 * o['first_cycle']:.1f} {1e3 * o['between_cycles']:.1f}")
-    return "ms per cycle, p50/p90/max over steady cycles (first cycle of each run left out)\n" + "\n".join(lines)
+        rows.append([label, *("/".join(format(1e3 * pc[c][q], ".2f") for q in ("p50", "p90", "max")) for c in cols),
+                     *(f"{1e3 * o[k]:.1f}" for k in ("setup", "prefill", "first_cycle", "between_cycles"))])
+    return ("ms per cycle, p50/p90/max over steady cycles (each run's first cycle left out); then ms outside "
+            "the cycles, median per generation\n" + text_table(head, rows) + "\n" + legend([
+                ("cycle", "a whole steady cycle (the sum of its stages)"),
+                ("draft .. other", "one stage of the cycle (the engine's stages; 'accept' is the accept walk)"),
+                ("setup", "session start before the prefill"), ("prefill", "the target's prefill forward"),
+                ("1st cycle", "the first cycle (cold: allocation, kernel selection), left out above"),
+                ("between", "wall time outside prefill and cycles (the run loop)")]))
 
 
 SUMMARY_KEYS = ("tau", "tokens_per_s", "speedup_vs_ar", "accept_rate", "lossless", "stage_seconds",
@@ -315,48 +360,64 @@ SUMMARY_KEYS = ("tau", "tokens_per_s", "speedup_vs_ar", "accept_rate", "lossless
 
 
 def summary_table(summary: dict) -> str:
-    """A plain-text table of the summary (one line per policy)."""
+    """A plain-text table of the summary (one line per policy), aligned, with a legend of every column."""
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
     def spread(r):
         return "-" if not r else f"{r[0]:.1f}-{r[1]:.1f}"
 
-    head = (f"{'policy':<20}{'tau':>7}{'tok/s':>9}{'range':>13}{'vs AR':>8}{'vs DFlash':>10}{'accept':>8}"
-            f"{'decode x':>9}{'ceiling':>9}{'fwd share':>10}{'lossless':>9}  ms/cycle: draft tree verify accept commit")
-    lines = [head]
+    head = ["policy", "tau", "tok/s", "tok/s range", "vs AR", "vs DFlash", "acc/drafted", "decode x", "ceiling",
+            "fwd share", "lossless", "draft", "tree", "verify", "accept", "commit"]
+    rows = []
     for label, s in summary.items():
         pc = s["stage_seconds_per_cycle"]
         tree = pc["tree_build"] + pc["tree_compile"]
         lossless = "-" if s["lossless"] is None else ("yes" if s["lossless"] else "NO")
-        lines.append(
-            f"{label:<20}{s['tau']:>7.2f}{s['tokens_per_s']:>9.1f}{spread(s.get('tokens_per_s_range')):>13}"
-            f"{f(s['speedup_vs_ar'], '.2f'):>8}"
-            f"{f(s['speedup_vs_dflash'], '.2f'):>10}{f(s['accept_rate'], '.2f'):>8}"
-            f"{f(s['decode_speedup_vs_ar'], '.2f'):>9}{f(s['ceiling_speedup'], '.2f'):>9}"
-            f"{f(s['ceiling_ratio'], '.0%'):>10}{lossless:>9}  "
-            f"{1e3 * pc['draft']:.2f} {1e3 * tree:.2f} {1e3 * pc['verify']:.2f} {1e3 * pc['accept']:.2f} "
-            f"{1e3 * pc['commit']:.2f}"
-        )
-    lines.append("range: min-max tok/s over repeats ('-': one repeat shows no spread; use --repeats 3). "
-                 "decode x: speedup of the cycles alone; ceiling: that speedup if only the model forwards cost "
-                 "time; fwd share = decode x / ceiling = share of cycle time in the forwards (<= 100%).")
-    return "\n".join(lines)
+        rows.append([label, f"{s['tau']:.2f}", f"{s['tokens_per_s']:.1f}", spread(s.get("tokens_per_s_range")),
+                     f(s["speedup_vs_ar"], ".2f"), f(s["speedup_vs_dflash"], ".2f"), f(s["accept_rate"], ".2f"),
+                     f(s["decode_speedup_vs_ar"], ".2f"), f(s["ceiling_speedup"], ".2f"), f(s["ceiling_ratio"], ".0%"),
+                     lossless, *(f"{1e3 * v:.2f}" for v in (pc["draft"], tree, pc["verify"], pc["accept"],
+                                                           pc["commit"]))])
+    return text_table(head, rows) + "\n" + legend([
+        ("tau", "mean accepted length per cycle, the bonus token counted (AR = 1)"),
+        ("tok/s", "new tokens / wall time, prefill included (each prompt: median over repeats)"),
+        ("tok/s range", "min-max tok/s over repeats ('-': one repeat shows no spread; use --repeats 3)"),
+        ("vs AR, vs DFlash", "tok/s over AR's / DFlash's, measured in this run"),
+        ("acc/drafted", "accepted drafted tokens / drafted tokens on each cycle's deepest path"),
+        ("decode x", "speedup over AR of the cycles alone (prefill left out)"),
+        ("ceiling", "that speedup if only the model forwards (draft, verify) cost time"),
+        ("fwd share", "decode x / ceiling = share of cycle time in the forwards (<= 100%)"),
+        ("lossless", "every greedy output equals AR's ('-': not checked)"),
+        ("draft .. commit", "MEAN ms per cycle in that stage (tree = build + compile; accept = the accept walk)"),
+    ])
 
 
 # ---------------------------------------------------------------------------------------------- kernels
 KERNEL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 
 
-def _time(fn, repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+def _times(fn, repeats: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()``, after one warm-up call."""
     fn()
     ts = []
     for _ in range(repeats):
         t0 = clock(device)
         fn()
         ts.append(clock(device) - t0)
-    return statistics.median(ts)
+    return ts
+
+
+def _time(fn, repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+    return statistics.median(_times(fn, repeats, device))
+
+
+def _timed(row: dict, key: str, fn, repeats: int, device) -> float:
+    """Time ``fn`` into row[key + '_s'] (median) and row[key + '_range_s'] ([min, max] over the calls)."""
+    ts = _times(fn, repeats, device)
+    row[f"{key}_s"], row[f"{key}_range_s"] = statistics.median(ts), [min(ts), max(ts)]
+    return row[f"{key}_s"]
 
 
 def _path_choice(tree) -> torch.Tensor:
@@ -412,17 +473,21 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             available[b] = str(e)
 
     out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
-           "repeats": repeats, "tree_build": [], "accept": [], "kv_compact": []}
+           "repeats": repeats, "seed": seed, "versions": versions(), "tree_build": [], "accept": [], "kv_compact": []}
     # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
     bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
                disable=(None if progress is None else not progress))
     for b in budgets:
         bar.set_postfix_str(f"budget {b}: tree build", refresh=True)
-        vec = _time(lambda: build_tree(lp, root, b), repeats, dev)
-        heap = _time(lambda: build_tree_host_heap(lp, root, b), repeats, dev)
-        both = _time(lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
-        row = {"budget": b, "vectorized_s": vec, "heap_s": heap, "heap_over_vectorized": heap / vec,
-               "build_compile_s": both}
+        row = {"budget": b}
+        vec = _timed(row, "vectorized", lambda: build_tree(lp, root, b), repeats, dev)
+        heap = _timed(row, "heap", lambda: build_tree_host_heap(lp, root, b), repeats, dev)
+        both = _timed(row, "build_compile", lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
+        row["heap_over_vectorized"] = heap / vec
+        # build + compile runs the build, so it cannot truly be faster: a busy machine measured one of them
+        if both < vec:
+            row["contradiction"] = (f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us): "
+                                    "the machine was busy during one of them; rerun on an idle machine")
         if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
             try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
                 torch.cuda.set_sync_debug_mode("error")
@@ -444,7 +509,7 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             if err is not None:
                 arow[f"{name}_s"], arow[f"{name}_error"] = None, err
                 continue
-            arow[f"{name}_s"] = _time(lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
+            _timed(arow, name, lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
         if arow.get("torch_s") and arow.get("sglang_s"):
             arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
         out["accept"].append(arow)
@@ -454,37 +519,54 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
         acc = accept("torch", tree, ct, choice, depth)
         nodes = acc.index[0, : int(acc.length[0]) + 1]
         kv = torch.randn(1, heads, prefix + tree.n, head_dim, generator=g).to(dev)
-        fast = _time(lambda: compact_kv(kv, prefix, nodes), repeats, dev)
-        loop = _time(lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
-        out["kv_compact"].append({"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape),
-                                  "compact_kv_s": fast, "loop_s": loop, "loop_over_compact": loop / fast})
+        krow = {"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape)}
+        fast = _timed(krow, "compact_kv", lambda: compact_kv(kv, prefix, nodes), repeats, dev)
+        loop = _timed(krow, "loop", lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
+        krow["loop_over_compact"] = loop / fast
+        out["kv_compact"].append(krow)
         bar.update(1)
     bar.close()
     return out
 
 
 def kernel_table(res: dict) -> str:
+    """The kernel medians with their min-max over the timed calls; contradictory rows flagged '!'."""
     def us(v):
         return "n/a" if v is None else f"{1e6 * v:.0f}"
 
-    lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}, "
-             f"median of {res['repeats']} (microseconds)",
-             "", "tree build       budget  build_tree      heap  heap/ours  build+compile" +
-             ("  sync-free" if res["tree_build"] and "host_sync_free" in res["tree_build"][0] else "")]
-    for r in res["tree_build"]:
-        sync = f"  {r['host_sync_free']!s:>9}" if "host_sync_free" in r else ""
-        lines.append(f"{'':16}{r['budget']:>7}{us(r['vectorized_s']):>12}{us(r['heap_s']):>10}"
-                     f"{r['heap_over_vectorized']:>10.1f}{us(r['build_compile_s']):>15}{sync}")
-    lines += ["", "accept walk      budget   nodes     torch    sglang  sglang/torch"]
-    for r in res["accept"]:
-        ratio = f"{r['sglang_over_torch']:.1f}" if "sglang_over_torch" in r else "-"
-        lines.append(f"{'':16}{r['budget']:>7}{r['nodes']:>8}{us(r.get('torch_s')):>10}{us(r.get('sglang_s')):>10}"
-                     f"{ratio:>14}")
+    def rng(r, key):
+        v = r.get(f"{key}_range_s")
+        return "-" if not v else f"{1e6 * v[0]:.0f}-{1e6 * v[1]:.0f}"
+
+    tb = res["tree_build"]
+    sync = bool(tb) and "host_sync_free" in tb[0]
+    head = ["tree build", "budget", "build_tree", "range", "heap", "range", "heap/ours", "build+compile", "range",
+            *(["sync-free"] if sync else []), "flag"]
+    rows = [["", str(r["budget"]), us(r["vectorized_s"]), rng(r, "vectorized"), us(r["heap_s"]), rng(r, "heap"),
+             f"{r['heap_over_vectorized']:.1f}", us(r["build_compile_s"]), rng(r, "build_compile"),
+             *([str(r["host_sync_free"])] if sync else []), "!" if "contradiction" in r else ""] for r in tb]
+    lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}; "
+             f"microseconds: median of {res['repeats']} calls, range = min-max over them", "",
+             text_table(head, rows)]
+    lines += [f"  ! budget {r['budget']}: {r['contradiction']}" for r in tb if "contradiction" in r]
+    arows = [["", str(r["budget"]), str(r["nodes"]), us(r.get("torch_s")), rng(r, "torch"), us(r.get("sglang_s")),
+              rng(r, "sglang"), f"{r['sglang_over_torch']:.1f}" if "sglang_over_torch" in r else "-"]
+             for r in res["accept"]]
+    lines += ["", text_table(["accept walk", "budget", "nodes", "torch", "range", "sglang", "range", "sglang/torch"],
+                             arows)]
     errs = {k: v for r in res["accept"] for k, v in r.items() if k.endswith("_error")}
     for k, v in errs.items():
         lines.append(f"{'':16}{k[:-6]}: {v}")
-    lines += ["", "kv compaction    budget  accepted  compact_kv      loop  loop/compact"]
-    for r in res["kv_compact"]:
-        lines.append(f"{'':16}{r['budget']:>7}{r['accepted']:>10}{us(r['compact_kv_s']):>12}{us(r['loop_s']):>10}"
-                     f"{r['loop_over_compact']:>14.1f}")
+    krows = [["", str(r["budget"]), str(r["accepted"]), us(r["compact_kv_s"]), rng(r, "compact_kv"), us(r["loop_s"]),
+              rng(r, "loop"), f"{r['loop_over_compact']:.1f}"] for r in res["kv_compact"]]
+    lines += ["", text_table(["kv compaction", "budget", "accepted", "compact_kv", "range", "loop", "range",
+                              "loop/compact"], krows)]
+    lines += ["", legend([
+        ("build_tree", "our tree build (host heap on a CPU, vectorized on a GPU)"),
+        ("heap", "the plain baseline: top-k, one copy to the host, a Python heap"),
+        ("heap/ours", "heap median / build_tree median (> 1: ours faster)"),
+        ("build+compile", "build_tree then compile_tree (verify inputs); never truly below build_tree alone"),
+        ("flag", "'!': the row's measurements contradict each other (a busy machine); see the note"),
+        ("accept walk", "the walk through each backend; sglang = SGLang's kernel (Triton interpreter on a CPU)"),
+        ("kv compaction", "compact_kv vs a per-row loop over the accepted rows")])]
     return "\n".join(lines)

@@ -14,6 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from workbench import validate
+from workbench.validate import as_arg
+
 EXIT_FAILED = 1  # the command ran, but what it checks failed (the lossless check)
 EXIT_USAGE = 2  # bad input
 
@@ -44,40 +47,26 @@ def _int_at_least(low: int, what: str):
 
 _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = None
-    if v is None or not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: give an integer from 0 to 2**64-1")
-    return v
-
-
 def _device(text: str) -> str:
     """cpu, cuda or cuda:N; anything else (tpu, meta, mps, ...) is refused before any model loads."""
+    from workbench.validate import device
+
     t = text.strip().lower()
-    if t == "cpu" or t == "cuda" or (t.startswith("cuda:") and t[5:].isdigit()):
-        return t
-    raise argparse.ArgumentTypeError(f"{text!r} is not a device this workbench runs on: use cpu, cuda or cuda:N")
+    try:
+        return device(t)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _check_output(path: str, option: str) -> Path:
-    """Refuse an output path that cannot be written, before any model loads (the message names it)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{option} '{p}' is a directory; give a file name, e.g. {p / 'out'}")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # missing folders are created; the nearest existing one must be writable
-    if not parent.is_dir():
-        raise UsageError(f"{option} '{p}': '{parent}' is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{option} '{p}' cannot be written (no permission)")
-    return p
+    """Refuse an output path that cannot be written, before any model loads (the message names it;
+    a missing folder is refused, never created)."""
+    from workbench.validate import output_path
+
+    try:
+        return output_path(path, option)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _finite_float(text: str) -> float:
@@ -103,7 +92,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="run a checkpoint's own Python code (e.g. Kimi-K2); refused without this flag")
     g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default), sglang (SGLang's CUDA JIT kernel "
                    "on CUDA, its Triton kernel on CPU) or sglang-triton")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: up to 8)")
+    g.add_argument("--threads", type=as_arg(validate.threads), default=None, help="CPU threads (default: up to 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--prompt", required=True, type=as_arg(validate.text), help="the prompt text")
     p.add_argument("--chat", action="store_true",
                    help="send --prompt as one user message through the target's chat template (non-thinking)")
     p.add_argument("--policy", default="ddtree:32",
@@ -125,10 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default ddtree:32)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"new tokens in all, the first included (default {DEFAULT_MAX_NEW_TOKENS})")
-    p.add_argument("--temperature", type=_finite_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=as_arg(validate.temperature), default=0.0,
+                   help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-p", type=_finite_float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
     p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample from the k best tokens (0 = all)")
-    p.add_argument("--seed", type=_seed, default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
+    p.add_argument("--seed", type=as_arg(validate.seed), default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
     _add_model_args(p)
     p.add_argument("--trace", metavar="FILE", help="save the trace (JSON lines) to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -154,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per policy")
     p.add_argument("--batch-size", type=_positive_int, default=None,
                    help="batched DDTree: a batch of N requests against the same N run one after another")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress on stderr (default: on; --no-progress or --quiet silences it)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--reference", action="store_true",
                    help="also run each DDTree budget through a plain reference decoder, interleaved, and "
                         "compare speed per stage (checks both decode the same trees)")
@@ -178,12 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress on stderr (default: on; --no-progress or --quiet silences it)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser
 
 
 # ---------------------------------------------------------------------------------------------- commands
+def _progress(args) -> bool:
+    """Long work shows progress on stderr by default, a terminal or not (a log, a notebook's !cell)."""
+    return bool(args.progress) and not args.quiet
+
+
 def _load_engine(args):
     import workbench as wb
 
@@ -205,6 +202,9 @@ def _load_engine(args):
 
 
 def cmd_run(args, out, err) -> int:
+    import torch
+
+    from workbench.bench import versions
     from workbench.policies import parse_policy
 
     policy = parse_policy(args.policy)
@@ -230,6 +230,9 @@ def cmd_run(args, out, err) -> int:
             "stage_seconds": summ.stage_seconds, "prefill_seconds": trace.prefill_seconds,
             "seconds": summ.seconds, "finish_reason": trace.finish_reason, "tokens": s.tokens,
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens, "device": str(engine.device),
+            "dtype": str(engine.models.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "kernel_backend": engine.kernel_backend, "versions": versions(),
         }
         if args.trace:
             obj["trace"] = str(args.trace)
@@ -250,19 +253,21 @@ def cmd_bench(args, out, err) -> int:
         prompts = prompts[: args.limit]
     if args.out:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
-    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
-        raise ValueError(f"--profile {args.profile!r} is a file; give a directory for the trace files")
+    if args.profile:
+        validate.output_dir(args.profile, "--profile")
     engine = _load_engine(args)
     if args.batch_size:
         return _bench_batch(args, engine, policies, prompts, out)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                check_lossless=args.check_lossless, progress=args.progress, warmup=not args.no_warmup)
+                check_lossless=args.check_lossless, progress=_progress(args), warmup=not args.no_warmup)
     if args.out:
         from workbench.views.export import atomic_write_text
 
         atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     if args.json:
-        print(json.dumps(res.summary), file=out)
+        from workbench.bench import bench_json
+
+        print(json.dumps(bench_json(res)), file=out)
     else:
         st = res.settings
         print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), greedy, "
@@ -276,7 +281,7 @@ def cmd_bench(args, out, err) -> int:
         budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
         if not budgets:
             raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
-        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, args.progress)
+        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, _progress(args))
         if args.json:
             print(json.dumps({"reference": ref}), file=out)
         else:
@@ -330,7 +335,7 @@ def cmd_kernels(args, out, err) -> int:
                              f"the limit is {MAX_BUDGET} nodes, as for --policies")
     if args.threads:
         torch.set_num_threads(args.threads)
-    res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=args.progress)
+    res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=_progress(args))
     print(json.dumps(res) if args.json else kernel_table(res), file=out)
     return 0
 
@@ -443,7 +448,7 @@ def _add_serve_parser(sub) -> None:
     _add_model_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    g.add_argument("--port", type=_non_negative_int, default=8765, help="port (default 8765; 0 picks a free one)")
+    g.add_argument("--port", type=as_arg(validate.port), default=8765, help="port (default 8765; 0 picks a free one)")
     g.add_argument("--token-file", metavar="FILE",
                    help="read the token from FILE; if FILE does not exist, write a new token there (mode 600)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

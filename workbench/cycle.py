@@ -9,8 +9,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
-import tempfile
 from collections import Counter
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -30,6 +28,79 @@ STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept", "commit", "
 
 class TraceFileError(ValueError):
     """A trace file that is not ours, of another version, cut short or damaged; the message names file and line."""
+
+
+def _trace_vocab(meta: dict, prefill) -> int | None:
+    """The target's vocabulary size as the trace records it: ``meta['vocab_size']`` or the last dim of the
+    prefill's logits (every trace since version 1 keeps that shape); None when neither is there."""
+    v = meta.get("vocab_size")
+    if isinstance(v, int) and v > 0:
+        return v
+    shape = ((prefill.outputs.get("logits") or {}).get("shape") if prefill else None) or []
+    return shape[-1] if shape and isinstance(shape[-1], int) and shape[-1] > 0 else None
+
+
+def _in_vocab(t, vocab: int | None) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0 and (vocab is None or t < vocab)
+
+
+def cycle_problem(c: "Cycle", vocab: int | None = None) -> str | None:
+    """The first internal inconsistency of one cycle record, in words, or None.
+
+    Checks what a decoder guarantees: per-node arrays of one length n; the root at 0 (parent -1,
+    depth 0) and every parent before its child; depth = parent's depth + 1; token ids (tree, draft
+    top-k, target choices, bonus) inside the vocabulary; the accepted path starts at the root,
+    walks parent to child, carries the nodes' tokens, follows the target's choice at every step,
+    stops where no child matches it, and ends in the bonus = the choice at its last node.
+    """
+    n = int(c.tokens.shape[0]) if c.tokens.dim() == 1 else -1
+    if n < 1:
+        return f"tokens has shape {list(c.tokens.shape)}; a tree has at least its root"
+    for name in ("parents", "depth", "rank", "score", "position_ids", "target_choice", "target_prob",
+                 "retrieve_next_token", "retrieve_next_sibling"):
+        shape = list(getattr(c, name).shape)
+        if shape != [n]:
+            return f"{name} has shape {shape} but tokens has {n} nodes"
+    if list(c.visibility.shape) != [n, n]:
+        return f"visibility has shape {list(c.visibility.shape)}, not [{n}, {n}]"
+    if c.draft_topk_tokens.shape != c.draft_topk_logprobs.shape:
+        return (f"draft_topk_tokens {list(c.draft_topk_tokens.shape)} and draft_topk_logprobs "
+                f"{list(c.draft_topk_logprobs.shape)} differ in shape")
+    par, dep, tok, choice = (getattr(c, f).tolist() for f in ("parents", "depth", "tokens", "target_choice"))
+    if par[0] != -1 or dep[0] != 0:
+        return f"node 0 must be the root (parent -1, depth 0), not parent {par[0]}, depth {dep[0]}"
+    for i in range(1, n):
+        if not 0 <= par[i] < i:
+            return f"node {i} has parent {par[i]}; every parent comes before its child"
+        if dep[i] != dep[par[i]] + 1:
+            return f"node {i} has depth {dep[i]} but its parent {par[i]} has depth {dep[par[i]]}"
+    for name, values in (("tokens", tok), ("target_choice", choice), ("draft_topk_tokens",
+                         c.draft_topk_tokens.reshape(-1).tolist()), ("bonus", [c.bonus])):
+        bad = next((t for t in values if not _in_vocab(t, vocab)), None)
+        if bad is not None:
+            where = f"the vocabulary of {vocab} tokens" if vocab else "the token ids (>= 0)"
+            return f"{name} holds token {bad}, outside {where}"
+    path, path_tok = c.accepted_nodes.tolist(), c.accepted_tokens.tolist()
+    if not path or len(path) != len(path_tok):
+        return f"accepted_nodes ({len(path)}) and accepted_tokens ({len(path_tok)}) differ in length or are empty"
+    if path[0] != 0:
+        return f"the accepted path starts at node {path[0]}, not the root"
+    for a, b in zip(path, path[1:]):
+        if not 0 <= b < n or par[b] != a:
+            return f"the accepted path steps from node {a} to node {b}, which is not its child"
+        if tok[b] != choice[a]:
+            return (f"the accepted path takes node {b} (token {tok[b]}) where the target chose {choice[a]} "
+                    f"at node {a}")
+    if [tok[i] for i in path] != path_tok:
+        return "accepted_tokens are not the tokens of accepted_nodes"
+    last = path[-1]
+    if any(par[i] == last and tok[i] == choice[last] for i in range(1, n)):
+        return f"the accepted path stops at node {last} though a child carries the target's choice {choice[last]}"
+    if c.bonus != choice[last]:
+        return f"bonus {c.bonus} is not the target's choice {choice[last]} at the last accepted node {last}"
+    if not 0 <= c.committed <= len(path):
+        return f"committed={c.committed} but the accepted path has {len(path)} tokens"
+    return None
 
 
 def _ms(seconds: float) -> str:
@@ -383,26 +454,18 @@ class Trace:
 
     # ---- files
     def save(self, path) -> Path:
-        """Write atomically: a temporary file in the same folder, renamed over ``path``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write atomically (a temporary file beside ``path``, renamed over it), with the mode of every
+        other output. The folder must exist: a missing one is refused, naming the path."""
+        from workbench.validate import write_text_atomic
+
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": self.meta,
                 "prefill": self.prefill.to_dict() if self.prefill else None,
                 "prefill_seconds": self.prefill_seconds, "setup_seconds": self.setup_seconds,
                 "finish_reason": self.finish_reason,
                 "new_tokens": self.new_tokens}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(json.dumps(head) + "\n")
-                for c in self.cycles:
-                    fh.write(json.dumps(c.to_dict()) + "\n")
-                fh.write(json.dumps({"end": TRACE_FORMAT, "cycles": len(self.cycles)}) + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        lines = [json.dumps(head), *(json.dumps(c.to_dict()) for c in self.cycles),
+                 json.dumps({"end": TRACE_FORMAT, "cycles": len(self.cycles)})]
+        return write_text_atomic(path, "\n".join(lines) + "\n")
 
     @classmethod
     def load(cls, path) -> "Trace":
@@ -452,6 +515,12 @@ class Trace:
             raise TraceFileError(f"{path}:1: damaged header ({why})") from None
         # Version 1 stored sampling once, in the header; every cycle of such a file ran with it.
         defaults = {k: meta[k] for k in ("top_p", "top_k") if k in meta} if version == 1 else {}
+        vocab = _trace_vocab(meta, prefill)
+        ids = meta.get("prompt_ids")
+        if ids is not None and (not isinstance(ids, list) or not all(_in_vocab(t, vocab) for t in ids)):
+            raise TraceFileError(f"{path}:1: damaged header (prompt_ids hold a token outside the vocabulary of "
+                                 f"{vocab} tokens)" if vocab else f"{path}:1: damaged header (prompt_ids are not "
+                                 "token ids)")
         cycles = []
         for no in range(2, len(lines)):
             try:
@@ -460,4 +529,7 @@ class Trace:
                 if isinstance(e, TraceFileError):
                     raise
                 raise TraceFileError(f"{path}:{no}: damaged cycle record ({e})") from None
+            problem = cycle_problem(cycles[-1], vocab)
+            if problem:
+                raise TraceFileError(f"{path}:{no}: inconsistent cycle {cycles[-1].index}: {problem}")
         return cls(meta=meta, prefill=prefill, cycles=cycles, **extra)

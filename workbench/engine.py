@@ -6,6 +6,7 @@ import os
 import torch
 
 from ddtree_kernels import check_backend
+from workbench import validate
 from workbench.batch import BatchSession
 from workbench.cycle import Trace
 from workbench.loading import Models, load_models
@@ -24,6 +25,7 @@ def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_back
     checkpoint's own dtype; ``device_map`` (e.g. "auto") spreads a large target over devices;
     ``trust_remote_code=True`` runs a checkpoint's own code (Kimi-K2). See ``workbench.loading``.
     """
+    validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
     check_backend(kernel_backend)
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).

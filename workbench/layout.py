@@ -85,7 +85,7 @@ def pad_trees(trees: list[Tree], compiled: list[CompiledTree], starts: list[int]
     par = torch.full((bs, N), -1, dtype=torch.long, device=dev)
     dep = torch.zeros(bs, N, dtype=torch.long, device=dev)
     rank = torch.zeros(bs, N, dtype=torch.long, device=dev)
-    score = torch.zeros(bs, N, device=dev)
+    score = torch.zeros(bs, N, dtype=torch.float64, device=dev)  # path sums are float64 (tree_build)
     pos = torch.tensor(starts, device=dev)[:, None].repeat(1, N)
     vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(bs, 1, 1)  # padding sees only itself
     nxt = torch.full((bs, N), -1, dtype=torch.long, device=dev)

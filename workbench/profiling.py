@@ -20,7 +20,7 @@ def profile_generation(engine, policy, prompt: str, max_new_tokens: int, path, r
     from workbench.bench import run_one
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)  # the folder's parent was checked to exist
     run_one(engine, policy, prompt, min(16, max_new_tokens))  # warm-up: keep one-time costs out
     acts = [torch.profiler.ProfilerActivity.CPU]
     if engine.device.type == "cuda":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench import validate
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -52,8 +54,7 @@ def encode_prompt(tokenizer, prompt: str | None = None, *, messages=None, prompt
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt=, messages= or prompt_ids= (got {', '.join(given) or 'none'})")
     if prompt is not None:
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"prompt={prompt!r} is empty; give at least one character of text")
+        validate.text(prompt)  # empty, not a str, or a lone surrogate: one line
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         own = tokenizer(prompt)["input_ids"]  # what the tokenizer's own call adds around the text
         bos = tokenizer.bos_token_id

@@ -82,7 +82,7 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
 
         if depth >= 1:
             top = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-            tokens, parents, depths, _, _ = heap_tree_lists(top.values.cpu().numpy(), top.indices.cpu().numpy(),
+            tokens, parents, depths, _, _ = heap_tree_lists(top.values.cpu().tolist(), top.indices.cpu().tolist(),
                                                             generated[-1], budget)
         n = len(tokens)
         times["tree_build"] = (t2 := _now(dev)) - t1

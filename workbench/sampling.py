@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from workbench import validate
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -15,8 +17,7 @@ class Sampling:
 
     def __post_init__(self):
         t, p, k = self.temperature, self.top_p, self.top_k
-        if not isinstance(t, (int, float)) or t != t or t < 0:
-            raise ValueError(f"temperature={t!r} must be >= 0 (0 means greedy)")
+        validate.temperature(t)  # finite: temperature=inf would sample uniform noise
         if not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ValueError(f"top_p={p!r} must be in (0, 1]")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:

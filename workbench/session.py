@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_kernels import check_backend
+from workbench import validate
 from workbench.cycle import Cycle, Trace, setting_label
 from workbench.loading import model_ref
 from workbench.policies import Policy, as_policy
@@ -62,6 +63,8 @@ class Session(SessionState):
         m = engine.models
         if not isinstance(prompt, Prompt):
             prompt = engine.encode(prompt)
+        validate.record_topk(record_topk), validate.capture(capture)
+        validate.policy_fits(policy, m.block_size - 1)
         check_backend(kernel_backend, m.device)
         self._check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
@@ -70,10 +73,8 @@ class Session(SessionState):
         self._max_new_tokens = max_new_tokens
         self.prompt = prompt.text  # the raw text, the rendered chat, or the decoded ids
         self.prompt_ids: list[int] = list(prompt.ids)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed={seed!r} must be an integer from 0 to 2**64-1")
-        self.generator = torch.Generator(device=m.device).manual_seed(seed)
-        self.seed = seed
+        self.generator = torch.Generator(device=m.device)
+        self.seed = seed  # validated and applied to the generator by the setter
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.trace = Trace(meta={
@@ -97,7 +98,17 @@ class Session(SessionState):
 
     @policy.setter
     def policy(self, p) -> None:
-        self._policy = as_policy(p)
+        self._policy = validate.policy_fits(as_policy(p), self.models.block_size - 1)
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, s: int) -> None:
+        """Re-seed the sampler: the next cycle's draws come from ``s`` (greedy decoding ignores it)."""
+        self._seed = validate.seed(s)
+        self.generator.manual_seed(s)
 
     @property
     def temperature(self) -> float:

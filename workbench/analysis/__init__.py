@@ -4,10 +4,13 @@
     cal.ece, cal.table(); wb.views.reliability_figure(cal)
     need = wb.analysis.budget_needed(trace)              # ranks of the target's continuation
     need.tau_at(16); wb.views.budget_needed_figure(need)
+    wb.analysis.order_verdict(bench_result.summary)    # an order only where repeats' spreads separate
 
 Pure data (numpy); no model runs, no plotting.
 """
 from workbench.analysis.budget import BudgetNeeded, budget_needed
 from workbench.analysis.calibration import Calibration, calibration
+from workbench.analysis.spread import OrderVerdict, order_values, order_verdict
 
-__all__ = ["BudgetNeeded", "Calibration", "budget_needed", "calibration"]
+__all__ = ["BudgetNeeded", "Calibration", "OrderVerdict", "budget_needed", "calibration", "order_values",
+           "order_verdict"]

@@ -169,9 +169,17 @@ class BudgetNeeded:
                 "tau": [self.tau_at(b) for b in budgets]}
 
     def __str__(self) -> str:
+        need = self.needed()
+        blind = int(np.isinf(need).sum())  # accepted paths ranked beyond what the recorded top-k can see
+        med = float(np.median(need)) if need.size else 0.0
+        median = (f"median {med:.0f} nodes" if np.isfinite(med) else
+                  f"median more than {self.max_budget} nodes (beyond what was recorded)")
+        seen = (f"; {blind} of {self.cycles} accepted paths need more than {self.max_budget} nodes, which the "
+                f"recorded drafter top-{self.record_topk} cannot rank: record more with "
+                f"engine.session(..., record_topk=64)" if blind else "")
         return (f"budget needed ({self.policy}, {self.cycles} cycles, exact up to {self.max_budget} nodes): "
-                f"median {np.median(self.needed()):.0f} nodes for the accepted path, "
-                f"predicted tau at {self.max_budget}: {self.tau_at(self.max_budget):.3f}")
+                f"{median} for the accepted path, predicted tau at {self.max_budget}: "
+                f"{self.tau_at(self.max_budget):.3f}{seen}")
 
 
 def default_budgets(max_budget: int) -> list[int]:

@@ -130,6 +130,9 @@ class EngineServer:
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  limits: Limits = Limits(), log_level: str = "warning"):
+        from workbench.validate import port as check_port
+
+        check_port(port)  # one line for 99999, as `serve --port 99999` gives
         self.token = new_token() if token is None else check_token(token)
         if not is_loopback(host):
             msg = (f"EngineServer: binding {host} makes the engine reachable from other machines over plain "

@@ -112,4 +112,11 @@ class BatchStepper(StatusLine):
 
 
     def _repr_mimebundle_(self, **kw):
-        return self.widget._repr_mimebundle_(**kw)
+        """The live widget; where no kernel runs (a stored notebook on GitHub), a sentence to run the cell."""
+        from workbench.views.static import RUN_THE_CELL
+
+        bundle = self.widget._repr_mimebundle_(**kw)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/plain"] = RUN_THE_CELL
+        return bundle

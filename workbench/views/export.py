@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from pathlib import Path
+
+from workbench.validate import write_text_atomic
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -38,19 +38,9 @@ def page(title: str, parts: list, style: str = "") -> str:
 
 
 def atomic_write_text(path, text: str) -> Path:
-    """Write to a temporary file in the same folder, then rename over ``path``: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write to a temporary file in the same folder, then rename over ``path``: never half-written.
+    The folder must exist (nothing is created); see ``workbench.validate.write_text_atomic``."""
+    return write_text_atomic(path, text)
 
 
 def to_html(obj, title: str | None = None) -> str:

@@ -8,6 +8,8 @@ and HTML-escaped, because plotly renders a subset of HTML in labels and hovers.
 from __future__ import annotations
 
 import html
+import math
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
@@ -77,13 +79,25 @@ def visible(text: str) -> str:
     return html.escape(text.translate(_VISIBLE), quote=False)
 
 
-def _labeller(tokenizer):
+def short_label(text: str, limit: int = 10) -> str:
+    """A token's text for a node label beside a marker: runs of 3+ of one whitespace character become
+    '␣×16' (a run of spaces as wide as it is would overlap the next depth's labels), long text is cut
+    with '…'. Visible and escaped as ``visible``; the hover keeps the full text."""
+    out = re.sub(r"( |\n|\t|\r)\1{2,}", lambda m: f"{m.group(1).translate(_VISIBLE)}×{len(m.group(0))}", text)
+    out = out.translate(_VISIBLE)
+    if len(out) > limit:
+        out = out[: limit - 1] + "…"
+    return html.escape(out, quote=False)
+
+
+def _labeller(tokenizer, short: bool = False):
     cache: dict[int, str] = {}
 
     def label(t: int) -> str:
         t = int(t)
         if t not in cache:
-            cache[t] = visible(token_text(tokenizer, t))
+            raw = token_text(tokenizer, t)
+            cache[t] = short_label(raw) if short else visible(raw)
         return cache[t]
 
     return label
@@ -163,6 +177,7 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
     acc_nodes = cycle.accepted_nodes.tolist()
     outcome = node_outcomes(cycle)
     label = _labeller(tokenizer)
+    tag = _labeller(tokenizer, short=True)  # beside the markers: short; the hover keeps ``label``
 
     # Which nodes to show: all, or the best `max_nodes` (flattened order = score order, prefix-closed)
     # plus the accepted path (ancestor-closed), so the shown set is still a tree.
@@ -210,7 +225,7 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
         sizes = [8 + 14 * float(np.sqrt(max(dprob[i], 0.0))) for i in nodes]
         data.append(go.Scatter(
             x=[x[j] for j in js], y=[y[j] for j in js], mode="markers+text",
-            text=[label(tokens[i]) for i in nodes], textposition="middle right", textfont=dict(size=11),
+            text=[tag(tokens[i]) for i in nodes], textposition="middle right", textfont=dict(size=11),
             customdata=nodes, hovertext=hover, hoverinfo="text",
             marker=dict(size=sizes, color=OUTCOME_COLORS[key], line=dict(width=1, color="white"),
                         opacity=[0.45 + 0.55 * float(min(max(dprob[i], 0.0), 1.0)) for i in nodes]),
@@ -219,7 +234,7 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
     bonus = int(cycle.bonus)
     pb = acc_nodes[-1]
     data.append(go.Scatter(
-        x=[x[b]], y=[y[b]], mode="markers+text", text=[label(bonus)], textposition="middle right",
+        x=[x[b]], y=[y[b]], mode="markers+text", text=[tag(bonus)], textposition="middle right",
         textfont=dict(size=11, color=OUTCOME_COLORS["bonus"]), customdata=[n],
         hovertext=[f"<b>{label(bonus)}</b><br>bonus token id {bonus} (the target's choice after node {pb})"
                    f"<br>target prob {tprob[pb]:.3f}<br>root of the next cycle"],
@@ -387,8 +402,11 @@ def token_stream(trace: Trace, tokenizer=None, width: int = 64, rows_in_view: in
                   textfont=dict(size=11, family="monospace"), xgap=0, ygap=2, hoverongaps=False)
     styles = [
         dict(name="prefill", colorscale=[[0, "#e0e0e0"], [1, "#e0e0e0"]], showscale=False, zmin=0, zmax=1),
+        # Integer ticks, at most ~5, and a title along the bar: with few cycles (a short figure) fractional
+        # ticks and a stacked title overlapped.
         dict(name="even cycles", colorscale=[[0, "#f7fbff"], [1, "#6baed6"]], showscale=True, zmin=0, zmax=zmax,
-             colorbar=dict(title="accept<br>length", len=0.9)),
+             colorbar=dict(title=dict(text="accept length", side="right"), len=1.0, thickness=12,
+                           tickmode="linear", tick0=0, dtick=max(1, math.ceil(zmax / 4)))),
         dict(name="odd cycles", colorscale=[[0, "#fff5eb"], [1, "#fd8d3c"]], showscale=False, zmin=0, zmax=zmax),
     ]
     fig = go.Figure([
@@ -404,9 +422,12 @@ def token_stream(trace: Trace, tokenizer=None, width: int = 64, rows_in_view: in
     fig.add_annotation(text=key, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
                        showarrow=False, font=dict(size=11), name="key")
     fig.update_layout(
-        title=f"{trace.policy}: {len(trace.cycles)} cycles, {trace.new_tokens} new tokens, tau {trace.tau:.2f}"
-              + (f" · rows 1-{view} of {n_rows} (drag to pan)" if n_rows > view else ""),
-        height=int(24 * max(view, 3) + 110), margin=dict(l=20, r=20, t=70, b=20), plot_bgcolor="white", dragmode="pan",
+        # Short first line; the scroll hint on its own small line, so neither is cut at a narrow width.
+        title=dict(text=f"{trace.policy}: {len(trace.cycles)} cycles, {trace.new_tokens} new tokens, "
+                        f"tau {trace.tau:.2f}" + (f"<br><sup>rows 1-{view} of {n_rows} (drag to pan)</sup>"
+                                                  if n_rows > view else ""),
+                   font=dict(size=14), yref="container", y=1.0, yanchor="top", pad=dict(t=8)),
+        height=int(24 * max(view, 3) + 130), margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white", dragmode="pan",
         xaxis=dict(visible=False, range=[-0.5, width - 0.5], fixedrange=True),
         yaxis=dict(visible=False, range=[view - 0.5, -0.5]),
         meta={"cycles": len(trace.cycles), "rows": n_rows},

@@ -22,6 +22,18 @@ def _policy_parts(p) -> tuple[str, int]:
     return ("ar" if isinstance(p, AR) else "dflash"), 32
 
 
+def steady_rate_html(trace) -> str:
+    """Tokens per second of the cycles after the first (the first is cold: allocation, kernel selection),
+    labelled as such; the first cycle's own time beside it."""
+    cs = trace.cycles
+    if len(cs) < 2:
+        return "<p>steady tok/s: needs two cycles (the first, cold cycle is left out)</p>"
+    secs = sum(c.seconds for c in cs[1:])
+    rate = sum(c.committed for c in cs[1:]) / secs if secs > 0 else 0.0
+    return (f"<p><b>steady: {rate:.1f} tok/s</b> over cycles 1-{len(cs) - 1} (cycle 0, cold, left out: "
+            f"{1e3 * cs[0].seconds:.1f} ms). The summary below counts every cycle and the prefill.</p>")
+
+
 class StatusLine:
     """A widget's status line (``self.status``, an HTML widget) and error-catching button actions."""
 
@@ -59,6 +71,9 @@ class Stepper(StatusLine):
                                       description="policy", layout=W.Layout(width="180px"))
         self.budget = W.BoundedIntText(value=budget, min=1, max=4096, description="budget",
                                        layout=W.Layout(width="160px"))
+        self.width = W.BoundedIntText(value=0, min=0, max=4096, description="width",
+                                      tooltip="tokens considered per slot (0 = no cap, 1 = the argmax chain)",
+                                      layout=W.Layout(width="150px"))
         self.temperature = W.BoundedFloatText(value=float(session.temperature), min=0.0, max=10.0, step=0.1,
                                               description="temp", layout=W.Layout(width="150px"))
         self.slider = W.IntSlider(value=0, min=0, max=0, description="cycle", disabled=True, continuous_update=False,
@@ -74,12 +89,12 @@ class Stepper(StatusLine):
         self.run_button.on_click(lambda _b: self._guard(lambda: self.run(self.run_n.value)))
         self.reset_button.on_click(lambda _b: self._guard(self.reset))
         self.slider.observe(self._on_slider, names="value")
-        for w in (self.policy_kind, self.budget):
+        for w in (self.policy_kind, self.budget, self.width):
             w.observe(lambda _c: self._guard(self._apply_settings), names="value")
         self.temperature.observe(lambda _c: self._guard(self._apply_settings), names="value")
 
         controls = W.HBox([self.step_button, self.run_button, self.run_n, self.reset_button])
-        settings = W.HBox([self.policy_kind, self.budget, self.temperature])
+        settings = W.HBox([self.policy_kind, self.budget, self.width, self.temperature])
         self.widget = W.VBox([controls, settings, self.slider, self.status, self.tree, self.stream, self.stats])
         self._sync_controls()
         self._refresh(show=len(session.cycles) - 1 if session.cycles else None)
@@ -141,9 +156,8 @@ class Stepper(StatusLine):
 
     def _policy(self):
         kind = self.policy_kind.value
-        if kind == "ddtree":
-            cur = self.session.policy  # a width set in code survives a budget change
-            return DDTree(int(self.budget.value), cur.width if isinstance(cur, DDTree) else None)
+        if kind == "ddtree":  # the width control shows a width set in code, so a budget change keeps it
+            return DDTree(int(self.budget.value), int(self.width.value) or None)
         return DFlash() if kind == "dflash" else AR()
 
     def _sync_controls(self) -> None:
@@ -154,16 +168,17 @@ class Stepper(StatusLine):
             self.policy_kind.value = kind
             if kind == "ddtree":
                 self.budget.value = budget
+                self.width.value = self.session.policy.width or 0
             self.temperature.value = float(self.session.temperature)
         finally:
             self._syncing = False
-        self.budget.disabled = kind != "ddtree"
+        self.budget.disabled = self.width.disabled = kind != "ddtree"
 
     def _apply_settings(self) -> None:
         """A control changed by the user: apply it to the session's next cycle."""
         if self._syncing:
             return
-        self.budget.disabled = self.policy_kind.value != "ddtree"
+        self.budget.disabled = self.width.disabled = self.policy_kind.value != "ddtree"
         p = self._policy()
         if p != self.session.policy:
             self.session.policy = p
@@ -218,7 +233,7 @@ class Stepper(StatusLine):
             else:
                 self._draw_tree(target)
             self._replace(self.stream, token_stream(s.trace, self.tokenizer))
-            self.stats.value = s.trace.summary()._repr_html_()
+            self.stats.value = steady_rate_html(s.trace) + s.trace.summary()._repr_html_()
         else:
             self.slider.value = 0
             self.slider.max = 0
@@ -240,7 +255,14 @@ class Stepper(StatusLine):
         return parts
 
     def _repr_mimebundle_(self, **kw):
-        return self.widget._repr_mimebundle_(**kw)
+        """The live widget; where no kernel runs (a stored notebook on GitHub), a sentence to run the cell."""
+        from workbench.views.static import RUN_THE_CELL
+
+        bundle = self.widget._repr_mimebundle_(**kw)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/plain"] = RUN_THE_CELL
+        return bundle
 
     def __repr__(self) -> str:
         return f"Stepper({self.session!r}, showing cycle {self._shown})"

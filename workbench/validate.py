@@ -1,0 +1,195 @@
+"""One validation for the Python API and the command line.
+
+Each check takes the value as given and returns it normalised, or raises ``ValueError`` with one
+line that names the value and, where useful, the fix. The CLI wraps the same functions as
+argparse types (``as_arg``), so ``wb.load(threads=0)`` and ``--threads 0`` say the same thing.
+Output paths are checked here too, before any work: nothing is created to make a path valid.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+DTYPES = ("float32", "bfloat16", "float16")  # what the models run in (aliases: fp32, bf16, fp16, half, float)
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def text(value, name: str = "prompt") -> str:
+    """A non-empty str that is valid Unicode text (a lone surrogate, e.g. from non-UTF-8 bytes in argv,
+    cannot reach the tokenizer)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name}={value!r} is not text; give a str")
+    if not value:
+        raise ValueError(f"{name}={value!r} is empty; give at least one character of text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = value[e.start]
+        raise ValueError(f"{name} has a character that is not valid text at index {e.start} ({bad!r}: a lone "
+                         f"surrogate, e.g. from bytes that are not UTF-8); give UTF-8 text") from None
+    return value
+
+
+def temperature(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"temperature={value!r} must be a finite number >= 0 (0 means greedy)")
+    return float(value)
+
+
+def seed(value) -> int:
+    if not _is_int(value) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"seed={value!r} must be an integer from 0 to 2**64-1")
+    return value
+
+
+def positive_int(value, name: str) -> int:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def threads(value):
+    """None (the default) or a positive number of CPU threads."""
+    return None if value is None else positive_int(value, "threads")
+
+
+def record_topk(value) -> int:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"record_topk={value!r} must be a positive integer (the drafter's top-k kept per slot "
+                         "in each Cycle; 8 by default)")
+    return value
+
+
+def port(value) -> int:
+    if not _is_int(value) or not 0 <= value <= 65535:
+        raise ValueError(f"port={value!r} must be an integer from 0 to 65535 (0 picks a free port)")
+    return value
+
+
+def device(value):
+    """cpu, cuda or cuda:N (a str or a torch.device); meta, mps, xpu, ... are refused before any model loads."""
+    import torch
+
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise ValueError(f"device={str(value)!r} is not a device this workbench runs on: use cpu, cuda or cuda:N")
+    return value
+
+
+def dtype(value):
+    """None (float32), a name in DTYPES (or an alias) or the matching torch.dtype."""
+    import torch
+
+    if value is None:
+        return value
+    name = str(value).replace("torch.", "") if isinstance(value, torch.dtype) else value
+    if isinstance(name, str) and _DTYPE_ALIASES.get(name.lower(), name.lower()) in DTYPES:
+        return value
+    raise ValueError(f"dtype={value!r} is not one the models run in: use {', '.join(DTYPES)}")
+
+
+def capture(value):
+    """None or a shape capture (``wb.shapes.capture(...)``)."""
+    if value is None or (callable(getattr(value, "forward", None)) and callable(getattr(value, "take", None))):
+        return value
+    raise ValueError(f"capture={value!r} is not a shape capture; pass capture=wb.shapes.capture(engine) "
+                     "or leave it None")
+
+
+def policy_fits(policy, slots: int):
+    """A policy that needs more drafted slots than the drafter has is refused now, not at step()."""
+    steps = getattr(policy, "steps", None)
+    if _is_int(steps) and steps > slots:
+        raise ValueError(f"{policy} has steps={steps} but this drafter drafts {slots} slots per cycle; "
+                         f"use steps <= {slots}")
+    return policy
+
+
+def as_arg(check):
+    """An argparse ``type`` from a check: parse the text as its kind, and report the check's own line."""
+    def parse(s: str):
+        try:
+            v = int(s) if check in _INT_CHECKS else float(s) if check in _FLOAT_CHECKS else s
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+        try:
+            return check(v)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = check.__name__
+    return parse
+
+
+_INT_CHECKS = {seed, threads, record_topk, port}
+_FLOAT_CHECKS = {temperature}
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def output_path(path, what: str = "output") -> Path:
+    """An output file that can be written now: refused (one line naming it) when it is a directory,
+    its parent directory does not exist (nothing is created to make it so), or it cannot be written."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} '{p}' is a directory; give a file name, e.g. {p / 'out'}")
+    parent = p.parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist"
+        raise ValueError(f"{what} '{p}': the folder '{parent}' {why}; create it first or give another path")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{what} '{p}' cannot be written (no permission)")
+    return p
+
+
+def output_dir(path, what: str = "output folder") -> Path:
+    """An output folder: an existing writable directory, or a new one whose parent exists."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{what} '{p}' is a file; give a directory")
+    target = p if p.is_dir() else p.parent
+    if not target.is_dir():
+        raise ValueError(f"{what} '{p}': the folder '{target}' does not exist; create it first or give another path")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} '{p}' cannot be written (no permission)")
+    return p
+
+
+def _file_mode() -> int:
+    """What open() would give a new file here (0o666 less the umask): every output gets the same mode."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_text_atomic(path, text_: str) -> Path:
+    """Write to a temporary file beside ``path``, then rename over it: never half-written. The parent
+    folder must exist (nothing is created); an error names ``path``, never the temporary file."""
+    import tempfile
+
+    path = output_path(path, "output")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OSError(f"cannot write '{path}': {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text_)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(f"cannot write '{path}': {e.strerror or e}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
