@@ -141,3 +141,12 @@ def tree_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
         states[:, i] = h
         out[:, i] = (h * q[:, i, :, :, None]).sum(-2)
     return out.to(dtype), states
+
+
+def commit_nodes(windows: Tensor, states: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+    """After accept: the request's conv window and recurrent state become those of its last accepted node
+    (SGLang's ``update_mamba_state_after_mtp_verify`` scatter; nothing recomputed, nothing cropped).
+    windows [bs, n, dim, K-1], states [bs, n, HV, Dk, Dv], last int64 [bs] (0 = only the root accepted)
+    -> conv_window [bs, dim, K-1], state [bs, HV, Dk, Dv]."""
+    rows = torch.arange(windows.shape[0], device=windows.device)
+    return windows[rows, last], states[rows, last]

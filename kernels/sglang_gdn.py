@@ -21,10 +21,10 @@ initial state) reach the caller: they act on copies.
 Interpreter workarounds, none of them edits to the installed files (only when ``TRITON_INTERPRET=1``):
 ``fused_recurrent``'s module-level alias ``exp = tl.exp`` is swapped for a ``@triton.jit`` function that
 calls ``tl.exp`` (the interpreter patches ``tl.`` attributes while a kernel runs, not aliases taken at
-import); ``causal_conv1d_update`` asks ``is_arch_support_pdl()``, which raises without a CUDA device:
-answered False (both Python wrappers); the autograd wrapper ``fused_recurrent_gated_delta_rule_update`` (its ``input_guard``
-calls ``torch.cpu.device``) is skipped for the ``_fwd`` function it wraps; and the two interpreter fixes
-in ``sglang_backend._interpreter_fixes``.
+import); ``causal_conv1d_update`` and ``fused_sigmoid_gating_delta_rule_update`` ask
+``is_arch_support_pdl()``, which raises without a CUDA device: answered False; the autograd wrapper
+``fused_recurrent_gated_delta_rule_update`` (its ``input_guard`` calls ``torch.cpu.device``) is skipped for
+the ``_fwd`` function it wraps; and the two interpreter fixes in ``sglang_backend._interpreter_fixes``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import torch
 
 from ddtree_kernels import Tree, build_tree, chain_tree, compile_tree
 from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule, gdn_tree_delta_rule_gated
-from ddtree_kernels.gdn_tree import gdn_gates, parents_from_links, tree_causal_conv1d, tree_gated_delta_rule
+from ddtree_kernels.gdn_tree import (commit_nodes, gdn_gates, parents_from_links, tree_causal_conv1d,
+                                    tree_gated_delta_rule)
 
 needs_sglang = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -105,6 +106,36 @@ def test_oracle_siblings_continue_from_the_parent_not_the_previous_node():
     assert torch.equal(out[:, 1], out[:, 2]) and torch.equal(states[:, 1], states[:, 2])
     flat, _ = tree_gated_delta_rule(q, k, v, g, beta, state, torch.tensor([[-1, 0, 1]]))
     assert (flat[:, 2] - out[:, 2]).abs().max() > 1e-3
+
+
+def test_commit_then_continue_equals_the_accepted_path_as_a_chain():
+    """Verify a tree, keep the last accepted node's window and state, verify the next token from them: the same
+    outputs as running root ... accepted node ... next token as one chain from the start."""
+    tree = TREES["random-bs3-n9"]
+    bs, n = tree.parents.shape
+    last = torch.tensor([8, 0, 5])  # one deep node, the root alone, another branch
+    x, win, w, b = conv_inputs(0, tree, 6, 4, False)
+    q, k, v, g, beta, state = delta_inputs(1, tree, 1, 2, 4, 4, False)
+    _, windows = tree_causal_conv1d(x, win, w, b, "silu", tree.parents)
+    _, states = tree_gated_delta_rule(q, k, v, g, beta, state, tree.parents)
+    win2, state2 = commit_nodes(windows, states, last)
+    nxt = [torch.randn(bs, 1, *t.shape[2:]) for t in (x, q, k, v)]
+    ng, nb = -torch.rand(bs, 1, 2), torch.rand(bs, 1, 2)
+    root = torch.full((bs, 1), -1)
+    out_c, _ = tree_causal_conv1d(nxt[0], win2, w, b, "silu", root)
+    out_d, _ = tree_gated_delta_rule(nxt[1], nxt[2], nxt[3], ng, nb, state2, root)
+    for r in range(bs):
+        path = [int(last[r])]
+        while path[-1] > 0:
+            path.append(int(tree.parents[r, path[-1]]))
+        path = path[::-1]
+        chain = torch.arange(len(path) + 1)[None] - 1
+        cat = lambda t, u: torch.cat([t[r : r + 1, path], u[r : r + 1]], 1)  # noqa: E731
+        ref_c, _ = tree_causal_conv1d(cat(x, nxt[0]), win[r : r + 1], w, b, "silu", chain)
+        ref_d, _ = tree_gated_delta_rule(cat(q, nxt[1]), cat(k, nxt[2]), cat(v, nxt[3]), cat(g, ng), cat(beta, nb),
+                                         state[r : r + 1], chain)
+        assert torch.allclose(out_c[r], ref_c[0, -1:], atol=1e-6)
+        assert torch.allclose(out_d[r], ref_d[0, -1:], atol=1e-6)
 
 
 @pytest.mark.parametrize("K", [4, 3, 2])

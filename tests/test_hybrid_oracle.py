@@ -41,7 +41,7 @@ def on_leading_chain(parents: list[int]) -> list[bool]:
 @pytest.mark.parametrize("kind", [*KINDS, "qwen3_dense"])
 def test_path_oracle_equals_one_uncached_forward_per_path(targets, kind):
     model = targets[kind]
-    context, tree = case(model, 0, budget=4)
+    context, tree = case(model, 0, budget=3)
     logits = path_logits(model, context, tree)
     for b in range(2):
         parents = tree.parents[b].tolist()
@@ -71,3 +71,20 @@ def test_naive_flattened_tree_forward_gives_hybrid_siblings_wrong_logits(targets
         assert off < 1e-4  # attention honours the tree mask
     else:
         assert float(err[~chain].min()) > 0.1 and off > 1.0  # every other node inherits another branch's state
+
+
+def test_nested_text_config_layout_loads_as_its_text_model(tmp_path):
+    """The Qwen3.5 / 3.6 shipping layout: AutoModelForCausalLM gives the text model, with the logits of the
+    conditional-generation model it was saved from, and the path oracle runs on it."""
+    from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+    d = make_hybrid_target(tmp_path, "qwen3_5", nested=True)
+    assert '"text_config"' in (d / "config.json").read_text()
+    full = Qwen3_5ForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
+    text = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    context, tree = case(text, 2, budget=3)
+    with torch.no_grad():
+        assert torch.equal(full(input_ids=context).logits, text(input_ids=context).logits)
+    assert path_logits(text, context, tree).shape == (2, tree.n, text.config.vocab_size)
+    with pytest.raises(ValueError, match="nested"):
+        make_hybrid_target(tmp_path, "qwen3_next", nested=True)

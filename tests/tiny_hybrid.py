@@ -35,15 +35,27 @@ def hybrid_config(kind: str, *, vocab: int = 64, hidden: int = 32, layer_types=D
     return Qwen3_5TextConfig(**common)
 
 
-def make_hybrid_target(root: Path, kind: str = "qwen3_5", *, seed: int = 0, **config) -> Path:
+def make_hybrid_target(root: Path, kind: str = "qwen3_5", *, seed: int = 0, nested: bool = False, **config) -> Path:
     """Write a random ``kind`` target (``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM``) and the tiny
-    tokenizer to ``root / kind``; returns that directory."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
+    tokenizer to ``root / kind`` (``root / "qwen3_5_nested"`` with ``nested``); returns that directory.
 
+    ``nested`` (qwen3_5 only): the layout Qwen3.5 / 3.6 ship in, ``Qwen3_5ForConditionalGeneration`` with the
+    text model under ``text_config`` and a one-block vision tower (``AutoModelForCausalLM`` loads its text part).
+    """
+    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3NextForCausalLM
+
+    if nested and kind != "qwen3_5":
+        raise ValueError(f"nested=True is the Qwen3.5 layout; kind={kind!r} has no nested text_config")
     cfg = hybrid_config(kind, **config)
     torch.manual_seed(seed)
-    model = (Qwen3NextForCausalLM if kind == "qwen3_next" else Qwen3_5ForCausalLM)(cfg)
-    out = Path(root) / kind
+    if nested:
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=cfg.hidden_size,
+                      patch_size=4, spatial_merge_size=1, temporal_patch_size=1)
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=cfg.to_dict(), vision_config=vision,
+                                                              tie_word_embeddings=cfg.tie_word_embeddings))
+    else:
+        model = (Qwen3NextForCausalLM if kind == "qwen3_next" else Qwen3_5ForCausalLM)(cfg)
+    out = Path(root) / (f"{kind}_nested" if nested else kind)
     model.save_pretrained(out)
     make_tokenizer(cfg.vocab_size).save_pretrained(out)
     return out

@@ -1,8 +1,9 @@
 """Model-level oracle for tree verify on any target, hybrids included: each node's logits from its own path.
 
 ``path_logits`` runs every root-to-node path as a plain chain through transformers' own model and its own
-cache (prefill the committed context once, then per node a copy of that cache and the path's tokens): slow,
-and obviously correct for recurrent layers, since nothing but the node's ancestors ever touches its state.
+cache (prefill the committed context once; node i continues a copy of its parent's cache by one decode
+step): slow, and obviously correct for recurrent layers, since nothing but a node's ancestors ever touches
+its state. The test checks it against one uncached forward of context + path per node.
 ``flattened_logits`` is the naive tree verify a dense target gets away with: one forward of every node
 with the tree attention mask and depth positions. Attention layers honour the mask; a GatedDeltaNet layer
 takes none, so its conv and state run over the flattened order and a sibling continues from the branch
@@ -28,20 +29,19 @@ def prefill(model, context: Tensor):
 def path_logits(model, context: Tensor, tree: Tree, return_caches: bool = False):
     """Every node's logits from its own path. context: [bs, L] committed ids (the root, tree.tokens[:, 0], comes
     after them); tree: [bs, n]. -> logits [bs, n, V] float32 (and, with ``return_caches``, caches[b][i]: the
-    model's cache after consuming node i's path, i.e. the request's state if i is the last accepted node)."""
+    model's cache after consuming node i's path, i.e. the request's state if i is the last accepted node).
+
+    Node i's cache is a copy of its parent's (the prefilled context's at the root) that then takes token i as
+    a one-token decode step: the chain root ... i, run incrementally, touching nothing but i's ancestors.
+    """
     bs, n = tree.tokens.shape
     rows, caches = [], []
     for b in range(bs):
         _, base = prefill(model, context[b])
-        parents = tree.parents[b].tolist()
         row, kept = [], []
-        for i in range(n):
-            path = [i]
-            while parents[path[-1]] >= 0:
-                path.append(parents[path[-1]])
-            cache = copy.deepcopy(base)
-            ids = tree.tokens[b, path[::-1]][None]  # [1, depth + 1]: root ... node i
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        for i, p in enumerate(tree.parents[b].tolist()):
+            cache = copy.deepcopy(base if p < 0 else kept[p])
+            out = model(input_ids=tree.tokens[b, i].reshape(1, 1), past_key_values=cache, use_cache=True)
             row.append(out.logits[0, -1].float())
             kept.append(cache)
         rows.append(torch.stack(row))
