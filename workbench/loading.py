@@ -176,7 +176,8 @@ def load_models(target=None, draft=None, device="cpu", dtype=None) -> Models:
         raise ModelPairError(f"target path '{tdir}' has no tokenizer (tokenizer.json)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
-    check_pair(tcfg, dcfg, tokenizer, tdir, ddir)
+    # A nested checkpoint (Qwen3.5 / 3.6: *ForConditionalGeneration) keeps its text model's facts under text_config.
+    check_pair(tcfg.get("text_config") or tcfg, dcfg, tokenizer, tdir, ddir)
     from transformers.utils import logging as hf_logging
 
     # Weight-loading progress bars are noise in a notebook (and in nbval's stored outputs).
