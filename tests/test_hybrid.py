@@ -26,7 +26,28 @@ def engines(tmp_path_factory):
         # A small vocabulary: random drafts are accepted often enough that commits go deeper than the root.
         t, d = make_hybrid_pair(root, kind, nested=layout.endswith("_nested"), seed=LAYOUTS.index(layout), vocab=24)
         out[layout] = wb.load(target=t, draft=d)
+    out["qwen3_6_moe"] = wb.load(*write_qwen3_6_moe(root))
     return out
+
+
+def write_qwen3_6_moe(root):
+    """Qwen3.6's text model (``qwen3_5_moe_text``: Qwen3.5's GatedDeltaNet with MoE MLPs), tiny, and a drafter."""
+    from tiny_hybrid import hybrid_config
+    from tiny_models import draft_model, make_tokenizer
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    c = hybrid_config("qwen3_5", vocab=24).to_dict()
+    fields = {k: v for k, v in c.items() if k not in ("model_type", "architectures", "transformers_version")}
+    cfg = Qwen3_5MoeTextConfig(**fields, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32)
+    torch.manual_seed(4)
+    tdir, ddir = root / "qwen3_6_moe", root / "qwen3_6_moe_draft"
+    Qwen3_5MoeForCausalLM(cfg).save_pretrained(tdir)
+    make_tokenizer(cfg.vocab_size).save_pretrained(tdir)
+    common = {k: c[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range")}
+    draft_model(common, cfg.num_hidden_layers, 1, (1, 2), 8).save_pretrained(ddir)
+    return tdir, ddir
 
 
 def prompts_of(engine, k: int, seed: int) -> list[str]:
@@ -125,8 +146,8 @@ def assert_close_all(got, ref, what):
             torch.testing.assert_close(a.float(), b.float(), atol=1e-4, rtol=1e-4, msg=lambda m: f"{what} {i}: {m}")
 
 
-@pytest.mark.parametrize("layout,backend", [("qwen3_next", "torch"), ("qwen3_5", "torch"),
-                                            ("qwen3_5_nested", "torch"), ("qwen3_5", "sglang-triton")])
+@pytest.mark.parametrize("layout,backend", [("qwen3_next", "torch"), ("qwen3_5", "torch"), ("qwen3_5_nested", "torch"),
+                                            ("qwen3_6_moe", "torch"), ("qwen3_5", "sglang-triton")])
 def test_every_node_equals_its_path_and_commit_equals_transformers_cache(engines, layout, backend):
     """Two ragged rows, random trees with siblings (padded to one N), two cycles: every node's verify logits ==
     ``hybrid_oracle.path_logits`` (a sibling continuing the wrong branch is off by whole units), and after each
@@ -230,3 +251,54 @@ def test_sampling_law_holds_on_a_hybrid_target(tmp_path):
     t, d = make_hybrid_pair(tmp_path, "qwen3_5", seed=3, vocab=6, hidden=16, init_std=0.3, eos=False,
                             block_size=4, layer_ids=(0, 2))
     assert_sampling_law(wb.load(target=t, draft=d), "t1 t3 t2", wb.DDTree(4), dict(temperature=1.0), n=400)
+
+
+# ------------------------------------------------------------------------------------------ the tools
+def test_stepper_views_trace_and_shapes_on_a_hybrid_session(engines, tmp_path):
+    """The headless stepper and figures, a trace saved and loaded (with each node's state source), the shapes
+    table's recurrent rows beside SGLang's layout, and the contracts (including the parent-state rule)."""
+    from workbench import views
+
+    engine = engines["qwen3_5_nested"]
+    s = engine.session("t1 t2 t3", policy=wb.DDTree(8), max_new_tokens=14)
+    st = views.Stepper(s)
+    with wb.shapes.capture(s):
+        st.step()
+    st.run(3)
+    assert st.shown_cycle == len(s.cycles) - 1 and views.tree_node_count(st.tree) == s.cycles[-1].n_nodes + 2
+    views.write_report([s.trace], tmp_path / "report.html", engine.tokenizer)
+    loaded = wb.Trace.load(s.trace.save(tmp_path / "hybrid.jsonl"))
+    for a, b in zip(s.cycles, loaded.cycles):
+        assert torch.equal(a.state_from, b.state_from) and a.forwards == b.forwards
+    verify = wb.shapes.table(loaded, mode="TARGET_VERIFY", model="target")
+    rows = {r["tensor"]: r for r in verify if r["module"] == "(recurrent state)"}
+    n = s.cycles[0].n_nodes + 1
+    c = engine.models.target.config
+    assert rows["intermediate_ssm_state"]["shape"] == [1, n, c.linear_num_value_heads, c.linear_key_head_dim,
+                                                       c.linear_value_head_dim]
+    assert rows["intermediate_ssm_state"]["bytes"] == n * c.linear_num_value_heads * 8 * 8 * 4
+    assert rows["conv_window"]["layers"] == "0-3 (x3)" and rows["conv_window"]["io"] == "in"
+    sg = wb.shapes.table(loaded, mode="TARGET_VERIFY", model="target", view="sglang")
+    assert sg.row("intermediate_ssm_state")["shape"] == [1, n, c.linear_num_value_heads, 8, 8]
+    assert sg.row("retrieve_parent_token")["shape"] == [1, n] and sg.row("retrieve_parent_token")["dtype"] == "int64"
+    checks = wb.shapes.check_contracts(s)
+    assert checks.passed, str(checks)
+    assert any(r["check"] == "recurrent state from the parent" for r in checks)
+
+
+def test_a_served_hybrid_session_equals_the_local_one(engines):
+    from workbench.serve import EngineServer, Limits
+
+    engine = engines["qwen3_next"]
+    server = EngineServer(engine, port=0, limits=Limits(max_sessions=2, max_new_tokens=32, max_budget=16)).start()
+    try:
+        remote = wb.connect(server.url, token=server.token)
+        kw = dict(policy=wb.DDTree(6), max_new_tokens=12)
+        local, rs = engine.session("t4 t5", **kw), remote.session("t4 t5", **kw)
+        local.run(), rs.run()
+        assert rs.tokens == local.tokens
+        assert [c.state_from.tolist() for c in rs.cycles] == [c.state_from.tolist() for c in local.cycles]
+        assert [tuple(k.shape) for k, _ in rs.kv_cache()] == [tuple(k.shape) for k, _ in local.kv_cache()]
+        rs.close()
+    finally:
+        server.stop()
