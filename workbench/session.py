@@ -92,7 +92,7 @@ class Session(SessionState):
         self._batch = batch
         self._rows: Rows | None = None
         if batch is None:
-            self._rows = Rows(m, capture)
+            self._rows = Rows(m)
             with torch.inference_mode():
                 self._rows.prefill([self])
 
