@@ -95,6 +95,16 @@ def test_oracle_rejects_bad_parents_and_shapes():
         tree_causal_conv1d(x, win[..., :2], w, b, "silu", TREES["chain-bs2-n5"].parents)
 
 
+def test_unknown_backend_is_named():
+    tree = TREES["chain-bs2-n5"]
+    x, win, w, b = conv_inputs(0, tree, 6, 4, False)
+    with pytest.raises(ValueError, match="kernel_backend='cuda-magic'"):
+        gdn_tree_conv("cuda-magic", x, win, w, b, "silu", tree.parents, tree.parents, tree.parents)
+    q, k, v, g, beta, state = delta_inputs(0, tree, 1, 1, 4, 4, False)
+    with pytest.raises(ValueError, match="kernel_backend='cuda-magic'"):
+        gdn_tree_delta_rule("cuda-magic", q, k, v, g, beta, state, tree.parents)
+
+
 def test_oracle_siblings_continue_from_the_parent_not_the_previous_node():
     """The rule itself, by hand on the tree 0 -> {1, 2}: node 2's output equals node 1's when their inputs are
     equal, and equals a chain 0 -> 2's last output; a flattened recurrence would give node 2 another state."""
