@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, LinearAttentionLayer
 
+from ddtree_kernels.gdn_tree import commit_nodes
 from workbench.forward import ForwardMode, run_target, shape_of
 from workbench.gdn_layer import gdn_layer_tree_forward
 from workbench.layout import TreeLayout
@@ -259,12 +260,9 @@ class HybridGDN:
         """Attention K/V: keep the accepted rows. Linear layers: the deepest accepted node's window and
         state become the request's (``nodes[b][-1]``; the root when nothing was accepted)."""
         last = torch.stack([x[-1] for x in nodes])  # [B], on the device: no host read
-        rows = torch.arange(len(nodes), device=last.device)
         for slot in self.cache.slots:
-            windows, states = slot.scratch  # [B, N, conv_dim, K-1], [B, N, HV, Dk, Dv]
-            slot.conv = windows[rows, last].to(slot.conv.dtype)
-            slot.ssm = states[rows, last]
-            slot.scratch = None
+            conv, slot.ssm = commit_nodes(*slot.scratch, last)  # scratch: [B, N, conv_dim, K-1], [B, N, HV, Dk, Dv]
+            slot.conv, slot.scratch = conv.to(slot.conv.dtype), None
         self.cache.kv.keep_rows(layout.starts, nodes)
 
     def can_crop(self, lengths: list[int]) -> bool:
