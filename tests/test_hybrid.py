@@ -245,11 +245,12 @@ def test_an_unsupported_hybrid_is_refused_in_one_line(engines):
 # ------------------------------------------------------------------------------------------ sampling
 def test_sampling_law_holds_on_a_hybrid_target(tmp_path):
     """The dense targets' chi-square test of the first three tokens' joint law (tests/test_engine.py), on a
-    6-token Qwen3.5 hybrid: a stochastic accept over trees whose nodes each continue their parent's state."""
+    6-token two-layer Qwen3.5 hybrid (one GatedDeltaNet, one attention layer): a stochastic accept over trees whose
+    nodes each continue their parent's state."""
     from test_engine import assert_sampling_law
 
     t, d = make_hybrid_pair(tmp_path, "qwen3_5", seed=3, vocab=6, hidden=16, init_std=0.3, eos=False,
-                            block_size=4, layer_ids=(0, 2))
+                            layer_types=("linear_attention", "full_attention"), block_size=4, layer_ids=(0, 1))
     assert_sampling_law(wb.load(target=t, draft=d), "t1 t3 t2", wb.DDTree(4), dict(temperature=1.0), n=400)
 
 
