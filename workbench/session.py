@@ -167,7 +167,8 @@ class Session(SessionState):
 
     def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The target cache as (keys, values) per layer, [1, kv_heads, start, head_dim] each (empty once
-        a batch has retired this request).
+        a batch has retired this request). A hybrid target's linear-attention layers give (conv window
+        [1, conv_dim, K-1], recurrent state [1, HV, Dk, Dv]) instead.
 
         Views of the cache's buffers, valid until the next step (which writes into them); ``.clone()``
         what you keep."""
