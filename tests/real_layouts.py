@@ -196,32 +196,6 @@ def write_qwen3_5_dense(d: Path, seed: int = 6) -> Path:
     return _save(Qwen3_5ForConditionalGeneration(cfg), tok, d)
 
 
-def write_qwen3_next_config(d: Path) -> Path:
-    """A Qwen3-Next config (hybrid: GatedDeltaNet layers between gated attention layers); refused before
-    any weight is read, so the config and tokenizer are all there is."""
-    from transformers import Qwen3NextConfig
-
-    cfg = Qwen3NextConfig(**_common(), num_hidden_layers=LAYERS, num_experts=4, num_experts_per_tok=2,
-                          moe_intermediate_size=16, shared_expert_intermediate_size=16, full_attention_interval=2)
-    cfg.architectures = ["Qwen3NextForCausalLM"]
-    cfg.save_pretrained(d)
-    make_tokenizer().save_pretrained(d)
-    return d
-
-
-def write_qwen3_5_config(d: Path) -> Path:
-    """A Qwen3.5 config: ``Qwen3_5ForConditionalGeneration``, hybrid text model in ``text_config``."""
-    from transformers import Qwen3_5Config
-
-    text = dict(_common(), num_hidden_layers=LAYERS, full_attention_interval=2)
-    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=8, num_heads=2,
-                                                             out_hidden_size=HIDDEN))
-    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
-    cfg.save_pretrained(d)
-    make_tokenizer().save_pretrained(d)
-    return d
-
-
 def write_remote_code_config(d: Path) -> Path:
     """Kimi-K2's config: ``model_type: kimi_k2`` with ``auto_map`` to the checkpoint's own code."""
     d.mkdir(parents=True, exist_ok=True)

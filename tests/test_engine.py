@@ -152,11 +152,14 @@ def test_sampling_is_lossless_first_three_tokens(sampling_engine, policy, sampli
     Token 1 comes from the prefill; tokens 2-3 come from drafted nodes the target verified
     (every cycle checks that at least some were accepted), so the verify path is exercised.
     """
+    assert_sampling_law(sampling_engine, "t1 t3 t2", policy, sampling, n=800)
+
+
+def assert_sampling_law(eng, prompt: str, policy, sampling: dict, n: int) -> None:
+    """n seeded sessions of 3 tokens: their joint law == the target's own (chi-square), with drafts accepted.
+    Shared with the hybrid targets' test (tests/test_hybrid.py)."""
     from workbench.sampling import Sampling
 
-    eng = sampling_engine
-    prompt = "t1 t3 t2"
-    n = 800
     counts: dict = {}
     accepted_drafts = 0
     for seed in range(n):
@@ -166,7 +169,7 @@ def test_sampling_is_lossless_first_three_tokens(sampling_engine, policy, sampli
         key = tuple(s.tokens)
         counts[key] = counts.get(key, 0) + 1
     assert accepted_drafts > n // 4, "drafted tokens were rarely accepted: the test would not exercise verify"
-    probs = exact_joint(eng, eng.tokenizer("t1 t3 t2")["input_ids"], 3, Sampling(**sampling))
+    probs = exact_joint(eng, eng.tokenizer(prompt)["input_ids"], 3, Sampling(**sampling))
     # Pool cells with small expectation so the chi-square approximation holds.
     stat, df, pooled_o, pooled_e = 0.0, 0, 0, 0.0
     for key, p in probs.items():

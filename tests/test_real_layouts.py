@@ -25,7 +25,6 @@ def layouts(tmp_path_factory):
         "qwen3": rl.write_qwen3, "qwen3_moe": rl.write_qwen3_moe, "llama3": rl.write_llama3,
         "deepseek_v3": rl.write_deepseek_v3, "kimi_k25": rl.write_kimi_k25, "qwen3_5_dense": rl.write_qwen3_5_dense,
         "sharded_bf16": lambda d: rl.write_qwen3(d, seed=5, dtype=torch.bfloat16, max_shard_size="20KB"),
-        "qwen3_next": rl.write_qwen3_next_config, "qwen3_5": rl.write_qwen3_5_config,
         "kimi_k2_remote": rl.write_remote_code_config, "remote_code": rl.write_remote_code_target,
         **{f"draft_{k}": (lambda d, k=k: rl.write_draft(d, k)) for k in ("zlab", "toplevel", "dflash2", "sliding")},
     }
@@ -214,9 +213,6 @@ def test_explicit_device_map_on_cpu(layouts, monkeypatch):
 
 
 @pytest.mark.parametrize("target,match", [
-    ("qwen3_next", r"^target '.*' is qwen3_next \(Qwen3NextForCausalLM\): a hybrid target \(linear-attention "
-                   r"layers between attention layers\): tree verify for its linear-attention state is not built yet$"),
-    ("qwen3_5", r"^target '.*' is qwen3_5_text \(Qwen3_5ForConditionalGeneration\): a hybrid target"),
     ("kimi_k2_remote", r"^target '.*' needs its own Python code \(model_type 'kimi_k2', auto_map in config.json\); "
                        r"pass trust_remote_code=True \(CLI --trust-remote-code\) if you trust that code$"),
 ])
@@ -301,3 +297,17 @@ def test_cli_chat_flag(layouts, capsys):
     s = e.session(messages=[{"role": "user", "content": "t1 t2"}], policy=wb.AR(), max_new_tokens=5)
     s.run()
     assert chat["tokens"] == s.tokens
+
+
+def test_hybrids_load_only_for_families_with_tree_verify():
+    """Qwen3-Next / Qwen3.5 / Qwen3.6 hybrids verify through workbench.models.hybrid (tests/test_hybrid.py);
+    another family with linear-attention layers is refused at load, naming the supported ones."""
+    from types import SimpleNamespace
+
+    from workbench.loading import unverifiable
+
+    assert unverifiable(SimpleNamespace(model_type="qwen3_next", layer_types=["linear_attention"])) is None
+    assert unverifiable(SimpleNamespace(model_type="qwen3_5_text", layer_types=["linear_attention"])) is None
+    why = unverifiable(SimpleNamespace(model_type="falcon_h1", layer_types=["linear_attention", "full_attention"]))
+    assert why.startswith("a hybrid target") and "qwen3_next" in why and "\n" not in why
+    assert unverifiable(SimpleNamespace(model_type="qwen3", layer_types=None)) is None

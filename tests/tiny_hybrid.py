@@ -59,3 +59,21 @@ def make_hybrid_target(root: Path, kind: str = "qwen3_5", *, seed: int = 0, nest
     model.save_pretrained(out)
     make_tokenizer(cfg.vocab_size).save_pretrained(out)
     return out
+
+
+def make_hybrid_pair(root: Path, kind: str = "qwen3_5", *, nested: bool = False, seed: int = 0, block_size: int = 8,
+                     draft_layers: int = 1, layer_ids=(1, 2), **config) -> tuple[Path, Path]:
+    """A random hybrid target (``make_hybrid_target``) and a random DFlash drafter for it (the z-lab layout:
+    a Qwen3 config, the target's vocabulary and hidden size) -> (target_dir, draft_dir)."""
+    from tiny_models import draft_model
+
+    tdir = make_hybrid_target(root, kind, seed=seed, nested=nested, **config)
+    cfg = hybrid_config(kind, **config)
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                  num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                  head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
+                  initializer_range=cfg.initializer_range)
+    torch.manual_seed(seed + 1000)
+    ddir = tdir.parent / f"{tdir.name}_draft"
+    draft_model(common, cfg.num_hidden_layers, draft_layers, layer_ids, block_size).save_pretrained(ddir)
+    return tdir, ddir

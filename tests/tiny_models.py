@@ -26,6 +26,20 @@ def make_tokenizer(vocab_size: int):
                                    pad_token="<|endoftext|>")
 
 
+def draft_model(common: dict, target_layers: int, draft_layers: int, layer_ids, block_size: int):
+    """A random DFlash drafter (z-lab layout: a Qwen3 config with ``dflash_config``) for a target of
+    ``target_layers`` layers; ``common``: the Qwen3 config fields it shares with the target (vocab, hidden, heads)."""
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    dcfg = Qwen3Config(num_hidden_layers=draft_layers, tie_word_embeddings=False, **common)
+    dcfg.num_target_layers = target_layers
+    dcfg.dflash_config = {"mask_token_id": common["vocab_size"] - 1, "target_layer_ids": list(layer_ids),
+                          "block_size": block_size}
+    dcfg.block_size = block_size
+    return DFlashDraftModel(dcfg)
+
+
 def make_pair(root: Path, *, vocab: int = 64, hidden: int = 32, layers: int = 4, heads: int = 2, kv_heads: int = 1,
               draft_layers: int = 1, block_size: int = 8, layer_ids=(1, 2), seed: int = 0, init_std: float = 0.4,
               max_positions: int = 256, eos: bool = True) -> tuple[Path, Path]:
@@ -34,7 +48,6 @@ def make_pair(root: Path, *, vocab: int = 64, hidden: int = 32, layers: int = 4,
     A large init std spreads the logits, so argmax near-ties (where float noise
     between a tree forward and a one-token forward could flip a token) are rare.
     """
-    from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -45,11 +58,7 @@ def make_pair(root: Path, *, vocab: int = 64, hidden: int = 32, layers: int = 4,
                   initializer_range=init_std)
     tcfg = Qwen3Config(num_hidden_layers=layers, tie_word_embeddings=True, eos_token_id=eos_id, **common)
     target = Qwen3ForCausalLM(tcfg)
-    dcfg = Qwen3Config(num_hidden_layers=draft_layers, tie_word_embeddings=False, **common)
-    dcfg.num_target_layers = layers
-    dcfg.dflash_config = {"mask_token_id": vocab - 1, "target_layer_ids": list(layer_ids), "block_size": block_size}
-    dcfg.block_size = block_size
-    draft = DFlashDraftModel(dcfg)
+    draft = draft_model(common, layers, draft_layers, layer_ids, block_size)
     tdir, ddir = root / "target", root / "draft"
     target.save_pretrained(tdir)
     draft.save_pretrained(ddir)

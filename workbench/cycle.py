@@ -150,6 +150,9 @@ class Cycle:
     # the target's two best tokens and their logits at every node (logits as computed, in the model's dtype)
     target_top2_tokens: Tensor | None = None  # int64 [n, 2]
     target_top2_logits: Tensor | None = None  # float32 [n, 2]
+    # a hybrid target: the node whose recurrent state (conv window, delta-rule state) node i continued from,
+    # -1 = the request's committed state (SGLang's retrieve_parent_token); None for attention-only targets
+    state_from: Tensor | None = None  # int64 [n]
 
     @property
     def n_nodes(self) -> int:

@@ -42,10 +42,14 @@ class ForwardRecord:
     kv_before: int = 0
     kv_after: int = 0
     modules: tuple = ()  # per-module shapes, filled only while a shape capture is on
+    # Recurrent state a hybrid target's linear layers read or wrote: {"name", "io", "layers", "shape", "dtype",
+    # "device"} per tensor kind (one layer's shape; "layers" lists the linear layers). Empty for attention-only.
+    states: tuple = ()
 
     def to_dict(self) -> dict:
         return {"model": self.model, "mode": self.mode.value, "inputs": self.inputs, "outputs": self.outputs,
-                "kv_before": self.kv_before, "kv_after": self.kv_after, "modules": [dict(m) for m in self.modules]}
+                "kv_before": self.kv_before, "kv_after": self.kv_after, "modules": [dict(m) for m in self.modules],
+                **({"states": [dict(x) for x in self.states]} if self.states else {})}
 
     def devices(self) -> dict:
         """{tensor name: device} over inputs and outputs; records saved before devices were kept say "unknown"."""
@@ -54,7 +58,7 @@ class ForwardRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "ForwardRecord":
         return cls(d["model"], ForwardMode(d["mode"]), d["inputs"], d["outputs"], d["kv_before"], d["kv_after"],
-                   tuple(d.get("modules", ())))
+                   tuple(d.get("modules", ())), tuple(d.get("states", ())))
 
 
 @dataclass

@@ -219,11 +219,15 @@ HYBRID_MODEL_TYPES = {"qwen3_next"}
 
 
 def unverifiable(text_config) -> str | None:
-    """Why the engine cannot verify a target with this (text) config losslessly, or None."""
+    """Why the engine cannot verify a target with this (text) config losslessly, or None. Hybrids verify
+    through ``workbench.models.hybrid`` (tree verify over recurrent state) for the families it knows."""
     layer_types = getattr(text_config, "layer_types", None) or ()
     if text_config.model_type in HYBRID_MODEL_TYPES or "linear_attention" in layer_types:
-        return ("a hybrid target (linear-attention layers between attention layers): tree verify for its "
-                "linear-attention state is not built yet")
+        from workbench.models.hybrid import SUPPORTED
+
+        if text_config.model_type not in SUPPORTED:
+            return (f"a hybrid target (linear-attention layers) of a family whose tree verify is not built "
+                    f"(supported: {', '.join(SUPPORTED)})")
     return None
 
 

@@ -127,6 +127,8 @@ class Rows:
         sw.start("tree_compile")
         layout = stages.tree_compile(trees, starts, max_depths)
         sw.start("verify")
+        # A state that runs kernels inside its forward (a hybrid's GatedDeltaNet layers) takes the backend here.
+        self.target.kernel_backend = reqs[0].kernel_backend
         mode = ForwardMode.DECODE if all(isinstance(p, AR) for p in policies) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(self.target, layout, mode, [s.sampling for s in reqs],
                                  [s.generator for s in reqs])
@@ -139,9 +141,11 @@ class Rows:
         sw.start("record")
         times = sw.times  # every Cycle holds this dict: "record" and the rest of "other" land in it later
         cycles = []
+        state_from = getattr(self.target, "state_from", None)  # [B, N]: recurrent targets only
         for b, s in enumerate(reqs):
             cyc = s._record(policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
-                            verified.row(b, layout.n[b]), committed[b], kept[b], times)
+                            verified.row(b, layout.n[b]), committed[b], kept[b], times,
+                            None if state_from is None else state_from[b, : layout.n[b]])
             s.trace.append(cyc)
             cycles.append(cyc)
         draft_rec = next((d.record for d in drafted if d is not None), None)

@@ -172,7 +172,8 @@ class Session(SessionState):
 
     def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The target cache as (keys, values) per layer, [1, kv_heads, start, head_dim] each (empty once
-        a batch has retired this request).
+        a batch has retired this request). A hybrid target's linear-attention layers give (conv window
+        [1, conv_dim, K-1], recurrent state [1, HV, Dk, Dv]) instead.
 
         Views of the cache's buffers, valid until the next step (which writes into them); ``.clone()``
         what you keep."""
@@ -232,7 +233,8 @@ class Session(SessionState):
         sw.stop()
         return cycles[0]
 
-    def _record(self, policy, start, root, drafted, tree, compiled, verified, committed, kept, times) -> Cycle:
+    def _record(self, policy, start, root, drafted, tree, compiled, verified, committed, kept, times,
+                state_from=None) -> Cycle:
         k = self.record_topk
         top = drafted.top(k) if drafted is not None and k > 0 else None  # shared with the tree build when it ran
         host = to_host(
@@ -244,6 +246,7 @@ class Session(SessionState):
             target_top2_tokens=verified.top2_tokens[0], target_top2_logits=verified.top2_logits[0].float(),
             draft_topk_logprobs=top[0][0] if top else torch.zeros(0, k),
             draft_topk_tokens=top[1][0] if top else torch.zeros(0, k, dtype=torch.long),
+            **({} if state_from is None else {"state_from": state_from}),
         )
         return Cycle(
             index=len(self.trace.cycles), policy=str(policy), start=start, root_token=root,

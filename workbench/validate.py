@@ -87,15 +87,15 @@ def device(value):
 
 
 def dtype(value):
-    """None (float32), a name in DTYPES (or an alias) or the matching torch.dtype."""
+    """None or "auto" (the checkpoint's own dtype), a name in DTYPES (or an alias) or the matching torch.dtype."""
     import torch
 
-    if value is None:
+    if value is None or value == "auto":
         return value
     name = str(value).replace("torch.", "") if isinstance(value, torch.dtype) else value
     if isinstance(name, str) and _DTYPE_ALIASES.get(name.lower(), name.lower()) in DTYPES:
         return value
-    raise ValueError(f"dtype={value!r} is not one the models run in: use {', '.join(DTYPES)}")
+    raise ValueError(f"dtype={value!r} is not one the models run in: use auto, {', '.join(DTYPES)}")
 
 
 def capture(value):

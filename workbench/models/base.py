@@ -54,6 +54,11 @@ class TargetState(Protocol):
 
     Row lengths are host ints: ``lengths[b]`` tokens of request b are committed (= the position of its
     pending root). Every method keeps the rows' order; only ``select`` changes which rows exist.
+
+    Optional attributes the cycle uses when present: ``kernel_backend`` (set before each verify from the
+    session's setting, for states that run kernels inside their forward) and ``state_from`` (int64 [B, N]
+    after a verify: the node whose recurrent state each node continued, -1 = the committed state; recorded
+    as ``Cycle.state_from``).
     """
 
     lengths: list[int]

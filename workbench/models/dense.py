@@ -92,8 +92,10 @@ class KVBuffers(Cache):
     verified tree (``keep_rows``) or drops rows (``select``).
     """
 
-    def __init__(self, config, lengths: list[int]):
-        n = config.get_text_config(decoder=True).num_hidden_layers
+    def __init__(self, config, lengths: list[int], num_layers: int | None = None):
+        """``num_layers``: how many attention layers (default: every layer of ``config``; a hybrid's
+        composite cache holds only its attention layers here)."""
+        n = config.get_text_config(decoder=True).num_hidden_layers if num_layers is None else num_layers
         super().__init__(layers=[KVLayer(self) for _ in range(n)])
         self.lengths = list(lengths)
         self._plan = None

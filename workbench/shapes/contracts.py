@@ -52,12 +52,15 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
         raise ValueError("the trace has no cycles to check; step() the session first")
     live_kv = None
     if trace is not obj and hasattr(obj, "kv_cache"):
-        layers = obj.kv_cache()
-        live_kv = int(layers[0][0].shape[-2]) if layers else None
+        # The first attention layer's keys [1, kv_heads, len, head_dim] (a hybrid's linear layers come as a 3-D conv
+        # window and its state).
+        live_kv = next((int(k.shape[-2]) for k, _ in obj.kv_cache() if k.dim() == 4), None)
     results: dict[str, list] = {k: [] for k in ("logits rows = bs x tokens/request", "hidden states for all tokens",
                                                 "positions = start + depth", "tree mask = ancestors",
                                                 "kv after commit = prefix + accepted + 1",
                                                 "verify inputs on the target's device", "index dtypes as SGLang's")}
+    if any(c.state_from is not None for c in cycles):  # a hybrid target: its linear layers' recurrent state
+        results["recurrent state from the parent"] = []
     for i, c in enumerate(cycles):
         rec = _target_record(c)
         n = int(c.tokens.shape[0])
@@ -112,6 +115,11 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
         results["index dtypes as SGLang's"].append(
             (c.index, not bad_dt, "ids, positions, retrieve arrays int64; mask bool (or additive float)",
              ", ".join(bad_dt) if bad_dt else ", ".join(f"{k} {v}" for k, v in got_dt.items())))
+        if c.state_from is not None:
+            off = int((c.state_from != c.parents).sum())
+            results["recurrent state from the parent"].append(
+                (c.index, off == 0, f"each of {n} nodes continues its parent's conv window and state",
+                 f"{off} of {n} continue another node's"))
         nxt = _target_record(cycles[i + 1]) if i + 1 < len(cycles) else None
         kv_after = nxt.kv_before if nxt is not None else live_kv
         if kv_after is not None:

@@ -413,6 +413,7 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
         tbl.append(_row("target hidden (context)", None, "", "dflash verify hidden", "workbench rule",
                         f"{_fmt_shape(th['shape'])} {th['dtype']} (an input here)",
                         "not an input in SGLang: written once into the draft KV cache after each target forward"))
+    tbl += recurrent_layout(rec)
     if label:
         tbl.title = f"{label}: " + tbl.title
     return tbl
@@ -457,4 +458,39 @@ def state_rows(f, requests: int, kv_len: int, tokens: int, nodes: int = 0, dtype
         rows.append(_row("router_logits", [tokens, f.experts], dtype, note=f"per MoE layer (x{m}): StandardTopKOutput"))
         rows.append(_row("topk_ids", [tokens, f.experts_per_token], "int32", note=f"per MoE layer (x{m})"))
         rows.append(_row("topk_weights", [tokens, f.experts_per_token], "float32", note=f"per MoE layer (x{m})"))
+    return rows
+
+
+def recurrent_layout(rec) -> list[dict]:
+    """SGLang's tensors for a hybrid target's linear-attention layers in this forward (one layer each; its mamba
+    pool stacks them ``[layers, slots, ...]``), beside the recurrent tensors we recorded (``rec.states``).
+
+    SGLang keeps the delta-rule state as ``[HV, Dv, Dk]`` where transformers (and we) keep ``[HV, Dk, Dv]``.
+    A tree verify writes one conv window and one state per node (``intermediate_*``, dense layout in tree
+    mode) from ``retrieve_parent_token``; EXTEND and DECODE update the request's pool rows in place."""
+    st = {x["name"]: x for x in getattr(rec, "states", ())}
+    if "conv_window" not in st:
+        return []
+    conv, ssm = st["conv_window"], st["ssm_state"]
+    bs, dim, w = conv["shape"]
+    HV, Dk, Dv = ssm["shape"][1:]
+    n_layers = len(conv["layers"])
+    ours = lambda x: f"{[*x['shape']]} {x['dtype']}"  # noqa: E731
+    note = f"per layer, x{n_layers} linear layers"
+    rows = [_row("mamba conv_state", [bs, dim, w], conv["dtype"], ours=ours(conv),
+                 note=f"{note}; the requests' pool rows (mamba_cache_indices)"),
+            _row("mamba ssm_state", [bs, HV, Dv, Dk], ssm["dtype"], ours=ours(ssm),
+                 note=f"{note}; [HV, Dv, Dk]: ours is [HV, Dk, Dv]")]
+    if "intermediate_ssm_state" in st and rec.mode.value == "TARGET_VERIFY":
+        n = st["intermediate_ssm_state"]["shape"][1]
+        rows += [
+            _row("retrieve_parent_token", [bs, n], "int64", rule="retrieve_parent_token",
+                 ours=ours({**rec.inputs["retrieve_parent_token"]}) if "retrieve_parent_token" in rec.inputs else None,
+                 note="written by the conv kernel from retrieve_next_token / retrieve_next_sibling"),
+            _row("intermediate_conv_window", [bs, n, dim, w], conv["dtype"], rule="mamba intermediate conv",
+                 ours=ours(st["intermediate_conv_window"]), note=f"{note}; pool: [layers, slots + 1, draft tokens, dim, K-1]"),
+            _row("intermediate_ssm_state", [bs, n, HV, Dv, Dk], ssm["dtype"], rule="mamba intermediate ssm",
+                 ours=ours(st["intermediate_ssm_state"]),
+                 note=f"{note}; pool: [layers, slots + 1, draft tokens, HV, Dv, Dk]"),
+        ]
     return rows

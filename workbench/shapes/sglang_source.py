@@ -30,6 +30,7 @@ SPEC_TREE = "kernels/ops/speculative/spec_tree.py"
 MAMBA_UTILS = "srt/configs/mamba_utils.py"
 QWEN3_NEXT_CONFIG = "srt/configs/qwen3_next.py"
 MEMORY_POOL = "srt/mem_cache/memory_pool.py"
+HYBRID_LINEAR = "srt/layers/attention/hybrid_linear_attn_backend.py"
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ SGLANG_RULES = {r.name: r for r in (
     Rule("positions int64", FORWARD_BATCH_INFO, "compute_position_torch", "positions.to(torch.int64)"),
     Rule("ragged token grid", CUDA_GRAPH_RUNNER, "DecodeCudaGraphRunner._build_ragged_verify_token_buckets",
          "sorted({bs * self.captured_req_width for bs in self.capture_bs})"),
+    # Hybrid (GatedDeltaNet) targets: per-node scratch of a tree verify, and the parent links its kernels derive.
+    Rule("mamba intermediate ssm", MEMORY_POOL, "MambaPool.__init__",
+         "size=(num_mamba_layers, spec_state_size + 1, speculative_num_draft_tokens, temporal_state_shape[0], "
+         "temporal_state_shape[1], temporal_state_shape[2])"),
+    Rule("mamba intermediate conv", MEMORY_POOL, "MambaPool.__init__",
+         "size=(num_mamba_layers, spec_state_size + 1, speculative_num_draft_tokens, conv_shape[0], conv_shape[1])"),
+    Rule("retrieve_parent_token", HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata",
+         "torch.empty_like(retrieve_next_token)"),
 )}
 
 

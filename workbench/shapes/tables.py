@@ -241,7 +241,7 @@ def _record_rows(label: str, rec: ForwardRecord, layers=None, collapse=True) -> 
         for r in rows:
             layer = r.pop("layer")
             r["layers"] = "" if layer is None else str(layer)
-        return rows
+        return rows + _state_rows(fwd, rec)
     # Every layer has the same shapes: one row per (module pattern, tensor, shape), with the layer count.
     merged: dict = {}
     for r in rows:
@@ -255,9 +255,21 @@ def _record_rows(label: str, rec: ForwardRecord, layers=None, collapse=True) -> 
     out = []
     for r in merged.values():
         ls = r.pop("_layers")
-        r["layers"] = "" if not ls else (f"{min(ls)}-{max(ls)} (x{len(ls)})" if len(ls) > 1 else str(ls[0]))
+        r["layers"] = _layer_span(ls)
         out.append(r)
-    return out
+    return out + _state_rows(fwd, rec)
+
+
+def _layer_span(ls: list[int]) -> str:
+    return "" if not ls else (f"{min(ls)}-{max(ls)} (x{len(ls)})" if len(ls) > 1 else str(ls[0]))
+
+
+def _state_rows(fwd: str, rec: ForwardRecord) -> list[dict]:
+    """A hybrid target's recurrent tensors in this forward (``rec.states``), one row per kind; bytes are one
+    layer's, ``layers`` names the linear layers holding one each. io: "in" read, "out" written."""
+    return [{"forward": fwd, "module": "(recurrent state)", "layers": _layer_span(x["layers"]), "io": x["io"],
+             "tensor": x["name"], "shape": list(x["shape"]), "dtype": x["dtype"], "device": x.get("device", ""),
+             "bytes": _nbytes(x["shape"], x["dtype"])} for x in getattr(rec, "states", ())]
 
 
 def _kv_rows(fwd: str, rec: ForwardRecord) -> list[dict]:
