@@ -23,25 +23,43 @@ class Rollout:
 
     ids: list[int]  # prompt + continuation, cut after the first EOS
     prompt_len: int
-    max_len: int  # prompt_len + new tokens: no cycle verifies past it
-    logprobs: torch.Tensor  # [R, B-1, V]: root s = prompt_len + r drafts slots for s+1 .. s+B-1
+    max_len: int  # prompt_len + new tokens: nothing is generated past it
+    full: torch.Tensor  # [R, B-1, V] log-probs, root s = prompt_len + r drafting a whole block (the engine)
+    tail: torch.Tensor  # [R, B-1, V] the same, blocks cut at max_len (dflash_generate's verify size)
     prefill_agreement: float  # share of continuation tokens that one full forward's argmax also gives
 
 
-def block_inputs(roots: torch.Tensor, ids: torch.Tensor, B: int, mask_id: int):
-    """One drafter block per root: [root token, MASK * (B-1)] at positions root .. root+B-1, seeing the
-    context strictly before its root and its whole block (as in training).
-    roots [R], ids [T] -> block_ids [1, R*B], attention mask [1, 1, R*B, T + R*B], position ids [1, T + R*B]"""
+def block_inputs(roots: torch.Tensor, lengths: torch.Tensor, ids: torch.Tensor, mask_id: int):
+    """One drafter block per root: [root token, MASK * (length-1)] at positions root .. root+length-1,
+    seeing the context strictly before its root and its whole block (as in training and decoding).
+    roots, lengths [R], ids [T] -> block_ids [1, N], attention mask [1, 1, N, T + N], position ids
+    [1, T + N], first [R] (each block's offset), with N = lengths.sum()"""
     T, R = ids.shape[0], roots.shape[0]
-    block_pos = (roots[:, None] + torch.arange(B)).flatten()  # [R*B]
+    blk = torch.arange(R).repeat_interleave(lengths)  # [N]: which block each query is in
+    first = torch.cumsum(lengths, 0) - lengths  # [R]
+    block_pos = roots[blk] + torch.arange(blk.shape[0]) - first[blk]  # [N]
     block_ids = torch.full_like(block_pos, mask_id)
-    block_ids[::B] = ids[roots]
-    see_ctx = torch.arange(T)[None, :] < roots.repeat_interleave(B)[:, None]  # [R*B, T]
-    blk = torch.arange(R).repeat_interleave(B)
-    see_blk = blk[:, None] == blk[None, :]  # [R*B, R*B]
+    block_ids[first] = ids[roots]
+    see_ctx = torch.arange(T)[None, :] < roots[blk][:, None]  # [N, T]
+    see_blk = blk[:, None] == blk[None, :]  # [N, N]
     mask = torch.cat([see_ctx, see_blk], dim=1)[None, None]
     pos = torch.cat([torch.arange(T), block_pos])[None]
-    return block_ids[None], mask, pos
+    return block_ids[None], mask, pos, first
+
+
+def draft_blocks(target, draft, ids: torch.Tensor, ctx: torch.Tensor, roots: torch.Tensor,
+                 lengths: torch.Tensor) -> torch.Tensor:
+    """The drafter's per-slot log-probs for a block of ``lengths[r]`` at each root, in one forward.
+    ids [T], ctx [1, T, F], roots/lengths [R] -> [R, B-1, V] (slots past a block's end: 0, never read)"""
+    B = int(draft.block_size)
+    block_ids, mask, pos, first = block_inputs(roots, lengths, ids, int(draft.mask_token_id))
+    h = draft(position_ids=pos, attention_mask=mask, noise_embedding=target.get_input_embeddings()(block_ids),
+              target_hidden=ctx)
+    logits = draft.compute_logits(h, target.lm_head).float()[0]  # [N, V]
+    lp = logits.new_zeros(len(roots), B - 1, logits.shape[-1])
+    for r, (f, n) in enumerate(zip(first.tolist(), lengths.tolist())):
+        lp[r, : n - 1] = logits[f + 1 : f + n].log_softmax(-1)
+    return lp
 
 
 @torch.no_grad()
@@ -60,14 +78,14 @@ def rollout(target, draft, prompt_ids: list[int], new_tokens: int, eos: int) -> 
     agree = (out.logits[0, P - 1 : -1].argmax(-1) == ids[P:]).float().mean().item()
     ctx = extract_context_feature(out.hidden_states, draft.target_layer_ids)  # [1, T, L*H]
     roots = torch.arange(P, len(ids) - 1)  # a root needs one token after it to be judged
-    if not len(roots):
-        return Rollout(ids.tolist(), P, P + new_tokens, torch.zeros(0, B - 1, 1), agree)
-    # A block near the end runs past the sequence: those slots are never judged.
-    block_ids, mask, pos = block_inputs(roots, ids, B, int(draft.mask_token_id))
-    h = draft(position_ids=pos, attention_mask=mask, noise_embedding=target.get_input_embeddings()(block_ids),
-              target_hidden=ctx)
-    logits = draft.compute_logits(h, target.lm_head).float().view(len(roots), B, -1)[:, 1:]  # [R, B-1, V]
-    return Rollout(ids.tolist(), P, P + new_tokens, logits.log_softmax(-1), agree)
+    full = draft_blocks(target, draft, ids, ctx, roots, torch.full_like(roots, B))
+    # dflash_generate drafts a shorter block near max_len; a block's slots see each other, so
+    # those proposals differ from the whole block's.
+    tail = full.clone()
+    cut = (P + new_tokens - roots) < B
+    if cut.any():
+        tail[cut] = draft_blocks(target, draft, ids, ctx, roots[cut], P + new_tokens - roots[cut])
+    return Rollout(ids.tolist(), P, P + new_tokens, full, tail, agree)
 
 
 def accepted_on_tree(tree, truth: list[int]) -> int:
@@ -85,44 +103,63 @@ def accepted_on_tree(tree, truth: list[int]) -> int:
     return depth
 
 
-def cycles(r: Rollout, budget: int | None, eos: int) -> list[int]:
-    """Tokens produced per cycle (accepted + bonus), as dflash_generate counts them (cut at EOS and at
-    ``max_len``). ``budget`` None: linear DFlash (the argmax chain); else DDTree(budget)."""
+def accepted(lp: torch.Tensor, root: int, truth: list[int], budget: int | None) -> int:
+    """Greedy acceptance of one cycle: lp [depth, V]; ``budget`` None: the argmax chain (linear
+    DFlash), else the DDTree(budget) tree."""
     from ddtree_kernels import build_tree
 
-    produced_per_cycle = []
-    start, ids = r.prompt_len, r.ids
-    if ids[start] == eos:
-        return []
-    while start + 1 < min(r.max_len, len(ids)):
-        depth = min(r.logprobs.shape[1], r.max_len - start - 1)
-        truth = ids[start + 1 : start + 1 + depth]
-        lp = r.logprobs[start - r.prompt_len, :depth]  # [depth, V]
-        if budget is None:
-            acc = 0
-            for tok, want in zip(lp.argmax(-1).tolist(), truth):
-                if tok != want:
-                    break
-                acc += 1
-        else:
-            acc = accepted_on_tree(build_tree(lp[None], torch.tensor([ids[start]]), budget), truth)
-        produced = min(acc + 1, r.max_len - start - 1)
-        new = ids[start + 1 : start + 1 + produced]
-        if eos in new:
-            produced = new.index(eos) + 1
-        produced_per_cycle.append(produced)
-        start += produced
-        if eos in new:
+    if budget is not None:
+        return accepted_on_tree(build_tree(lp[None], torch.tensor([root]), budget), truth)
+    n = 0
+    for tok, want in zip(lp.argmax(-1).tolist(), truth):
+        if tok != want:
             break
-    return produced_per_cycle
+        n += 1
+    return n
+
+
+def cycles(r: Rollout, budget: int | None, eos: int, convention: str = "engine") -> list[int]:
+    """Tokens per cycle (accepted + bonus) of greedy linear DFlash (``budget`` None) or DDTree(budget).
+
+    ``convention``: "engine" (workbench's Session: whole blocks, depth <= new tokens left - 1,
+    accept length = accepted + 1) or "dflash_generate" (the reference: blocks cut at max_len,
+    lengths cut at EOS and max_len)."""
+    if convention not in ("engine", "dflash_generate"):
+        raise ValueError(f"convention={convention!r} is not 'engine' or 'dflash_generate'")
+    ids, P, out = r.ids, r.prompt_len, []
+    start = P
+    if ids[start] == eos:  # the prefill's token ends the text: no cycle
+        return out
+    while True:
+        made = start - P + 1  # tokens generated so far, the root included
+        if convention == "engine":
+            if made >= r.max_len - P:
+                return out
+            depth = min(r.full.shape[1], r.max_len - P - made - 1)
+            lp = r.full[start - P, :depth]
+        else:
+            if start + 1 >= r.max_len:
+                return out
+            depth = min(r.tail.shape[1], r.max_len - start - 1)
+            lp = r.tail[start - P, :depth]
+        truth = ids[start + 1 : start + 1 + depth]
+        n = accepted(lp, ids[start], truth, budget) if depth else 0
+        kept = min(n + 1, r.max_len - start - 1)  # the bonus past max_len is dropped
+        new = ids[start + 1 : start + 1 + kept]
+        if eos in new:
+            kept = new.index(eos) + 1
+        out.append(n + 1 if convention == "engine" else kept)
+        start += kept
+        if eos in new:
+            return out
 
 
 def slot_agreement(r: Rollout) -> tuple[list[int], list[int]]:
     """Per block slot j (1 .. B-1): (drafter argmax == target's greedy token j after the root, roots
     judged), counted over every root of the continuation."""
-    D = r.logprobs.shape[1]
+    D = r.full.shape[1]
     hits, seen = [0] * D, [0] * D
-    top = r.logprobs.argmax(-1).tolist()  # [R, D]
+    top = r.full.argmax(-1).tolist()  # [R, D]
     for ri, row in enumerate(top):
         s = r.prompt_len + ri
         for j in range(D):
@@ -144,8 +181,8 @@ def figures(target, draft, tokenizer, prompts: list[dict], new_tokens: int, budg
         ids = tokenizer(item["prompt"], add_special_tokens=False)["input_ids"]
         r = rollout(target, draft, ids, new_tokens, eos)
         continuations.append(r.ids[r.prompt_len :])
-        lin += cycles(r, None, eos)
-        tree += cycles(r, budget, eos)
+        lin += cycles(r, None, eos, "dflash_generate")  # as the dense report's dflash_tau
+        tree += cycles(r, budget, eos, "engine")  # as its ddtree tau
         agree.append(r.prefill_agreement)
         h, s = slot_agreement(r)
         hits = h if hits is None else [a + b for a, b in zip(hits, h)]

@@ -17,6 +17,8 @@ import torch
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "target"
 DEFAULT_DRAFT = ASSETS / "draft"
+# Embedded pairs by name: wb.load("hybrid") (a Qwen3.5-text target; see workbench/assets/hybrid).
+PAIRS = {"default": (DEFAULT_TARGET, DEFAULT_DRAFT), "hybrid": (ASSETS / "hybrid" / "target", ASSETS / "hybrid" / "draft")}
 PACKAGE_PREFIX = "workbench/"  # a model path stored relative to the package's parent folder
 
 
@@ -163,10 +165,13 @@ def check_pair(tcfg: dict, dcfg: dict, tokenizer, target_dir: Path, draft_dir: P
 
 
 def load_models(target=None, draft=None, device="cpu", dtype=None) -> Models:
-    """Load and validate a (target, drafter) pair from local directories (defaults: the embedded pair)."""
+    """Load and validate a (target, drafter) pair from local directories (defaults: the embedded pair;
+    ``target`` may name an embedded pair in PAIRS instead, e.g. "hybrid")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from dflash.model import DFlashDraftModel
 
+    if isinstance(target, str) and target in PAIRS and draft is None and not Path(target).is_dir():
+        target, draft = PAIRS[target]
     tdir = model_dir(target or DEFAULT_TARGET, "target")
     ddir = model_dir(draft or DEFAULT_DRAFT, "draft")
     dev = resolve_device(device)
