@@ -702,6 +702,11 @@ def write_eval_prompts(held_files, held_tests, recipe: Recipe, out: Path, seed: 
     return splits
 
 
+def first_prompts(splits: dict[str, list[dict]], n: int | None) -> dict[str, list[dict]]:
+    """The first ``n`` prompts of each split (None: all)."""
+    return splits if n is None else {split: items[:n] for split, items in splits.items()}
+
+
 def read_eval_prompts(out: Path) -> dict[str, list[dict]]:
     return {split: [json.loads(line) for line in eval_prompts_path(out, split).read_text().splitlines()]
             for split in SPLITS}
@@ -882,12 +887,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-lr", type=float)
     ap.add_argument("--distill-prompts", type=int)
     ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
-    ap.add_argument("--checkpoint-every", type=int, help="save the drafter every N steps (0: only at the end)")
+    ap.add_argument("--checkpoint-every", type=int, help="save the target and drafter every N steps (0: only at the end)")
+    ap.add_argument("--eval-prompts", type=int, metavar="N",
+                    help="figures on the first N evaluation prompts of each split (default: all)")
     args = ap.parse_args(argv)
     if args.loops is not None and args.loops < 0:
         ap.error(f"--loops {args.loops} must be 0 or more")
     if args.short_share is not None and not 0.0 <= args.short_share <= 1.0:
         ap.error(f"--short-share {args.short_share} must be between 0 and 1")
+    if args.eval_prompts is not None and args.eval_prompts < 1:
+        ap.error(f"--eval-prompts {args.eval_prompts} must be 1 or more")
 
     hybrid = args.arch == "hybrid"
     if hybrid and args.recipe != "v2":
@@ -929,7 +938,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "eval":  # the engine's figures, added to the report already there
         old = out / "training_report.json"
         metrics = json.loads(old.read_text()) if old.exists() else {}
-        metrics["engine"] = engine_figures(out, read_eval_prompts(out), recipe.eval_new_tokens)
+        metrics["engine"] = engine_figures(out, first_prompts(read_eval_prompts(out), args.eval_prompts),
+                                           recipe.eval_new_tokens)
         tmp = out / "training_report.json.tmp"
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
         tmp.replace(old)
@@ -949,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
     else:  # later stages evaluate on the prompts the first stage wrote, whatever their seed
         prompts = read_eval_prompts(out)
+    prompts = first_prompts(prompts, args.eval_prompts)
     if args.stage in ("all", "target", "loops") and recipe.ul_rounds:
         before = target_figures(target, tokenizer, held_ids, prompts, recipe, known)
         target = train_fewer_loops(recipe, target, tokenizer, train_ids, train_files, train_tests, args.seed)
