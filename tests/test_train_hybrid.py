@@ -122,3 +122,63 @@ def test_greedy_simulation_counts_what_the_engine_and_dflash_generate_count(monk
         assert greedy_sim.cycles(r, None, eos) == run_one(engine, wb.DFlash(), item["prompt"], 24).accept_lengths
         assert greedy_sim.cycles(r, 16, eos) == run_one(engine, wb.DDTree(16), item["prompt"], 24).accept_lengths
     assert max(ref.acceptance_lengths) > 1  # drafts were accepted: the comparison means something
+
+
+def test_hybrid_recipe_fits_the_size_budget():
+    """The default hybrid recipe's target + drafter stay under 30 MB in float32, and its layers interleave."""
+    from transformers import AutoTokenizer
+
+    from workbench.loading import DEFAULT_TARGET
+    from workbench.train import HybridRecipe, draft_config, target_class, target_config
+
+    from dflash.model import DFlashDraftModel
+
+    recipe = HybridRecipe()
+    tok = AutoTokenizer.from_pretrained(DEFAULT_TARGET)  # the same BPE recipe as the dense pair
+    cfg = target_config(recipe, tok)
+    assert cfg.layer_types == ["linear_attention", "linear_attention", "full_attention"] * 2
+    target = target_class(recipe)(cfg)
+    draft = DFlashDraftModel(draft_config(recipe, cfg, tok))
+    # tied embeddings are stored once; the drafter borrows the target's embedding and head
+    n = sum(p.numel() for p in target.parameters()) + sum(p.numel() for p in draft.parameters())
+    assert 4 * n < 30e6, n
+    assert all(0 <= i < recipe.layers for i in recipe.target_layer_ids)
+
+
+def test_embedded_pairs_load_by_name(tmp_path, monkeypatch):
+    from workbench.loading import PAIRS, ModelPairError, load_models
+
+    tdir, ddir = PAIRS["hybrid"]
+    if not (tdir / "config.json").is_file():
+        pytest.fail(f"the embedded hybrid pair is missing from {tdir.parent}: run `make train-hybrid`")
+    models = load_models("hybrid")
+    assert (models.target_dir, models.draft_dir) == (tdir, ddir)
+    assert type(models.target).__name__ == "Qwen3_5ForCausalLM"
+    assert sum(f.stat().st_size for f in tdir.parent.glob("*/model.safetensors")) < 30e6
+    monkeypatch.chdir(tmp_path)  # a directory of that name wins over the embedded pair's name
+    (tmp_path / "hybrid").mkdir()
+    with pytest.raises(ModelPairError, match="'hybrid' is not a model directory"):
+        load_models("hybrid")
+
+
+def test_a_hybrid_model_runs_the_fast_rule_inside_and_gives_transformers_logits(monkeypatch):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    import workbench.fast_delta as fd
+
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                            linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                            full_attention_interval=3, max_position_embeddings=128)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    x = torch.randint(0, 64, (2, 70))  # two chunks of 64, the second partial
+    calls = []
+    real = fd.chunk_gated_delta_rule
+    monkeypatch.setattr(fd, "chunk_gated_delta_rule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        ref = model(input_ids=x).logits
+        with fd.fast_delta_rule():
+            got = model(input_ids=x).logits
+    assert len(calls) == 2  # both linear-attention layers, only inside
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
