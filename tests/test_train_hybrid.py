@@ -63,10 +63,10 @@ def test_fast_delta_rule_is_patched_only_inside_and_restored_on_error():
     assert mq.torch_chunk_gated_delta_rule is original
 
 
-def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path):
+def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workbench.loading import load_models
+    from workbench import loading
     from workbench.train import greedy_continue
 
     r = subprocess.run([sys.executable, "-m", "workbench.train", "--arch", "hybrid", "--out", str(tmp_path), "--smoke"],
@@ -82,7 +82,9 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path):
         assert fig["prefill_vs_cached_greedy_agreement"] > 0.9  # one full forward's argmax = cached decode's
     report = json.loads((tmp_path / "training_report.json").read_text())
     assert report["recipe"]["full_attention_interval"] == 3 and report["splits"] == metrics["splits"]
-    models = load_models(tmp_path / "target", tmp_path / "draft")
+    monkeypatch.setitem(loading.PAIRS, "hybrid", (tmp_path / "target", tmp_path / "draft"))
+    models = loading.load_models("hybrid")  # wb.load("hybrid") resolves the name the same way
+    assert (models.target_dir, models.draft_dir) == loading.PAIRS["hybrid"]
     assert type(models.target).__name__ == "Qwen3_5ForCausalLM"
     assert models.target_layer_ids == [0, 2] and models.block_size == 8
     # Distillation's cached greedy decode equals transformers' own generate on the hybrid target.
@@ -145,20 +147,16 @@ def test_hybrid_recipe_fits_the_size_budget():
     assert all(0 <= i < recipe.layers for i in recipe.target_layer_ids)
 
 
-def test_embedded_pairs_load_by_name(tmp_path, monkeypatch):
-    from workbench.loading import PAIRS, ModelPairError, load_models
+def test_an_embedded_pair_by_name_missing_or_shadowed_is_a_clear_error(tmp_path, monkeypatch):
+    from workbench import loading
 
-    tdir, ddir = PAIRS["hybrid"]
-    if not (tdir / "config.json").is_file():
-        pytest.fail(f"the embedded hybrid pair is missing from {tdir.parent}: run `make train-hybrid`")
-    models = load_models("hybrid")
-    assert (models.target_dir, models.draft_dir) == (tdir, ddir)
-    assert type(models.target).__name__ == "Qwen3_5ForCausalLM"
-    assert sum(f.stat().st_size for f in tdir.parent.glob("*/model.safetensors")) < 30e6
+    monkeypatch.setitem(loading.PAIRS, "hybrid", (tmp_path / "nowhere" / "target", tmp_path / "nowhere" / "draft"))
+    with pytest.raises(loading.ModelPairError, match="embedded 'hybrid' pair is not in .*make train-hybrid"):
+        loading.load_models("hybrid")
     monkeypatch.chdir(tmp_path)  # a directory of that name wins over the embedded pair's name
     (tmp_path / "hybrid").mkdir()
-    with pytest.raises(ModelPairError, match="'hybrid' is not a model directory"):
-        load_models("hybrid")
+    with pytest.raises(loading.ModelPairError, match="'hybrid' is not a model directory"):
+        loading.load_models("hybrid")
 
 
 def test_a_hybrid_model_runs_the_fast_rule_inside_and_gives_transformers_logits(monkeypatch):
