@@ -18,7 +18,7 @@ EXTRAS := notebook,serve,sglang-kernels,test
 # Jupyter refuses to run as root without this flag (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install install-sglang browser train bench clean
+.PHONY: lab test install install-sglang browser train train-hybrid bench clean
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.open_browser=True $(ROOT_FLAG) notebooks/01_quickstart.ipynb
@@ -49,9 +49,14 @@ browser:
 	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); \
 	else echo "chromium not installed (needs root and apt-get); the browser test will skip"; fi
 
-# The shipped pair (about 47 minutes on 2 idle cores; see workbench/assets/training_report.json).
+# The shipped pairs: dense (about 47 minutes on 2 idle cores; workbench/assets/training_report.json)
+# and hybrid, a Qwen3.5-text target (workbench/assets/hybrid/training_report.json).
 train: $(STAMP)
 	$(BIN)/python -m workbench.train --out workbench/assets
+	$(BIN)/python -m workbench.train --arch hybrid --out workbench/assets/hybrid
+
+train-hybrid: $(STAMP)
+	$(BIN)/python -m workbench.train --arch hybrid --out workbench/assets/hybrid
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench --policies ar,dflash,ddtree:16,ddtree:32,ddtree:64

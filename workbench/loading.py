@@ -18,6 +18,8 @@ import torch
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "target"
 DEFAULT_DRAFT = ASSETS / "draft"
+# Embedded pairs by name: wb.load("hybrid") (a Qwen3.5-text target; see workbench/assets/hybrid).
+PAIRS = {"hybrid": (ASSETS / "hybrid" / "target", ASSETS / "hybrid" / "draft")}
 PACKAGE_PREFIX = "workbench/"  # a model path stored relative to the package's parent folder
 
 
@@ -385,6 +387,10 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     goes to transformers for the target (e.g. ``"auto"`` for one larger than a GPU); the drafter goes on
     the device of the target's embedding. ``trust_remote_code``: run a checkpoint's own Python code.
     """
+    if isinstance(target, str) and target in PAIRS and draft is None and not Path(target).is_dir():
+        name, (target, draft) = target, PAIRS[target]
+        if not (target / "config.json").is_file():
+            raise ModelPairError(f"the embedded {name!r} pair is not in '{target.parent}'; train it: make train-{name}")
     tdir = model_dir(target or DEFAULT_TARGET, "target")
     ddir = model_dir(draft or DEFAULT_DRAFT, "draft")
     dev = resolve_device(device)

@@ -2,10 +2,16 @@
 
     python -m workbench.train --out workbench/assets            # the shipped models (~47 min, 2 cores)
     python -m workbench.train --out /tmp/smoke --smoke          # seconds, used by the tests
+    python -m workbench.train --arch hybrid --out workbench/assets/hybrid   # the hybrid pair
 
 Stages (each writes to ``--out`` and can be re-run alone with ``--stage``):
 tokenizer -> target (next-token training, then the loops phase) -> distill (the target's greedy
 continuations) -> draft -> report.
+
+``--arch hybrid`` trains a Qwen3.5-architecture target instead (GatedDeltaNet linear-attention
+layers between gated full-attention layers) with the same drafter layout. Until the engine runs
+hybrid targets, its report measures through transformers alone (``workbench.greedy_sim``);
+``--stage eval`` adds the engine's figures to any pair's report.
 """
 from __future__ import annotations
 
@@ -72,7 +78,7 @@ class Recipe:
     eval_prompts: int = 40
     eval_short_prompts: int = 40
     eval_new_tokens: int = 64
-    checkpoint_every: int = 500  # drafter saved every N steps, so a cut-short run still leaves one
+    checkpoint_every: int = 500  # target and drafter saved every N steps, so a cut-short run still leaves one
     max_files: int = 0  # 0 = all files
     bf16: bool = True
 
@@ -80,6 +86,22 @@ class Recipe:
 # v1: the first shipped pair's recipe (long prompts only, every codec table; its drafter had a
 # second phase: `--stage draft --resume-draft --draft-steps 2000 --draft-lr 1e-3 --seed 1`).
 V1 = dict(distill_prompts=3072, short_share=0.0, table_keep_one_in=1, bucket_by_length=False, draft_steps=1500)
+
+
+@dataclass
+class HybridRecipe(Recipe):
+    """The hybrid pair: a Qwen3.5-text target, every ``full_attention_interval``-th layer gated full
+    attention, the others GatedDeltaNet; sized so target + drafter stay under 30 MB (float32)."""
+
+    intermediate: int = 640
+    full_attention_interval: int = 3  # 6 layers: linear, linear, full, linear, linear, full
+    linear_key_heads: int = 2
+    linear_value_heads: int = 4
+    linear_head_dim: int = 64
+    linear_conv_kernel: int = 4
+    target_steps: int = 1200
+    distill_prompts: int = 4096
+    draft_steps: int = 3000
 
 
 def smoke_recipe() -> Recipe:
@@ -91,6 +113,13 @@ def smoke_recipe() -> Recipe:
         block_size=8, distill_prompts=8, distill_prompt_tokens=24, distill_new_tokens=24, draft_steps=3,
         draft_batch=4, anchors_per_seq=2, eval_prompts=4, eval_short_prompts=5, eval_new_tokens=16, max_files=12, bf16=False,
     )
+
+
+def hybrid_smoke_recipe() -> HybridRecipe:
+    """The smoke recipe's sizes as a hybrid (one full-attention layer in three), no loops phase."""
+    small = {k: v for k, v in asdict(smoke_recipe()).items() if k not in ("ul_rounds", "layers", "target_layer_ids")}
+    return HybridRecipe(**small, layers=3, target_layer_ids=(0, 2), ul_rounds=0, linear_key_heads=1,
+                        linear_value_heads=2, linear_head_dim=16)
 
 
 def log(msg: str) -> None:
@@ -146,9 +175,15 @@ def encode_files(tokenizer, files) -> torch.Tensor:
 
 # ---------------------------------------------------------------- target
 
+def is_hybrid(recipe: Recipe) -> bool:
+    return isinstance(recipe, HybridRecipe)
+
+
 def target_config(recipe: Recipe, tokenizer):
     from transformers import Qwen3Config
 
+    if is_hybrid(recipe):
+        return hybrid_target_config(recipe, tokenizer)
     return Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
         num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
@@ -157,6 +192,38 @@ def target_config(recipe: Recipe, tokenizer):
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id, architectures=["Qwen3ForCausalLM"],
     )
+
+
+def hybrid_target_config(recipe: HybridRecipe, tokenizer):
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=len(tokenizer), hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
+        num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.kv_heads, head_dim=recipe.head_dim,
+        linear_num_key_heads=recipe.linear_key_heads, linear_num_value_heads=recipe.linear_value_heads,
+        linear_key_head_dim=recipe.linear_head_dim, linear_value_head_dim=recipe.linear_head_dim,
+        linear_conv_kernel_dim=recipe.linear_conv_kernel, full_attention_interval=recipe.full_attention_interval,
+        max_position_embeddings=recipe.max_positions, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id, architectures=["Qwen3_5ForCausalLM"],
+    )
+
+
+def target_class(recipe: Recipe):
+    from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+    return Qwen3_5ForCausalLM if is_hybrid(recipe) else Qwen3ForCausalLM
+
+
+def training_kernels(recipe: Recipe):
+    """The hybrid target's GatedDeltaNet layers train on ``fast_delta.chunk_gated_delta_rule`` (the
+    same math as transformers' torch path, one triangular solve per chunk instead of a row loop)."""
+    from contextlib import nullcontext
+
+    from workbench.fast_delta import fast_delta_rule
+
+    return fast_delta_rule() if is_hybrid(recipe) else nullcontext()
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 50) -> float:
@@ -172,10 +239,8 @@ def windows(ids: torch.Tensor, seq_len: int, batch: int, gen: torch.Generator) -
 
 
 def train_target(recipe: Recipe, tokenizer, train_ids, held_ids, out: Path, seed: int):
-    from transformers import Qwen3ForCausalLM
-
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(target_config(recipe, tokenizer))
+    model = target_class(recipe)(target_config(recipe, tokenizer))
     n = sum(p.numel() for p in model.parameters())
     log(f"target: {n / 1e6:.2f}M parameters, {len(train_ids)} train tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.target_lr, weight_decay=0.1, betas=(0.9, 0.95))
@@ -186,7 +251,7 @@ def train_target(recipe: Recipe, tokenizer, train_ids, held_ids, out: Path, seed
         for g in opt.param_groups:
             g["lr"] = lr_at(step, recipe.target_steps, recipe.target_lr)
         x = windows(train_ids, recipe.seq_len, recipe.batch, gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16), training_kernels(recipe):
             loss = model(input_ids=x, labels=x).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -194,6 +259,8 @@ def train_target(recipe: Recipe, tokenizer, train_ids, held_ids, out: Path, seed
         opt.zero_grad(set_to_none=True)
         if step % 100 == 0 or step == recipe.target_steps - 1:
             log(f"target step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        if recipe.checkpoint_every and step and step % recipe.checkpoint_every == 0:  # a cut-short run leaves one
+            model.save_pretrained(out / "target")
     model.eval()
     model.save_pretrained(out / "target")
     return model
@@ -635,6 +702,11 @@ def write_eval_prompts(held_files, held_tests, recipe: Recipe, out: Path, seed: 
     return splits
 
 
+def first_prompts(splits: dict[str, list[dict]], n: int | None) -> dict[str, list[dict]]:
+    """The first ``n`` prompts of each split (None: all)."""
+    return splits if n is None else {split: items[:n] for split, items in splits.items()}
+
+
 def read_eval_prompts(out: Path) -> dict[str, list[dict]]:
     return {split: [json.loads(line) for line in eval_prompts_path(out, split).read_text().splitlines()]
             for split in SPLITS}
@@ -691,8 +763,7 @@ def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out
 
     # Same thread count as training: wb.load's default (up to 8) thrashes a shared 2-core machine.
     engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
-    n_win = max(1, (len(held_ids) - 1) // recipe.seq_len)
-    spread = held_ids[: n_win * recipe.seq_len].view(n_win, recipe.seq_len)[:: max(1, n_win // 64)].flatten()
+    spread = spread_windows(held_ids, recipe.seq_len)
     return {
         # The first 64 windows of the held-out files (in path order, mostly argparse.py), as in every earlier report.
         "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
@@ -707,20 +778,107 @@ def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out
     }
 
 
+def spread_windows(held_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """64 windows spread evenly over all held-out files, end to end. -> [n * seq_len]"""
+    n_win = max(1, (len(held_ids) - 1) // seq_len)
+    return held_ids[: n_win * seq_len].view(n_win, seq_len)[:: max(1, n_win // 64)].flatten()
+
+
+def weights_mb(out: Path) -> float:
+    return sum(f.stat().st_size for f in out.glob("*/model.safetensors")) / 1e6
+
+
+@torch.no_grad()
+def dense_losses_beside(tokenizer, held_ids: torch.Tensor, seq_len: int) -> dict:
+    """The shipped dense target's held-out losses on the same windows, when it shares the tokenizer
+    (else nats per token would not compare)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.loading import DEFAULT_TARGET
+
+    if not (DEFAULT_TARGET / "config.json").is_file():
+        return {"dense_target": f"not compared: no dense target in {DEFAULT_TARGET}"}
+    if AutoTokenizer.from_pretrained(DEFAULT_TARGET).get_vocab() != tokenizer.get_vocab():
+        return {"dense_target": "not compared: its tokenizer differs from this pair's"}
+    dense = AutoModelForCausalLM.from_pretrained(DEFAULT_TARGET).eval()
+    return {"dense_held_out_loss_nats": held_out_loss(dense, held_ids, seq_len),
+            "dense_held_out_loss_spread_nats": held_out_loss(dense, spread_windows(held_ids, seq_len), seq_len)}
+
+
+ENGINE_LATER = ("not measured: the engine does not run hybrid targets yet; once it does, "
+                "python -m workbench.train --arch hybrid --out DIR --stage eval adds them as 'engine'")
+
+
+@torch.no_grad()
+def hybrid_report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out: Path, known,
+                  new_tokens: int = 64, tree_budget: int = 32) -> dict:
+    """The hybrid pair's figures through transformers alone: held-out loss (beside the dense target's on
+    the same windows), and per split the greedy continuations' shares and the simulated greedy tau
+    of linear DFlash and DDTree(budget) with the drafter's per-slot top-1 agreement (greedy_sim)."""
+    from workbench import greedy_sim
+
+    eos = tokenizer.eos_token_id
+    spread = spread_windows(held_ids, recipe.seq_len)
+    metrics = {
+        "arch": "hybrid",
+        "target_layer_types": list(target.config.layer_types),
+        "held_out_loss_nats": held_out_loss(target, held_ids, recipe.seq_len),
+        "held_out_loss_spread_nats": held_out_loss(target, spread, recipe.seq_len),
+        **dense_losses_beside(tokenizer, held_ids, recipe.seq_len),
+        "new_tokens": new_tokens,
+        "weights_mb": weights_mb(out),
+        "splits": {},
+        "engine": ENGINE_LATER,
+    }
+    for split, items in splits.items():
+        log(f"simulating {split} split ({len(items)} prompts)")
+        sim, continuations = greedy_sim.figures(target, draft, tokenizer, items, new_tokens, tree_budget)
+        shares = [continuation_shares(c, eos, tokenizer, known) for c in continuations]
+        metrics["splits"][split] = {**sim, "distinct_token_share": mean(a for a, _ in shares),
+                                    "known_word_share": mean(b for _, b in shares)}
+    return metrics
+
+
+@torch.no_grad()
+def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 32) -> dict:
+    """Greedy DFlash and DDTree(budget) tau through the engine, pooled per split (any pair in --out)."""
+    import workbench as wb
+    from workbench.bench import run_one
+    from workbench.policies import DDTree, DFlash
+
+    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    figures = {}
+    for split, items in splits.items():
+        runs = {"dflash": [], f"ddtree{tree_budget}": []}
+        for i, item in enumerate(items):
+            if i % 10 == 0:
+                log(f"engine: {split} prompt {i}/{len(items)}")
+            for name, policy in (("dflash", DFlash()), (f"ddtree{tree_budget}", DDTree(tree_budget))):
+                runs[name] += run_one(engine, policy, item["prompt"], new_tokens).accept_lengths
+        taus = {f"{name}_tau": sum(v) / max(1, len(v)) for name, v in runs.items()}
+        figures[split] = {**taus, "prompts": len(items)}
+    return figures
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for target/, draft/, eval_prompts.jsonl")
     ap.add_argument("--smoke", action="store_true", help="tiny models and a few steps (seconds; v2 recipe)")
+    ap.add_argument("--arch", default="dense", choices=["dense", "hybrid"],
+                    help="dense: a Qwen3 target (the embedded default); hybrid: a Qwen3.5-text target "
+                         "(GatedDeltaNet + gated attention), e.g. --out workbench/assets/hybrid")
     ap.add_argument("--recipe", default="v2", choices=["v1", "v2"],
                     help="v2: the shipped pair (default); v1: the first shipped pair's recipe (long prompts only)")
     ap.add_argument("--loops", type=int, metavar="ROUNDS",
                     help="the target's loops phase: unlikelihood rounds after its training (default 0: off)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stage", default="all", choices=["all", "target", "loops", "draft", "report", "prompts"],
+    ap.add_argument("--stage", default="all",
+                    choices=["all", "target", "loops", "draft", "report", "eval", "prompts"],
                     help="'target' trains the target and runs its loops phase; 'loops' runs only that phase "
                          "on the target in --out; 'draft' and 'report' reuse the target (and tokenizer) in --out; "
+                         "'eval' adds the engine's DFlash/DDTree tau to the report in --out; "
                          "'prompts' only writes the evaluation prompts (both splits)")
     ap.add_argument("--target-steps", type=int)
     ap.add_argument("--draft-steps", type=int)
@@ -729,15 +887,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-lr", type=float)
     ap.add_argument("--distill-prompts", type=int)
     ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
-    ap.add_argument("--checkpoint-every", type=int, help="save the drafter every N steps (0: only at the end)")
+    ap.add_argument("--checkpoint-every", type=int, help="save the target and drafter every N steps (0: only at the end)")
+    ap.add_argument("--eval-prompts", type=int, metavar="N",
+                    help="figures on the first N evaluation prompts of each split (default: all)")
     args = ap.parse_args(argv)
     if args.loops is not None and args.loops < 0:
         ap.error(f"--loops {args.loops} must be 0 or more")
     if args.short_share is not None and not 0.0 <= args.short_share <= 1.0:
         ap.error(f"--short-share {args.short_share} must be between 0 and 1")
+    if args.eval_prompts is not None and args.eval_prompts < 1:
+        ap.error(f"--eval-prompts {args.eval_prompts} must be 1 or more")
+
+    hybrid = args.arch == "hybrid"
+    if hybrid and args.recipe != "v2":
+        ap.error(f"--recipe {args.recipe} is a dense recipe; --arch hybrid has one recipe (drop --recipe)")
+    if args.stage not in ("all", "target", "prompts") and (args.out / "target" / "config.json").is_file():
+        found = json.loads((args.out / "target" / "config.json").read_text()).get("model_type", "")
+        if found.startswith("qwen3_5") != hybrid:
+            ap.error(f"the target in {args.out / 'target'} is {found!r}: pass --arch "
+                     f"{'hybrid' if found.startswith('qwen3_5') else 'dense'}")
 
     torch.set_num_threads(args.threads)
-    recipe = smoke_recipe() if args.smoke else Recipe(**(V1 if args.recipe == "v1" else {}))
+    if hybrid:
+        recipe = hybrid_smoke_recipe() if args.smoke else HybridRecipe()
+    else:
+        recipe = smoke_recipe() if args.smoke else Recipe(**(V1 if args.recipe == "v1" else {}))
     if args.loops is not None:
         recipe.ul_rounds = args.loops
     if args.stage == "loops" and not recipe.ul_rounds:
@@ -761,6 +935,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "prompts":
         write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
         return 0
+    if args.stage == "eval":  # the engine's figures, added to the report already there
+        old = out / "training_report.json"
+        metrics = json.loads(old.read_text()) if old.exists() else {}
+        metrics["engine"] = engine_figures(out, first_prompts(read_eval_prompts(out), args.eval_prompts),
+                                           recipe.eval_new_tokens)
+        tmp = out / "training_report.json.tmp"
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+        tmp.replace(old)
+        print(json.dumps(metrics["engine"]))
+        return 0
     known = corpus_words(train_files)  # the words the target could have learned
     if args.stage in ("all", "target"):
         tokenizer = train_tokenizer(train_files, recipe, out)
@@ -775,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = write_eval_prompts(held_files, held_tests, recipe, out, args.seed)
     else:  # later stages evaluate on the prompts the first stage wrote, whatever their seed
         prompts = read_eval_prompts(out)
+    prompts = first_prompts(prompts, args.eval_prompts)
     if args.stage in ("all", "target", "loops") and recipe.ul_rounds:
         before = target_figures(target, tokenizer, held_ids, prompts, recipe, known)
         target = train_fewer_loops(recipe, target, tokenizer, train_ids, train_files, train_tests, args.seed)
@@ -796,7 +981,8 @@ def main(argv: list[str] | None = None) -> int:
         from dflash.model import DFlashDraftModel
 
         draft = DFlashDraftModel.from_pretrained(out / "draft").eval()
-    metrics = report(target, draft, tokenizer, held_ids, prompts, recipe, out, known, new_tokens=recipe.eval_new_tokens)
+    metrics = (hybrid_report if hybrid else report)(target, draft, tokenizer, held_ids, prompts, recipe, out, known,
+                                                    new_tokens=recipe.eval_new_tokens)
     if (out / "loops_phase.json").exists():  # what the target's loops phase did, written by that stage
         metrics["loops_phase"] = json.loads((out / "loops_phase.json").read_text())
     old = out / "training_report.json"
