@@ -76,17 +76,22 @@ def tree_gated_delta_rule_levels(q: Tensor, k: Tensor, v: Tensor, g: Tensor, bet
     dtype = q.dtype
     q, k, v, g, beta = delta_rule_inputs(q, k, v, g, beta, state, parents, scale, use_qk_l2norm,
                                          "tree_gated_delta_rule_levels")
-    # Flat node rows b * n + i: one index space for every request, so a level is one index_select.
-    k, v = k.reshape(bs * n, HV, Dk), v.reshape(bs * n, HV, Dv)
-    decay, beta = g.exp().reshape(bs * n, HV), beta.reshape(bs * n, HV)
-    parent_row = (parents.clamp(min=0) + torch.arange(bs, device=q.device)[:, None] * n).reshape(-1)  # [bs * n]
-    states = torch.empty(bs * n, HV, Dk, Dv, dtype=torch.float32, device=q.device)
-    for d, rows in enumerate(tree_levels(parents)):  # rows: [m] this depth's nodes, all requests
-        h = state.float() if d == 0 else states.index_select(0, parent_row[rows])  # [m, HV, Dk, Dv]
-        h = h * decay[rows][..., None, None]
-        k_i = k[rows]  # [m, HV, Dk]
-        delta = (v[rows] - (h * k_i[..., None]).sum(-2)) * beta[rows][..., None]  # [m, HV, Dv]
-        states[rows] = h + k_i[..., None] * delta[..., None, :]
+    levels = tree_levels(parents)
+    order = torch.cat(levels)  # [bs * n] flat rows b * n + i, a depth at a time: each level is a slice
+    k = k.reshape(bs * n, HV, Dk).index_select(0, order)
+    v = v.reshape(bs * n, HV, Dv).index_select(0, order)
+    decay, beta = (t.reshape(bs * n, HV).index_select(0, order) for t in (g.exp(), beta))
+    parent_row = (parents.clamp(min=0) + torch.arange(bs, device=q.device)[:, None] * n).reshape(-1)[order]
+    states = torch.empty(bs * n, HV, Dk, Dv, dtype=torch.float32, device=q.device)  # flat rows
+    start = 0
+    for d, rows in enumerate(levels):  # rows: [m] this depth's nodes, all requests
+        at = slice(start, start + len(rows))
+        start = at.stop
+        h = state.float() if d == 0 else states.index_select(0, parent_row[at])  # [m, HV, Dk, Dv]
+        h = h * decay[at, :, None, None]
+        k_i = k[at]  # [m, HV, Dk]
+        delta = (v[at] - (h * k_i[..., None]).sum(-2)) * beta[at, :, None]  # [m, HV, Dv]: what k_i should read
+        states.index_copy_(0, rows, h + k_i[..., None] * delta[..., None, :])
     states = states.reshape(bs, n, HV, Dk, Dv)
     out = (states * q[..., None]).sum(-2)  # [bs, n, HV, Dv]: every node reads its own state
     return out.to(dtype), states
