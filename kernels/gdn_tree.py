@@ -16,7 +16,8 @@ The math is transformers 5.15's ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDelta
 (``causal_conv1d_update``, ``l2norm``, ``torch_recurrent_gated_delta_rule``, the gates in ``gdn_gates``),
 in float32; on a chain (one path) the outputs equal transformers' own conv and recurrent functions
 (``tests/test_gdn_kernels.py``). SGLang's Triton kernels for the same job are in
-``ddtree_kernels.sglang_gdn``; ``ddtree_kernels.dispatch`` chooses between the two.
+``ddtree_kernels.sglang_gdn``; the same functions batched a tree depth at a time (what the "torch" backend
+runs) are in ``ddtree_kernels.gdn_tree_fast``; ``ddtree_kernels.dispatch`` chooses ("torch-oracle" = this file).
 
 Layouts (transformers' own): recurrent state ``[bs, HV, Dk, Dv]``; conv window ``[bs, dim, K-1]``, oldest
 column first. SGLang keeps its state as ``[HV, Dv, Dk]``; ``sglang_gdn`` converts.
