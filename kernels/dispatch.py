@@ -5,6 +5,10 @@
   ``verify_tree_greedy`` on CUDA tensors, its Triton ``verify_tree_greedy_triton``
   (under Triton's interpreter) on CPU tensors.
 - ``sglang-triton``: SGLang's Triton kernel on every device.
+
+The GatedDeltaNet tree kernels (``gdn_tree_*``) read the same names: ``torch`` runs the level-batched path
+(``ddtree_kernels.gdn_tree_fast``), SGLang's names its Triton kernels; they also take ``torch-oracle``, the
+per-node reference (``ddtree_kernels.gdn_tree``), for parity checks and timings (not a session backend).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ddtree_kernels.tree_build import Tree
 from ddtree_kernels.tree_compile import CompiledTree
 
 BACKENDS = ("torch", "sglang", "sglang-triton")
+GDN_ORACLE = "torch-oracle"  # the GDN tree kernels' per-node reference, beside BACKENDS
 
 
 def check_backend(name: str, device=None) -> None:
@@ -66,8 +71,12 @@ def gdn_tree_conv(backend: str, x: Tensor, conv_window: Tensor, weight: Tensor, 
     """A GatedDeltaNet layer's short conv over each tree node's ancestors, through the chosen backend.
 
     x [bs, n, dim]; conv_window [bs, dim, K-1]; weight [dim, K]; parents / next_token / next_sibling int64 [bs, n]
-    (the oracle reads parents, SGLang's kernel the links). -> out [bs, n, dim], windows [bs, n, dim, K-1]."""
+    (the torch paths read parents, SGLang's kernel the links). -> out [bs, n, dim], windows [bs, n, dim, K-1]."""
     if backend == "torch":
+        from ddtree_kernels.gdn_tree_fast import tree_causal_conv1d_levels
+
+        return tree_causal_conv1d_levels(x, conv_window, weight, bias, activation, parents)
+    if backend == GDN_ORACLE:
         from ddtree_kernels.gdn_tree import tree_causal_conv1d
 
         return tree_causal_conv1d(x, conv_window, weight, bias, activation, parents)
@@ -87,6 +96,8 @@ def gdn_tree_delta_rule(backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor
     q, k [bs, n, H, Dk]; v [bs, n, HV, Dv]; g, beta [bs, n, HV]; state [bs, HV, Dk, Dv]; parents int64 [bs, n].
     -> out [bs, n, HV, Dv], states [bs, n, HV, Dk, Dv] float32 (q, k l2-normalised inside, as transformers)."""
     if backend == "torch":
+        from ddtree_kernels.gdn_tree_fast import tree_gated_delta_rule_levels as tree_gated_delta_rule
+    elif backend == GDN_ORACLE:
         from ddtree_kernels.gdn_tree import tree_gated_delta_rule
     elif backend in ("sglang", "sglang-triton"):
         from ddtree_kernels.sglang_gdn import tree_gated_delta_rule
@@ -99,13 +110,13 @@ def gdn_tree_delta_rule(backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor
 def gdn_tree_delta_rule_gated(backend: str, q: Tensor, k: Tensor, v: Tensor, A_log: Tensor, dt_bias: Tensor,
                               a: Tensor, b: Tensor, state: Tensor, parents: Tensor, scale: float | None = None
                               ) -> tuple[Tensor, Tensor]:
-    """``gdn_tree_delta_rule`` from the layer's raw gate inputs (A_log, dt_bias [HV]; a, b [bs, n, HV]): the oracle
-    computes the gates with ``gdn_gates``; SGLang's backends run its fused-gating kernel, as SGLang's GDN
+    """``gdn_tree_delta_rule`` from the layer's raw gate inputs (A_log, dt_bias [HV]; a, b [bs, n, HV]): the torch
+    paths compute the gates with ``gdn_gates``; SGLang's backends run its fused-gating kernel, as SGLang's GDN
     target verify does. -> out [bs, n, HV, Dv], states [bs, n, HV, Dk, Dv] float32."""
-    if backend == "torch":
-        from ddtree_kernels.gdn_tree import gdn_gates, tree_gated_delta_rule
+    if backend in ("torch", GDN_ORACLE):
+        from ddtree_kernels.gdn_tree import gdn_gates
 
-        return tree_gated_delta_rule(q, k, v, *gdn_gates(A_log, dt_bias, a, b), state, parents, scale)
+        return gdn_tree_delta_rule(backend, q, k, v, *gdn_gates(A_log, dt_bias, a, b), state, parents, scale)
     if backend in ("sglang", "sglang-triton"):
         from ddtree_kernels.sglang_gdn import tree_gated_delta_rule_from_gates
 

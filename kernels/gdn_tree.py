@@ -16,7 +16,8 @@ The math is transformers 5.15's ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDelta
 (``causal_conv1d_update``, ``l2norm``, ``torch_recurrent_gated_delta_rule``, the gates in ``gdn_gates``),
 in float32; on a chain (one path) the outputs equal transformers' own conv and recurrent functions
 (``tests/test_gdn_kernels.py``). SGLang's Triton kernels for the same job are in
-``ddtree_kernels.sglang_gdn``; ``ddtree_kernels.dispatch`` chooses between the two.
+``ddtree_kernels.sglang_gdn``; the same functions batched a tree depth at a time (what the "torch" backend
+runs) are in ``ddtree_kernels.gdn_tree_fast``; ``ddtree_kernels.dispatch`` chooses ("torch-oracle" = this file).
 
 Layouts (transformers' own): recurrent state ``[bs, HV, Dk, Dv]``; conv window ``[bs, dim, K-1]``, oldest
 column first. SGLang keeps its state as ``[HV, Dv, Dk]``; ``sglang_gdn`` converts.
@@ -58,6 +59,19 @@ def _check_tree(parents: Tensor, n: int, what: str) -> None:
                          f"got {parents.tolist()[:4]}")
 
 
+def check_conv_inputs(x: Tensor, conv_window: Tensor, weight: Tensor, activation: str | None, parents: Tensor,
+                      what: str) -> None:
+    """One-line ValueErrors for a tree conv's inputs (shared by the oracle and the level-batched path)."""
+    bs, n, dim = x.shape
+    K = weight.shape[-1]
+    if weight.shape != (dim, K) or conv_window.shape != (bs, dim, K - 1):
+        raise ValueError(f"{what}: want x [bs, n, dim], weight [dim, K], conv_window [bs, dim, K-1]; "
+                         f"got x {list(x.shape)}, weight {list(weight.shape)}, conv_window {list(conv_window.shape)}")
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"{what}: activation={activation!r}; want 'silu' or None")
+    _check_tree(parents, n, what)
+
+
 def tree_causal_conv1d(x: Tensor, conv_window: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None,
                        parents: Tensor) -> tuple[Tensor, Tensor]:
     """The short causal conv of a GatedDeltaNet layer over each node's ancestor chain.
@@ -71,12 +85,7 @@ def tree_causal_conv1d(x: Tensor, conv_window: Tensor, weight: Tensor, bias: Ten
     """
     bs, n, dim = x.shape
     K = weight.shape[-1]
-    if weight.shape != (dim, K) or conv_window.shape != (bs, dim, K - 1):
-        raise ValueError(f"tree_causal_conv1d: want x [bs, n, dim], weight [dim, K], conv_window [bs, dim, K-1]; "
-                         f"got x {list(x.shape)}, weight {list(weight.shape)}, conv_window {list(conv_window.shape)}")
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"tree_causal_conv1d: activation={activation!r}; want 'silu' or None")
-    _check_tree(parents, n, "tree_causal_conv1d")
+    check_conv_inputs(x, conv_window, weight, activation, parents, "tree_causal_conv1d")
     rows = torch.arange(bs, device=x.device)
     w = weight.float()
     windows = torch.empty(bs, n, dim, K - 1, dtype=torch.float32, device=x.device)
@@ -103,6 +112,27 @@ def gdn_gates(A_log: Tensor, dt_bias: Tensor, a: Tensor, b: Tensor) -> tuple[Ten
     return g, b.float().sigmoid()
 
 
+def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, parents: Tensor,
+                      scale: float | None, use_qk_l2norm: bool, what: str) -> tuple[Tensor, ...]:
+    """Checks a tree delta rule's inputs (one-line ValueErrors) and prepares them as both tree paths read them:
+    -> q (l2-normalised, scaled), k (l2-normalised) [bs, n, HV, Dk] (key heads repeated per value head),
+    v [bs, n, HV, Dv], g, beta [bs, n, HV], all float32."""
+    bs, n, H, Dk = q.shape
+    HV, Dv = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != (bs, n) or HV % H or g.shape != (bs, n, HV) or beta.shape != g.shape \
+            or state.shape != (bs, HV, Dk, Dv):
+        raise ValueError(
+            f"{what}: want q, k [bs, n, H, Dk], v [bs, n, HV, Dv] (HV % H == 0), g, beta [bs, n, HV], "
+            f"state [bs, HV, Dk, Dv]; got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, g {list(g.shape)}, "
+            f"beta {list(beta.shape)}, state {list(state.shape)}")
+    _check_tree(parents, n, what)
+    if use_qk_l2norm:
+        q, k = l2norm(q.float()), l2norm(k.float())
+    q, k = q.float().repeat_interleave(HV // H, dim=2), k.float().repeat_interleave(HV // H, dim=2)
+    q = q * (Dk ** -0.5 if scale is None else scale)
+    return q, k, v.float(), g.float(), beta.float()
+
+
 def tree_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, parents: Tensor,
                           scale: float | None = None, use_qk_l2norm: bool = True) -> tuple[Tensor, Tensor]:
     """The gated delta rule where each node starts from its parent's state (the root from ``state``).
@@ -115,19 +145,9 @@ def tree_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
     """
     bs, n, H, Dk = q.shape
     HV, Dv = v.shape[2], v.shape[3]
-    if k.shape != q.shape or v.shape[:2] != (bs, n) or HV % H or g.shape != (bs, n, HV) or beta.shape != g.shape \
-            or state.shape != (bs, HV, Dk, Dv):
-        raise ValueError(
-            f"tree_gated_delta_rule: want q, k [bs, n, H, Dk], v [bs, n, HV, Dv] (HV % H == 0), g, beta [bs, n, HV], "
-            f"state [bs, HV, Dk, Dv]; got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, g {list(g.shape)}, "
-            f"beta {list(beta.shape)}, state {list(state.shape)}")
-    _check_tree(parents, n, "tree_gated_delta_rule")
     dtype = q.dtype
-    if use_qk_l2norm:
-        q, k = l2norm(q.float()), l2norm(k.float())
-    q, k = q.float().repeat_interleave(HV // H, dim=2), k.float().repeat_interleave(HV // H, dim=2)
-    q = q * (Dk ** -0.5 if scale is None else scale)
-    v, g, beta = v.float(), g.float(), beta.float()
+    q, k, v, g, beta = delta_rule_inputs(q, k, v, g, beta, state, parents, scale, use_qk_l2norm,
+                                         "tree_gated_delta_rule")
     rows = torch.arange(bs, device=q.device)
     states = torch.empty(bs, n, HV, Dk, Dv, dtype=torch.float32, device=q.device)
     out = torch.empty(bs, n, HV, Dv, dtype=torch.float32, device=q.device)

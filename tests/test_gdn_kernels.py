@@ -1,5 +1,6 @@
-"""GatedDeltaNet tree verify: the torch oracle against SGLang's Triton kernels (interpreter on CPU) on random
-trees, and the oracle on a chain against transformers' own conv and delta-rule functions."""
+"""GatedDeltaNet tree verify: the torch oracle against SGLang's Triton kernels (interpreter on CPU) and against
+the level-batched torch path on random trees, and the oracle on a chain against transformers' own conv and
+delta-rule functions."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,6 +12,7 @@ from ddtree_kernels import Tree, build_tree, chain_tree, compile_tree
 from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule, gdn_tree_delta_rule_gated
 from ddtree_kernels.gdn_tree import (commit_nodes, gdn_gates, parents_from_links, tree_causal_conv1d,
                                     tree_gated_delta_rule)
+from ddtree_kernels.gdn_tree_fast import tree_causal_conv1d_levels, tree_gated_delta_rule_levels, tree_levels
 
 needs_sglang = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -250,7 +252,104 @@ def test_sglang_fused_gating_delta_rule_equals_oracle(name, shape):
     a, b = torch.randn(bs, n, HV, generator=g) * 3, torch.randn(bs, n, HV, generator=g) * 3
     a[0, 0, 0] = 25.0  # softplus(x) = x above 20, in torch and in the kernel
     A_log, dt_bias, state = torch.randn(HV, generator=g), torch.randn(HV, generator=g), torch.randn(bs, HV, Dk, Dv)
-    ref = gdn_tree_delta_rule_gated("torch", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
+    ref = gdn_tree_delta_rule_gated("torch-oracle", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
     got = gdn_tree_delta_rule_gated("sglang-triton", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
     assert (got[0] - ref[0]).abs().max() < 1e-5
     assert (got[1] - ref[1]).abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------ the level-batched torch path == the oracle
+def padded_tree(seed: int) -> Tree:
+    """bs 3 padded to 10 nodes as a verify sees a batch (``HybridGDN.verify``): row 1 has 4 real nodes, row 2
+    only its root; their padding nodes hang off the root."""
+    tree = random_tree(seed, 3, 10)
+    parents, depth = tree.parents.clone(), tree.depth.clone()
+    for row, real in ((1, 4), (2, 1)):
+        parents[row, real:], depth[row, real:] = 0, 1
+    return Tree(tree.tokens, parents, depth, tree.rank, tree.score)
+
+
+def branching_tree(bs: int, n: int) -> Tree:
+    """Binary heap shape (node i's parent (i - 1) // 2): every level branches, depth log2(n)."""
+    parents = ((torch.arange(n) - 1) // 2).expand(bs, n).clone()
+    parents[:, 0] = -1
+    depth = (torch.arange(n) + 1).float().log2().floor().long().expand(bs, n).clone()
+    zeros = torch.zeros(bs, n, dtype=torch.long)
+    return Tree(zeros, parents, depth, zeros, zeros.float())
+
+
+FAST_TREES = {**TREES, "random-bs2-n33": random_tree(7, 2, 33), "padded-bs3-n10": padded_tree(4),
+              "branching-bs2-n15": branching_tree(2, 15),
+              "single-bs1-n1": chain_tree(torch.zeros(1, 0, dtype=torch.long), torch.tensor([4]))}
+
+
+@pytest.mark.parametrize("name", list(FAST_TREES))
+def test_tree_levels_group_every_node_by_its_depth(name):
+    tree = FAST_TREES[name]
+    bs, n = tree.parents.shape
+    levels = tree_levels(tree.parents)
+    assert len(levels) == int(tree.depth.max()) + 1
+    flat_depth = tree.depth.reshape(-1)
+    assert torch.equal(torch.cat(levels).sort().values, torch.arange(bs * n))  # each node exactly once
+    for d, rows in enumerate(levels):
+        assert bool((flat_depth[rows] == d).all()), (name, d)
+
+
+@pytest.mark.parametrize("name", list(FAST_TREES))
+@pytest.mark.parametrize("K,ties", [(4, False), (4, True), (3, False), (2, True), (1, False)])
+def test_level_conv_equals_oracle(name, K, ties):
+    """The one-shot conv (ancestor hops + committed window) == the per-node oracle: outputs and every window,
+    with silu and without; the "torch" backend runs it, "torch-oracle" the oracle."""
+    tree = FAST_TREES[name]
+    x, win, w, b = conv_inputs(K + 10, tree, 12, K, ties)
+    for act, bias in (("silu", b), (None, None)):
+        ref_out, ref_win = tree_causal_conv1d(x, win, w, bias, act, tree.parents)
+        out, windows = tree_causal_conv1d_levels(x, win, w, bias, act, tree.parents)
+        assert (out - ref_out).abs().max() < 1e-6, (name, act)
+        assert torch.equal(windows, ref_win)  # windows hold inputs, gathered, never computed
+    c = compile_tree(tree, 0)
+    links = (tree.parents, c.retrieve_next_token, c.retrieve_next_sibling)
+    assert torch.equal(gdn_tree_conv("torch", x, win, w, b, "silu", *links)[0],
+                       tree_causal_conv1d_levels(x, win, w, b, "silu", tree.parents)[0])
+    assert torch.equal(gdn_tree_conv("torch-oracle", x, win, w, b, "silu", *links)[0],
+                       tree_causal_conv1d(x, win, w, b, "silu", tree.parents)[0])
+
+
+@pytest.mark.parametrize("name", list(FAST_TREES))
+@pytest.mark.parametrize("shape,ties", [((1, 2, 4, 8), False), ((1, 2, 4, 8), True), ((2, 4, 8, 4), False),
+                                        ((1, 1, 6, 4), False)])
+def test_level_delta_rule_equals_oracle(name, shape, ties):
+    """Depth-at-a-time delta rule == the per-node oracle: outputs and every node's state; and through the
+    dispatch (g, beta given, and from the raw gates)."""
+    tree = FAST_TREES[name]
+    q, k, v, g, beta, state = delta_inputs(sum(shape) + 20, tree, *shape, ties)
+    ref_out, ref_states = tree_gated_delta_rule(q, k, v, g, beta, state, tree.parents)
+    out, states = tree_gated_delta_rule_levels(q, k, v, g, beta, state, tree.parents)
+    assert (out - ref_out).abs().max() < 1e-6, name
+    assert (states - ref_states).abs().max() < 1e-6, name
+    assert torch.equal(gdn_tree_delta_rule("torch", q, k, v, g, beta, state, tree.parents)[1], states)
+    HV = shape[1]
+    gen = torch.Generator().manual_seed(9)
+    A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)
+    a, b = torch.randn(*g.shape, generator=gen), torch.randn(*g.shape, generator=gen)
+    fast = gdn_tree_delta_rule_gated("torch", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
+    oracle = gdn_tree_delta_rule_gated("torch-oracle", q, k, v, A_log, dt_bias, a, b, state, tree.parents)
+    assert (fast[0] - oracle[0]).abs().max() < 1e-6 and (fast[1] - oracle[1]).abs().max() < 1e-6
+
+
+def test_level_path_leaves_its_inputs_alone_and_rejects_what_the_oracle_rejects():
+    tree = FAST_TREES["padded-bs3-n10"]
+    x, win, w, b = conv_inputs(0, tree, 6, 4, False)
+    q, k, v, g, beta, state = delta_inputs(0, tree, 1, 2, 4, 4, False)
+    before = [t.clone() for t in (x, win, q, k, v, g, beta, state)]
+    tree_causal_conv1d_levels(x, win, w, b, "silu", tree.parents)
+    tree_gated_delta_rule_levels(q, k, v, g, beta, state, tree.parents)
+    assert all(torch.equal(s, t) for s, t in zip(before, (x, win, q, k, v, g, beta, state)))
+    bad = tree.parents.clone()
+    bad[0, 2] = 3  # a parent after its child
+    with pytest.raises(ValueError, match="tree_causal_conv1d_levels: parents must be -1 at the root"):
+        tree_causal_conv1d_levels(x, win, w, b, "silu", bad)
+    with pytest.raises(ValueError, match="tree_gated_delta_rule_levels: parents must be -1 at the root"):
+        tree_gated_delta_rule_levels(q, k, v, g, beta, state, bad)
+    with pytest.raises(ValueError, match=r"tree_gated_delta_rule_levels: want q, k"):
+        tree_gated_delta_rule_levels(q, k, v[:, :, :1], g, beta, state, tree.parents)  # HV 1 != g's 2
