@@ -12,7 +12,7 @@ transformers' state layout).
 - Tree verify (TARGET_VERIFY) and decode: a recurrent layer takes no mask, so each linear layer runs
   ``gdn_layer_tree_forward`` instead: every node convolves its ancestor chain and starts from its
   parent's state (the root from the request's committed state), through the session's kernel backend
-  (the torch oracle, or SGLang's Triton kernels). Each node's window and state are kept as scratch
+  (torch's level-batched path, checked against the per-node oracle, or SGLang's Triton kernels). Each node's window and state are kept as scratch
   (SGLang's ``intermediate_conv_window`` / ``intermediate_states_buffer``); committed state is untouched.
 - Commit: the deepest accepted node's window and state become the request's (SGLang's
   ``update_mamba_state_after_mtp_verify``); the attention K/V compacts as for a dense target. Nothing is
@@ -172,8 +172,8 @@ class HybridGDN:
     """``TargetState`` of a hybrid target: ``KVBuffers`` + ``PrefixMask`` for the attention layers, a conv
     window and a recurrent state per request for each linear-attention layer.
 
-    ``kernel_backend`` (set by the cycle from the session's setting before each verify): "torch" (the
-    oracle), "sglang" or "sglang-triton" (SGLang's Triton tree kernels) for the linear layers.
+    ``kernel_backend`` (set by the cycle from the session's setting before each verify): "torch" (level by
+    level, kernels/gdn_tree_fast.py), "sglang" or "sglang-triton" (SGLang's Triton tree kernels) for the linear layers.
     """
 
     def __init__(self, models, capture=None, rows: int = 0):
