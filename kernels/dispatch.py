@@ -58,3 +58,57 @@ def accept(backend: str, tree: Tree, compiled: CompiledTree, choice: Tensor, max
         return Accepted(local, num, bonus)
     check_backend(backend)
     raise AssertionError("unreachable")
+
+
+def gdn_tree_conv(backend: str, x: Tensor, conv_window: Tensor, weight: Tensor, bias: Tensor | None,
+                  activation: str | None, parents: Tensor, next_token: Tensor, next_sibling: Tensor
+                  ) -> tuple[Tensor, Tensor]:
+    """A GatedDeltaNet layer's short conv over each tree node's ancestors, through the chosen backend.
+
+    x [bs, n, dim]; conv_window [bs, dim, K-1]; weight [dim, K]; parents / next_token / next_sibling int64 [bs, n]
+    (the oracle reads parents, SGLang's kernel the links). -> out [bs, n, dim], windows [bs, n, dim, K-1]."""
+    if backend == "torch":
+        from ddtree_kernels.gdn_tree import tree_causal_conv1d
+
+        return tree_causal_conv1d(x, conv_window, weight, bias, activation, parents)
+    if backend in ("sglang", "sglang-triton"):  # one Triton kernel for both: SGLang has no other for trees
+        from ddtree_kernels.sglang_gdn import tree_causal_conv1d
+
+        out, windows, _ = tree_causal_conv1d(x, conv_window, weight, bias, activation, next_token, next_sibling)
+        return out, windows
+    check_backend(backend)
+    raise AssertionError("unreachable")
+
+
+def gdn_tree_delta_rule(backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                        parents: Tensor, scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """The gated delta rule from each tree node's parent state, through the chosen backend.
+
+    q, k [bs, n, H, Dk]; v [bs, n, HV, Dv]; g, beta [bs, n, HV]; state [bs, HV, Dk, Dv]; parents int64 [bs, n].
+    -> out [bs, n, HV, Dv], states [bs, n, HV, Dk, Dv] float32 (q, k l2-normalised inside, as transformers)."""
+    if backend == "torch":
+        from ddtree_kernels.gdn_tree import tree_gated_delta_rule
+    elif backend in ("sglang", "sglang-triton"):
+        from ddtree_kernels.sglang_gdn import tree_gated_delta_rule
+    else:
+        check_backend(backend)
+        raise AssertionError("unreachable")
+    return tree_gated_delta_rule(q, k, v, g, beta, state, parents, scale)
+
+
+def gdn_tree_delta_rule_gated(backend: str, q: Tensor, k: Tensor, v: Tensor, A_log: Tensor, dt_bias: Tensor,
+                              a: Tensor, b: Tensor, state: Tensor, parents: Tensor, scale: float | None = None
+                              ) -> tuple[Tensor, Tensor]:
+    """``gdn_tree_delta_rule`` from the layer's raw gate inputs (A_log, dt_bias [HV]; a, b [bs, n, HV]): the oracle
+    computes the gates with ``gdn_gates``; SGLang's backends run its fused-gating kernel, as SGLang's GDN
+    target verify does. -> out [bs, n, HV, Dv], states [bs, n, HV, Dk, Dv] float32."""
+    if backend == "torch":
+        from ddtree_kernels.gdn_tree import gdn_gates, tree_gated_delta_rule
+
+        return tree_gated_delta_rule(q, k, v, *gdn_gates(A_log, dt_bias, a, b), state, parents, scale)
+    if backend in ("sglang", "sglang-triton"):
+        from ddtree_kernels.sglang_gdn import tree_gated_delta_rule_from_gates
+
+        return tree_gated_delta_rule_from_gates(q, k, v, A_log, dt_bias, a, b, state, parents, scale)
+    check_backend(backend)
+    raise AssertionError("unreachable")

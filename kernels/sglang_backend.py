@@ -14,6 +14,7 @@ imported (``@triton.jit`` reads it at definition time), and never on a CUDA mach
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
@@ -43,24 +44,71 @@ def kernel_name(backend: str, device) -> str:
     return f"{TRITON_KERNEL} ({where})"
 
 
+def import_triton_module(name: str, device):
+    """Import the sglang module ``name`` so that its Triton kernels run on tensors of ``device``:
+    under Triton's interpreter when that is a CPU (``TRITON_INTERPRET=1`` before the module is first
+    imported, since ``@triton.jit`` reads it at definition time), natively otherwise."""
+    if torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if name in sys.modules:
+            raise RuntimeError(
+                f"{name} was imported without TRITON_INTERPRET=1, so its Triton kernels cannot run on the CPU; "
+                "import workbench before sglang, or set TRITON_INTERPRET=1"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _interpreter_fixes()
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise RuntimeError(f"kernel backend 'sglang' is unavailable ({e}); {INSTALL_HINT}") from e
+
+
+_fixed = False
+
+
+def _interpreter_fixes() -> None:
+    """Two things Triton 3.9's interpreter gets wrong for SGLang's mamba / FLA kernels (never used natively):
+
+    - ``triton.language`` helpers that are themselves ``@jit`` functions (``tl.zeros``, ``tl.sum``, ...)
+      stay compiled-only when triton was imported before ``TRITON_INTERPRET=1`` was set, which happens
+      whenever a transformers model class is imported first (``torch._dynamo`` imports triton), and a
+      kernel calling one fails with "Cannot call @triton.jit'd outside of the scope of a kernel". Wrap them
+      as the interpreter would have.
+    - a comparison keeps its operands' dtype tag on a bool array, so splatting a scalar comparison to a
+      block (``(slot < num_cache_lines) & mask_2d`` in ``causal_conv1d_update``) makes an int64 mask and
+      ``tl.load`` fails with "mask has unsupported dtype". Keep splatted bools bool.
+    """
+    global _fixed
+    if _fixed:
+        return
+    import numpy as np
+    import triton.language as tl
+    import triton.language.standard as standard
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    for mod in (tl, standard, tl.math):
+        for attr, value in list(vars(mod).items()):
+            if isinstance(value, JITFunction):
+                setattr(mod, attr, interpreter.InterpretedFunction(value.fn))
+    splat = interpreter.InterpreterBuilder.create_splat
+
+    def create_splat(self, ret_ty, arg):
+        out = splat(self, ret_ty, arg)
+        if arg.data.dtype == np.bool_ and out.data.dtype != np.bool_:
+            out = interpreter.TensorHandle(out.data.astype(np.bool_), out.dtype)
+        return out
+
+    interpreter.InterpreterBuilder.create_splat = create_splat
+    _fixed = True
+
+
 def load_spec_tree(device: torch.device):
     """Import sglang's spec_tree, under the Triton interpreter when the tensors live on a CPU."""
     global _spec_tree
-    if _spec_tree is not None:
-        return _spec_tree
-    if torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        if "sglang.kernels.ops.speculative.spec_tree" in sys.modules:
-            raise RuntimeError(
-                "sglang's spec_tree was imported without TRITON_INTERPRET=1, so its Triton kernels "
-                "cannot run on the CPU; import workbench before sglang, or set TRITON_INTERPRET=1"
-            )
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from sglang.kernels.ops.speculative import spec_tree
-    except ImportError as e:
-        raise RuntimeError(f"kernel backend 'sglang' is unavailable ({e}); {INSTALL_HINT}") from e
-    _spec_tree = spec_tree
-    return spec_tree
+    if _spec_tree is None:
+        _spec_tree = import_triton_module("sglang.kernels.ops.speculative.spec_tree", device)
+    return _spec_tree
 
 
 def nvcc_path() -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from workbench.shapes import sglang_layout
 from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_installed
+from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.contracts import _target_record, ancestor_matrix, check_contracts
 from workbench.shapes.plan import CONFIGS, ShapePlan, plan
 from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
@@ -32,4 +33,5 @@ __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePl
            "sglang_forward_modes", "sglang_layout", "table"]
 
 # Kept importable under their old names (workbench/shapes.py was one module).
+__all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]  # issue 25: roofline cost
 __all__ += ["CONFIGS", "_target_record", "ancestor_matrix", "fmt_bytes"]

@@ -9,6 +9,7 @@ NOTEBOOK_STACK = "pip install plotly ipywidgets anywidget"
 
 try:
     from workbench.views.analysis_figures import budget_needed_figure, policy_compare_figure, reliability_figure
+    from workbench.views.cost_figures import speedup_figure, verify_cost_figure
     from workbench.views.export import save_html, to_html
     from workbench.views.figures import (
         acceptance_figure, budget_sweep_figure, draft_heatmap, mask_figure, node_outcomes, stage_times_figure, token_stream, token_text,
@@ -28,3 +29,4 @@ __all__ = [
     "stage_times_figure", "to_html", "token_stream", "token_text", "tree_figure", "tree_layout", "tree_node_count",
     "visible", "write_report", "budget_needed_figure", "policy_compare_figure", "reliability_figure",
 ]
+__all__ += ["speedup_figure", "verify_cost_figure"]  # issue 25: roofline cost

@@ -1,0 +1,601 @@
+"""What a forward costs on a GPU, from configs alone: FLOPs, bytes moved, arithmetic intensity, roofline time.
+
+    c = wb.shapes.cost("qwen3-8b", gpu="H200", batch=1, prompt_len=512, budgets=[16, 64, 256],
+                       draft_config="qwen3-8b-dflash-b16")
+    c.rows            # EXTEND, DECODE, TARGET_VERIFY per budget, the drafter's block: flops, bytes, seconds, bound
+    c.free_budget     # largest budget whose verify costs at most 1.1x the DECODE forward
+    c.speedup({16: 4.1, 64: 4.9})   # tau per budget (or wb.analysis.budget_needed(trace)) -> predicted speedup
+
+FLOPs are counted the way ``torch.utils.flop_counter.FlopCounterMode`` counts a Hugging Face forward:
+2 per multiply-add of every matmul (weights, LM head on the kept rows, the rotary embedding's
+``inv_freq @ positions``) and 4 x heads x head_dim per (query, key) pair of attention, the mask not
+subtracted (a tree's masked-out pairs are still computed by a dense-mask kernel). Bytes: weights read
+once per forward (for MoE only the experts the batch's tokens touch), the KV cache read and the new
+tokens' KV written, recurrent state read and written (hybrids), embedding rows gathered and logits
+written; activations are left out (they stay on chip at these token counts). Roofline time =
+max(FLOPs / peak FLOP/s, bytes / bandwidth).
+
+Families (a small function each, from the config dict): dense Qwen3 / Llama; Qwen3-MoE; DeepSeek-V3 /
+Kimi-K2 MLA (absorbed form in DECODE and TARGET_VERIFY, as SGLang runs them; KV = the 576-wide latent);
+Qwen3-Next / Qwen3.5 hybrids (GatedDeltaNet layers carry a recurrent state; a tree verify writes one
+intermediate state per node, as SGLang's tree kernels do).
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.shapes.plan import CONFIGS
+
+GPUS_FILE = Path(__file__).resolve().parent / "gpus.json"
+FREE_FACTOR = 1.1  # a verify is "free" while its roofline time stays within 10% of one DECODE forward
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1, "fp8": 1}
+SSM_STATE_BYTES = 4  # SGLang keeps GatedDeltaNet's recurrent state in float32 by default (mamba2_state_dtype)
+
+
+# --------------------------------------------------------------------------------------------------------- GPUs
+@dataclass(frozen=True)
+class Gpu:
+    """A roofline: peak dense bf16 tensor FLOP/s and memory bandwidth in bytes/s."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    source: str = ""
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte above which a forward is compute-bound."""
+        return self.flops / self.bandwidth
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def gpus() -> dict[str, Gpu]:
+    """The GPUs shipped as data (workbench/shapes/gpus.json), by name."""
+    data = json.loads(GPUS_FILE.read_text())
+    return {k: Gpu(k, float(v["flops"]), float(v["bandwidth"]), v.get("source", ""))
+            for k, v in data.items() if not k.startswith("_")}
+
+
+def resolve_gpu(gpu) -> Gpu:
+    """A Gpu from a shipped name (case, spaces and dashes ignored), a Gpu, or a (flops, bandwidth) pair."""
+    if isinstance(gpu, Gpu):
+        return gpu
+    if isinstance(gpu, (tuple, list)):
+        if len(gpu) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in gpu):
+            raise ValueError(f"gpu={gpu!r}: a custom GPU is (peak FLOP/s, bandwidth in bytes/s), two positive numbers")
+        return Gpu(f"custom ({gpu[0]:.3g} FLOP/s, {gpu[1]:.3g} B/s)", float(gpu[0]), float(gpu[1]))
+    if not isinstance(gpu, str):
+        raise ValueError(f"gpu={gpu!r} must be a GPU name or (flops, bandwidth)")
+    data = json.loads(GPUS_FILE.read_text())
+    known = {k: v for k, v in data.items() if not k.startswith("_")}
+    for k, v in known.items():
+        if _norm(gpu) in {_norm(k), *(_norm(a) for a in v.get("aliases", ()))}:
+            return gpus()[k]
+    raise ValueError(f"unknown gpu={gpu!r}; known: {', '.join(known)}; or pass gpu=(flops, bandwidth)")
+
+
+# ------------------------------------------------------------------------------------------------ model facts
+@dataclass(frozen=True)
+class Layer:
+    """One decoder layer's cost facts. Counts are elements (parameters, cached values), not bytes."""
+
+    kind: str  # "attention", "mla" or "linear" (GatedDeltaNet)
+    matmul_params: int  # weights used as matmul operands by every token (2 FLOPs each per token)
+    other_params: int = 0  # norms, biases, per-head scalars: read, no matmul FLOPs
+    experts: int = 0  # routed experts (0: dense MLP, counted in matmul_params)
+    topk: int = 0  # experts per token
+    expert_params: int = 0  # one routed expert's weights
+    kv_per_token: int = 0  # cached elements per token (K and V, or MLA's latent + rope key)
+    pair_flops: int = 0  # FLOPs per (query, key) pair per request in DECODE / TARGET_VERIFY
+    pair_flops_extend: int = 0  # in EXTEND (MLA prefills in the decompressed, multi-head form)
+    token_flops: int = 0  # per-token FLOPs outside weight matmuls (the delta rule's state products)
+    state_elems: int = 0  # recurrent state per request (float32)
+    conv_elems: int = 0  # causal-conv window per request (model dtype)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A model reduced to what its cost needs."""
+
+    name: str
+    family: str
+    hidden: int
+    vocab: int
+    layers: tuple
+    rope_dim: int  # rotary dims: HF's rotary embedding costs rope_dim FLOPs per position (inv_freq @ positions)
+    tied: bool
+    head_params: int  # final norm (+ the LM head unless tied)
+    max_positions: int | None = None
+    draft: dict | None = None  # DFlash drafter: {"context_features": F, "block_size": B}
+
+    @property
+    def params(self) -> int:
+        """Every weight: embedding, layers (all experts), final norm, LM head."""
+        body = sum(L.matmul_params + L.other_params + L.experts * L.expert_params for L in self.layers)
+        return (0 if self.draft else self.vocab * self.hidden) + body + self.head_params + self._fc
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token uses: routed experts counted topk times (embedding and LM head included)."""
+        body = sum(L.matmul_params + L.other_params + L.topk * L.expert_params for L in self.layers)
+        return (0 if self.draft else self.vocab * self.hidden) + body + self.head_params + self._fc
+
+    @property
+    def _fc(self) -> int:
+        return self.draft["context_features"] * self.hidden if self.draft else 0
+
+    @property
+    def kv_per_token(self) -> int:
+        return sum(L.kv_per_token for L in self.layers)
+
+
+def load_config(config, what: str = "target") -> dict:
+    """A config dict from a dict, a path (file or directory with config.json) or a shipped config's name."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if not isinstance(config, (str, Path)):
+        raise ValueError(f"{what} config {config!r} must be a dict, a path or a shipped config name")
+    p = Path(config)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        shipped = CONFIGS / f"{Path(str(config)).stem}.json"
+        if not shipped.is_file():
+            names = ", ".join(sorted(q.stem for q in CONFIGS.glob("*.json")))
+            raise ValueError(f"{what} config {config!s} is not a file, a directory with config.json, or a shipped "
+                             f"config ({names})")
+        p = shipped
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} config {p} is not valid JSON ({e})") from None
+
+
+def _need(cfg: dict, *keys):
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise ValueError(f"{cfg.get('model_type')} config lacks {', '.join(map(repr, missing))}, needed for its cost")
+    return [cfg[k] for k in keys]
+
+
+def _rope_fraction(cfg: dict) -> float:
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return float(cfg.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0)) or 1.0)
+
+
+def _gqa(cfg: dict, gated_q: bool = False, qk_norm: bool = True) -> Layer:
+    """Softmax attention with grouped K/V heads (Qwen3, Llama; Qwen3-Next's gated full attention)."""
+    H, hq = _need(cfg, "hidden_size", "num_attention_heads")
+    hkv = cfg.get("num_key_value_heads") or hq
+    d = cfg.get("head_dim") or H // hq
+    q_out = hq * d * (2 if gated_q else 1)  # a gated attention's q_proj also emits the output gate
+    mm = H * q_out + 2 * H * hkv * d + hq * d * H
+    bias = (q_out + 2 * hkv * d + H) if cfg.get("attention_bias") else 0
+    other = 2 * H + (2 * d if qk_norm else 0) + bias  # input / post-attention norms, q_norm and k_norm
+    return Layer("attention", mm, other, kv_per_token=2 * hkv * d, pair_flops=4 * hq * d, pair_flops_extend=4 * hq * d)
+
+
+def _dense_mlp(H: int, inter: int, bias: bool = False) -> tuple[int, int]:
+    return 3 * H * inter, (2 * inter + H if bias else 0)
+
+
+def _with_mlp(att: Layer, mm: int = 0, other: int = 0, experts: int = 0, topk: int = 0, expert: int = 0) -> Layer:
+    return Layer(att.kind, att.matmul_params + mm, att.other_params + other, experts, topk, expert, att.kv_per_token,
+                 att.pair_flops, att.pair_flops_extend, att.token_flops, att.state_elems, att.conv_elems)
+
+
+def _dense(cfg: dict) -> tuple[list, int]:
+    """Qwen3 / Llama: GQA attention and a SwiGLU MLP in every layer."""
+    H, I, n = _need(cfg, "hidden_size", "intermediate_size", "num_hidden_layers")
+    qk_norm = cfg.get("model_type") != "llama"
+    mm, other = _dense_mlp(H, I, bool(cfg.get("mlp_bias")))
+    layer = _with_mlp(_gqa(cfg, qk_norm=qk_norm), mm, other)
+    return [layer] * n, _rot(cfg)
+
+
+def _rot(cfg: dict) -> int:
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return int(d * _rope_fraction(cfg))
+
+
+def _moe_mlp(cfg: dict, i: int) -> dict:
+    """Qwen-style MoE block of layer i (router + experts + optional gated shared expert), or a dense MLP."""
+    H = cfg["hidden_size"]
+    E = cfg.get("num_experts") or 0
+    sparse = E and i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % (cfg.get("decoder_sparse_step") or 1) == 0
+    if not sparse:
+        return {"mm": 3 * H * _need(cfg, "intermediate_size")[0]}
+    k, Im = _need(cfg, "num_experts_per_tok", "moe_intermediate_size")
+    Is = cfg.get("shared_expert_intermediate_size") or 0
+    shared = 3 * H * Is + (H if Is else 0)  # a shared expert and its sigmoid gate (Linear H -> 1)
+    return {"mm": E * H + shared, "experts": E, "topk": k, "expert": 3 * H * Im}
+
+
+def _qwen_moe(cfg: dict) -> tuple[list, int]:
+    n = _need(cfg, "num_hidden_layers")[0]
+    att = _gqa(cfg)
+    return [_with_mlp(att, **_moe_mlp(cfg, i)) for i in range(n)], _rot(cfg)
+
+
+def _mla(cfg: dict) -> tuple[list, int]:
+    """DeepSeek-V3 / Kimi-K2: multi-head latent attention and DeepSeek MoE (first_k_dense_replace dense layers)."""
+    H, hq, n, r, rope, nope, v = _need(cfg, "hidden_size", "num_attention_heads", "num_hidden_layers", "kv_lora_rank",
+                                       "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    ql = cfg.get("q_lora_rank")
+    qk = nope + rope
+    q_mm = (H * ql + ql * hq * qk) if ql else H * hq * qk
+    # kv_b_proj [r -> hq (nope + v)]: absorbed into q and o per token in decode/verify, applied to the
+    # new tokens in extend; either way 2 FLOPs per weight per token.
+    mm = q_mm + H * (r + rope) + r * hq * (nope + v) + hq * v * H
+    other = 2 * H + (ql or 0) + r + ((ql or hq * qk) + r + rope + H if cfg.get("attention_bias") else 0)
+    att = Layer("mla", mm, other, kv_per_token=r + rope,
+                pair_flops=2 * hq * (r + rope) + 2 * hq * r,  # scores over the latent + rope key; values = latent
+                pair_flops_extend=2 * hq * qk + 2 * hq * v)  # decompressed multi-head attention
+    E, k, Im = _need(cfg, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+    shared = (cfg.get("n_shared_experts") or 0) * 3 * H * Im
+    first_dense = cfg.get("first_k_dense_replace") or 0
+    freq = cfg.get("moe_layer_freq") or 1
+    layers = []
+    for i in range(n):
+        if i < first_dense or i % freq:
+            layers.append(_with_mlp(att, 3 * H * _need(cfg, "intermediate_size")[0]))
+        else:  # router weight [E, H] (its [E] score-correction bias is a buffer: left out)
+            layers.append(_with_mlp(att, E * H + shared, 0, E, k, 3 * H * Im))
+    return layers, rope
+
+
+def _hybrid(cfg: dict) -> tuple[list, int]:
+    """Qwen3-Next / Qwen3.5: GatedDeltaNet linear attention interleaved with gated full attention."""
+    H, n = _need(cfg, "hidden_size", "num_hidden_layers")
+    nk, nv, dk, dv = _need(cfg, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                           "linear_value_head_dim")
+    K = cfg.get("linear_conv_kernel_dim") or 4
+    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % (cfg.get("full_attention_interval") or 4)
+                                       else "full_attention" for i in range(n)]
+    if len(types) != n:
+        raise ValueError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+    conv_dim = 2 * nk * dk + nv * dv
+    # in_proj (q, k, v, z and the b, a gates) + out_proj + the depthwise conv (2 FLOPs per weight per token too)
+    lin_mm = H * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * H + conv_dim * K
+    lin = Layer("linear", lin_mm, 2 * H + 2 * nv + dv,  # norms, dt_bias, A_log, the gated output norm
+                token_flops=6 * nv * dk * dv,  # per token: S^T k, the rank-1 state update, S^T q (2 dk dv each)
+                state_elems=nv * dk * dv, conv_elems=(K - 1) * conv_dim)
+    full = _gqa(cfg, gated_q=True)
+    layers = []
+    for i, t in enumerate(types):
+        base = full if t == "full_attention" else lin
+        if t not in ("full_attention", "linear_attention"):
+            raise ValueError(f"layer_types[{i}]={t!r}: expected 'full_attention' or 'linear_attention'")
+        layers.append(_with_mlp(base, **_moe_mlp(cfg, i)))
+    return layers, _rot(cfg)
+
+
+FAMILIES = {"qwen3": ("dense", _dense), "llama": ("dense", _dense), "qwen3_moe": ("moe", _qwen_moe),
+            "deepseek_v3": ("mla", _mla), "kimi_k2": ("mla", _mla), "qwen3_next": ("hybrid", _hybrid),
+            "qwen3_5": ("hybrid", _hybrid), "qwen3_5_text": ("hybrid", _hybrid),
+            "qwen3_5_moe": ("hybrid", _hybrid), "qwen3_5_moe_text": ("hybrid", _hybrid)}
+
+
+def arch(config, what: str = "target") -> Arch:
+    """A config (dict, path or shipped name) reduced to its cost facts; a nested ``text_config`` is unwrapped."""
+    cfg = load_config(config, what)
+    name = cfg.get("_name") or (Path(str(config)).stem if not isinstance(config, Mapping) else
+                                (cfg.get("architectures") or [cfg.get("model_type", "model")])[0])
+    if isinstance(cfg.get("text_config"), Mapping):  # Qwen3.5 / Kimi-K2.5 wrap the language model
+        cfg = {"model_type": cfg.get("model_type"), **cfg["text_config"]}
+    mt = cfg.get("model_type")
+    if mt not in FAMILIES:
+        raise ValueError(f"{what} config model_type={mt!r} is not a family cost() knows ({', '.join(FAMILIES)})")
+    family, build = FAMILIES[mt]
+    layers, rope_dim = build(cfg)
+    H, V = _need(cfg, "hidden_size", "vocab_size")
+    draft = None
+    if "DFlash" in " ".join(cfg.get("architectures") or []) or cfg.get("dflash_config"):
+        ids = (cfg.get("dflash_config") or {}).get("target_layer_ids", cfg.get("target_layer_ids"))
+        if ids is None:
+            raise ValueError(f"{what} config is a DFlash drafter without target_layer_ids")
+        block = (cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size", 16))
+        draft = {"context_features": len(ids) * H, "block_size": int(block)}
+        family = "dflash"
+    tied = bool(cfg.get("tie_word_embeddings")) and draft is None
+    # a drafter owns no embedding and no LM head (it uses the target's): its head is the final norm + fc's norm
+    head = H + (0 if tied or draft else V * H) + (H if draft else 0)
+    return Arch(name, family, H, V, tuple(layers), rope_dim, tied, head, cfg.get("max_position_embeddings"), draft)
+
+
+# ------------------------------------------------------------------------------------------------ forward cost
+def experts_touched(experts: int, topk: int, tokens: int) -> float:
+    """Expected distinct experts that ``tokens`` tokens route to, each picking ``topk`` of ``experts``
+    uniformly (a balanced router): E (1 - (1 - k/E)^tokens). Exactly k for one token."""
+    if not experts:
+        return 0.0
+    return experts * (1.0 - (1.0 - topk / experts) ** tokens)
+
+
+def forward_cost(a: Arch, mode: str, batch: int, tokens: int, past: int, logits_rows: int, dtype_bytes: int = 2,
+                 context: int = 0, tree_states: bool = False) -> dict:
+    """FLOPs and bytes of one forward of ``batch`` requests x ``tokens`` new tokens after ``past`` cached ones.
+
+    ``context``: a DFlash drafter's new target-feature rows (projected by fc, written to its KV).
+    ``tree_states``: hybrid verify writes one recurrent state per node (SGLang's tree kernels).
+    """
+    b, n, e = batch, tokens, dtype_bytes
+    V, H = a.vocab, a.hidden
+    kv_new = n + context  # positions whose K/V this forward writes
+    keys = past + context + n  # keys each query sees (no mask subtracted)
+    extend = mode == "EXTEND"
+    flops = 2 * b * a._fc * context + b * a.rope_dim * (context + n if a.draft else n)
+    w_bytes = (a._fc + a.head_params) * e
+    kv_bytes = state_bytes = 0.0
+    attn_flops = 0
+    for L in a.layers:
+        # K/V projections of a drafter also run over the context rows
+        ctx_mm = context * (L.kv_per_token * H) if a.draft else 0
+        flops += 2 * b * (n * (L.matmul_params + L.topk * L.expert_params) + ctx_mm)
+        pf = L.pair_flops_extend if extend else L.pair_flops
+        attn_flops += b * pf * n * keys if L.kv_per_token else 0
+        flops += b * L.token_flops * n
+        touched = experts_touched(L.experts, L.topk, b * n)
+        w_bytes += (L.matmul_params + L.other_params + touched * L.expert_params) * e
+        kv_bytes += b * L.kv_per_token * (past + kv_new) * e  # read the cache, write the new tokens
+        if L.state_elems:
+            writes = n if tree_states else 1  # a tree verify keeps every node's state to pick the accepted one
+            state_bytes += b * (1 + writes) * (L.state_elems * SSM_STATE_BYTES + L.conv_elems * e)
+    flops += attn_flops
+    rows = b * logits_rows
+    flops += 2 * rows * H * V
+    emb_bytes = b * n * H * e  # gathered embedding rows (the drafter's noise block reads the target's)
+    lm_bytes = V * H * e if (a.tied or a.draft) else 0  # tied: the embedding table is read whole as the LM head
+    logit_bytes = rows * V * e
+    total = w_bytes + lm_bytes + kv_bytes + state_bytes + emb_bytes + logit_bytes
+    return {"flops": int(flops), "attention_flops": int(attn_flops), "bytes": int(total),
+            "weight_bytes": int(w_bytes + lm_bytes), "kv_bytes": int(kv_bytes), "state_bytes": int(state_bytes),
+            "logits_bytes": int(logit_bytes)}
+
+
+def _roofline(c: dict, g: Gpu) -> dict:
+    tc, tm = c["flops"] / g.flops, c["bytes"] / g.bandwidth
+    return {**c, "intensity": c["flops"] / c["bytes"] if c["bytes"] else math.inf, "seconds": max(tc, tm),
+            "compute_s": tc, "memory_s": tm, "bound": "compute" if tc > tm else "memory"}
+
+
+@dataclass
+class CostTable:
+    """Roofline cost of every forward a DDTree decode runs (see ``cost``)."""
+
+    target: Arch
+    gpu: Gpu
+    settings: dict
+    rows: list = field(default_factory=list)
+    draft: Arch | None = None
+    notes: list = field(default_factory=list)
+
+    def forward(self, mode: str, budget: int | None = None) -> dict:
+        """One row, computed on demand: mode EXTEND, DECODE, TARGET_VERIFY (with ``budget``) or DRAFT."""
+        s, a = self.settings, self.target
+        b, P, e = s["batch"], s["prompt_len"], s["dtype_bytes"]
+        if mode == "EXTEND":
+            c = forward_cost(a, mode, b, P, 0, 1, e)
+            n = P
+        elif mode == "DECODE":
+            c, n = forward_cost(a, mode, b, 1, P, 1, e), 1
+        elif mode == "TARGET_VERIFY":
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+                raise ValueError(f"budget={budget!r} must be a non-negative integer (tree nodes besides the root)")
+            n = 1 + budget  # the root (last committed token) + the tree's nodes, every row's logits kept
+            c = forward_cost(a, mode, b, n, P, n, e, tree_states=True)
+        elif mode == "DRAFT":
+            if self.draft is None:
+                raise ValueError("no draft_config was given, so there is no drafter forward to cost")
+            B = self.draft.draft["block_size"]
+            n = B
+            c = forward_cost(self.draft, mode, b, B, P, B - 1, e, context=s["draft_context"])
+        else:
+            raise ValueError(f"mode={mode!r}: expected EXTEND, DECODE, TARGET_VERIFY or DRAFT")
+        return {"mode": mode, "budget": budget if mode == "TARGET_VERIFY" else None, "tokens": b * n,
+                **_roofline(c, self.gpu)}
+
+    def verify_seconds(self, budget: int) -> float:
+        return self.forward("TARGET_VERIFY", budget)["seconds"]
+
+    @property
+    def decode(self) -> dict:
+        return self.forward("DECODE")
+
+    @property
+    def free_budget(self) -> int:
+        """Largest budget B whose TARGET_VERIFY (1 + B tokens per request) costs at most 1.1x the DECODE
+        forward on this roofline, at the same batch and prompt length; solved over the integers."""
+        limit = FREE_FACTOR * self.decode["seconds"]
+        hi = 1
+        cap = (self.target.max_positions or 1 << 20) - self.settings["prompt_len"] - 1
+        while hi < cap and self.verify_seconds(hi) <= limit:
+            hi = min(2 * hi, cap)
+        lo = 0  # verify(0) is DECODE's shape: always free
+        if self.verify_seconds(hi) <= limit:
+            return hi
+        while hi - lo > 1:  # invariant: verify(lo) <= limit < verify(hi); the cost only grows with B
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.verify_seconds(mid) <= limit else (lo, mid)
+        return lo
+
+    def curve(self, budgets: Sequence[int] | None = None) -> dict:
+        """Verify roofline time (and its compute and memory parts) against budget, for figures."""
+        budgets = list(budgets) if budgets is not None else _log_budgets(max(512, 2 * self.free_budget))
+        rows = [self.forward("TARGET_VERIFY", int(B)) for B in budgets]
+        return {"budget": budgets, "seconds": [r["seconds"] for r in rows], "compute_s": [r["compute_s"] for r in rows],
+                "memory_s": [r["memory_s"] for r in rows], "decode_s": self.decode["seconds"],
+                "free_budget": self.free_budget, "free_factor": FREE_FACTOR, "gpu": self.gpu.name,
+                "model": self.target.name, "batch": self.settings["batch"], "prompt_len": self.settings["prompt_len"]}
+
+    def speedup(self, acceptance, budgets: Sequence[int] | None = None, overhead_s: float = 0.0) -> "Speedup":
+        """Predicted DDTree speedup over AR per budget: tau(B) x DECODE / (drafter + verify(B) + overhead)."""
+        return speedup(self, acceptance, budgets, overhead_s)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        head = (f"cost({self.target.name}, gpu={self.gpu.name}, batch={s['batch']}, prompt_len={s['prompt_len']}, "
+                f"{s['dtype']}): ridge {self.gpu.ridge:.0f} FLOP/B, free budget {self.free_budget}")
+        lines = [head, f"  {'forward':<22} {'tokens':>7} {'GFLOP':>10} {'MB':>10} {'FLOP/B':>8} {'us':>9}  bound"]
+        for r in self.rows:
+            lbl = r["mode"] + (f"({r['budget']})" if r["budget"] is not None else "")
+            lines.append(f"  {lbl:<22} {r['tokens']:>7} {r['flops'] / 1e9:>10.1f} {r['bytes'] / 1e6:>10.1f} "
+                         f"{r['intensity']:>8.1f} {r['seconds'] * 1e6:>9.1f}  {r['bound']}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(repr(self))}</pre>"
+
+
+def _log_budgets(top: int) -> list[int]:
+    out, b = [0], 1
+    while b <= top:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
+         budgets: Sequence[int] = (4, 16, 64, 256), draft_config=None, dtype: str = "bfloat16",
+         draft_context: int | None = None) -> CostTable:
+    """Roofline cost of EXTEND (``prompt_len`` tokens), DECODE, TARGET_VERIFY at each budget (1 + B tokens) and,
+    with ``draft_config``, the DFlash drafter's block forward, at ``batch`` requests with ``prompt_len`` cached.
+
+    ``target_config`` / ``draft_config``: a dict, a config path, or a shipped config's name ("qwen3-8b").
+    ``gpu``: a name (``wb.shapes.cost_gpus()``) or (peak FLOP/s, bytes/s). ``draft_context``: target-feature
+    rows the drafter takes in per cycle (default its block size: a cycle that accepted everything).
+    Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts).
+    """
+    for name, v in (("batch", batch), ("prompt_len", prompt_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive integer")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    budgets = list(budgets)
+    bad = [B for B in budgets if isinstance(B, bool) or not isinstance(B, int) or B < 0]
+    if bad:
+        raise ValueError(f"budgets {bad} must be non-negative integers")
+    g = resolve_gpu(gpu)
+    t = arch(target_config, "target")
+    if t.draft:
+        raise ValueError("target_config is a DFlash drafter config; pass it as draft_config=")
+    d = arch(draft_config, "draft") if draft_config is not None else None
+    if d is not None:
+        if not d.draft:
+            raise ValueError("draft_config is not a DFlash drafter (no dflash_config / target_layer_ids)")
+        if d.hidden != t.hidden or d.vocab != t.vocab:
+            raise ValueError(f"draft hidden/vocab {d.hidden}/{d.vocab} != target's {t.hidden}/{t.vocab}; "
+                             "the drafter shares the target's embedding and LM head")
+    top = prompt_len + 1 + max(budgets, default=0)
+    if t.max_positions and top > t.max_positions:
+        raise ValueError(f"prompt_len + 1 + max budget = {top} exceeds max_position_embeddings {t.max_positions}")
+    if draft_context is None:
+        draft_context = d.draft["block_size"] if d else 0
+    settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
+                "budgets": budgets, "draft_context": int(draft_context)}
+    table = CostTable(t, g, settings, draft=d)
+    table.rows = ([table.forward("EXTEND"), table.forward("DECODE")]
+                  + [table.forward("TARGET_VERIFY", B) for B in budgets]
+                  + ([table.forward("DRAFT")] if d else []))
+    table.notes = [
+        "FLOPs as FlopCounterMode counts them: matmuls (2 per multiply-add) and attention over every key, mask "
+        "not subtracted; bytes: weights once per forward (MoE: experts the batch touches, balanced routing), "
+        "KV read + written, recurrent state, embedding rows, logits; activations left out",
+        f"roofline on {g.name}: {g.flops / 1e12:.0f} TFLOP/s, {g.bandwidth / 1e12:.2f} TB/s; seconds = max(compute, "
+        "memory); a real kernel reaches a fraction of either peak, and launch overhead is not modelled",
+        f"TARGET_VERIFY(B): 1 + B tokens per request, logits on every row; free budget: verify <= "
+        f"{FREE_FACTOR}x DECODE",
+    ]
+    if t.family == "mla":
+        table.notes.append("MLA: DECODE/TARGET_VERIFY in the absorbed form over the cached latent "
+                           "(kv_lora_rank + qk_rope_head_dim per token per layer), EXTEND decompressed")
+    if t.family == "hybrid":
+        table.notes.append("hybrid: GatedDeltaNet state in float32 read once and written once per forward; a tree "
+                           "verify writes one intermediate state (and conv window) per node")
+    if d is not None:
+        table.notes.append(f"DRAFT: the DFlash block ({d.draft['block_size']} tokens) after {draft_context} new "
+                           f"context rows; it reads the target's LM head for {d.draft['block_size'] - 1} rows")
+    return table
+
+
+# ------------------------------------------------------------------------------------------- predicted speedup
+@dataclass
+class Speedup:
+    """Predicted DDTree speedup over AR per budget on one roofline."""
+
+    rows: list  # {budget, tau, verify_s, draft_s, cycle_s, tokens_per_s, speedup}
+    decode_s: float
+    settings: dict
+    notes: list = field(default_factory=list)
+
+    @property
+    def best(self) -> dict:
+        """The row with the highest predicted speedup (the smaller budget on a tie)."""
+        return max(self.rows, key=lambda r: (r["speedup"], -r["budget"]))
+
+    def __repr__(self) -> str:
+        s = self.settings
+        lines = [f"predicted speedup ({s['model']} on {s['gpu']}, batch {s['batch']}, prompt {s['prompt_len']}): "
+                 f"best DDTree({self.best['budget']}) at {self.best['speedup']:.2f}x AR",
+                 f"  {'budget':>6} {'tau':>6} {'verify us':>10} {'draft us':>9} {'tok/s':>10} {'speedup':>8}"]
+        for r in self.rows:
+            lines.append(f"  {r['budget']:>6} {r['tau']:>6.2f} {r['verify_s'] * 1e6:>10.1f} {r['draft_s'] * 1e6:>9.1f} "
+                         f"{r['tokens_per_s']:>10.0f} {r['speedup']:>7.2f}x")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(repr(self))}</pre>"
+
+
+def _taus(acceptance, budgets) -> dict[int, float]:
+    if hasattr(acceptance, "tau_at") and hasattr(acceptance, "max_budget"):  # wb.analysis.BudgetNeeded
+        if budgets is None:
+            from workbench.analysis.budget import default_budgets
+
+            budgets = default_budgets(acceptance.max_budget)
+        return {int(B): float(acceptance.tau_at(int(B))) for B in budgets}
+    if isinstance(acceptance, Mapping):
+        taus = {int(B): float(t) for B, t in acceptance.items()}
+        if budgets is not None:
+            missing = [B for B in budgets if B not in taus]
+            if missing:
+                raise ValueError(f"no tau for budgets {missing}; acceptance has {sorted(taus)}")
+            taus = {B: taus[B] for B in budgets}
+        bad = {B: t for B, t in taus.items() if not t >= 1.0}
+        if bad:
+            raise ValueError(f"tau {bad} below 1: tau counts the bonus token, so every cycle commits at least 1")
+        return taus
+    raise TypeError(f"acceptance must be {{budget: tau}} or wb.analysis.budget_needed(trace), "
+                    f"got {type(acceptance).__name__}")
+
+
+def speedup(table: CostTable, acceptance, budgets: Sequence[int] | None = None, overhead_s: float = 0.0) -> Speedup:
+    """DDTree's predicted speedup over AR at each budget: a cycle commits tau(B) tokens per request for one
+    drafter forward and one TARGET_VERIFY(B); AR commits 1 per DECODE forward. ``acceptance``: {budget: tau}
+    (from a sweep) or ``wb.analysis.budget_needed(trace)``; ``overhead_s``: per-cycle time outside the forwards."""
+    taus = _taus(acceptance, budgets)
+    if not taus:
+        raise ValueError("acceptance holds no budgets")
+    dec = table.decode["seconds"]
+    draft_s = table.forward("DRAFT")["seconds"] if table.draft is not None else 0.0
+    b = table.settings["batch"]
+    rows = []
+    for B, tau in sorted(taus.items()):
+        ver = table.verify_seconds(B)
+        cyc = draft_s + ver + overhead_s
+        rows.append({"budget": B, "tau": tau, "verify_s": ver, "draft_s": draft_s, "cycle_s": cyc,
+                     "tokens_per_s": b * tau / cyc, "speedup": tau * dec / cyc})
+    notes = [f"AR: {b / dec:.0f} tok/s ({dec * 1e6:.1f} us per DECODE forward); roofline times, no launch overhead"]
+    if table.draft is None:
+        notes.append("no draft_config: the drafter's forward is costed as 0 s (an upper bound)")
+    settings = {"model": table.target.name, "gpu": table.gpu.name, "batch": b,
+                "prompt_len": table.settings["prompt_len"], "overhead_s": overhead_s}
+    return Speedup(rows, dec, settings, notes)
