@@ -30,7 +30,7 @@ def additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
 
 # -------------------------------------------------------------------------------------------- the cache
 class KVLayer(DynamicLayer):
-    """One layer's keys/values: [B, kv_heads, capacity, head_dim] buffers owned by a ``KVBuffers``.
+    """One layer's keys/values: views ``[B, kv_heads, capacity, head_dim]`` of its owner's one store.
 
     Zero-initialised (not ``new_empty``): a hidden column still enters SDPA's weighted sum as 0 * value,
     and garbage NaN there would poison the output.
@@ -41,40 +41,29 @@ class KVLayer(DynamicLayer):
     def __init__(self, owner: "KVBuffers"):
         super().__init__()
         self.owner = owner
+        self._k: Tensor | None = None  # set by the owner (views of its store)
+        self._v: Tensor | None = None
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = key_states.new_zeros(key_states.shape[0], key_states.shape[1], 0, key_states.shape[3])
-        self._v = value_states.new_zeros(value_states.shape[0], value_states.shape[1], 0, value_states.shape[3])
+        self.owner.attach(self, key_states)
         self.is_initialized = True
-
-    def _reserve(self, rows: int) -> None:
-        cap = self._k.shape[2]
-        if rows <= cap:
-            return
-        new_cap = max(self.MIN_CAPACITY, cap * 2, rows)  # doubling keeps growth rare
-        k = self._k.new_zeros(*self._k.shape[:2], new_cap, self._k.shape[3])
-        v = self._v.new_zeros(*self._v.shape[:2], new_cap, self._v.shape[3])
-        used = max(self.owner.lengths, default=0)
-        if used:
-            k[:, :, :used].copy_(self._k[:, :, :used])
-            v[:, :, :used].copy_(self._v[:, :, :used])
-        self._k, self._v = k, v
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         offset, rows, width = self.owner.write_plan(n)
-        self._reserve(width)
         if rows is None:  # every row writes at the same offset: a slice
             self._k[:, :, offset : offset + n].copy_(key_states)
             self._v[:, :, offset : offset + n].copy_(value_states)
         else:
-            b = torch.arange(rows.shape[0], device=rows.device)[:, None]
+            b = self.owner.row_index(rows.shape[0], rows.device)
             # Advanced indices around a slice put their dims first: the target is [B, n, heads, head_dim].
             self._k[b, :, rows] = key_states.transpose(1, 2)
             self._v[b, :, rows] = value_states.transpose(1, 2)
+        if self.owner.static is not None:  # attention sees every column; the mask hides what is not in use
+            return self._k, self._v
         return self._k[:, :, :width], self._v[:, :, :width]
 
     def get_seq_length(self) -> int:
@@ -86,39 +75,110 @@ class KVLayer(DynamicLayer):
 
 
 class KVBuffers(Cache):
-    """Every row's keys/values, left-aligned in shared buffers, ``lengths[b]`` rows in use for row b.
+    """Every row's keys/values, left-aligned in one store shared by all layers, ``lengths[b]`` rows in use
+    for row b.
+
+    The store is one tensor ``[layers, 2, B, kv_heads, capacity, head_dim]`` (each layer's keys and values
+    are views of it), so growing, keeping a tree's accepted rows or dropping rows is one operation for the
+    whole model instead of one per layer and buffer.
 
     After a forward the caller sets the new lengths (``set_lengths``), keeps the accepted rows of a
     verified tree (``keep_rows``) or drops rows (``select``).
+
+    Static mode (``preallocate``): the store is allocated once at a fixed capacity, every forward writes
+    its rows at ``write_rows`` (a device tensor [B, n] the state fills) and attention sees the whole
+    capacity, so a forward's shapes and storage do not change from one cycle to the next.
     """
 
-    def __init__(self, config, lengths: list[int]):
-        n = config.get_text_config(decoder=True).num_hidden_layers
+    def __init__(self, config, lengths: list[int], num_layers: int | None = None):
+        """``num_layers``: how many attention layers (default: every layer of ``config``; a hybrid's
+        composite cache holds only its attention layers here)."""
+        n = config.get_text_config(decoder=True).num_hidden_layers if num_layers is None else num_layers
         super().__init__(layers=[KVLayer(self) for _ in range(n)])
         self.lengths = list(lengths)
         self._plan = None
         self._written: int | None = None
         self.layer_masks: dict | None = None  # layer index -> mask, for a forward whose layers differ
+        self.store: Tensor | None = None  # [layers, 2, B, kv_heads, capacity, head_dim]
+        self.static: int | None = None  # the fixed capacity in static mode
+        self.write_rows: Tensor | None = None  # static mode: int64 [B, n] rows the next forward writes
+        self._rows_idx: Tensor | None = None
 
     @property
     def rows(self) -> int:
         return len(self.lengths)
 
+    @property
+    def capacity(self) -> int:
+        return 0 if self.store is None else self.store.shape[4]
+
+    def attach(self, layer: KVLayer, key_states: Tensor) -> None:
+        """A layer's first write: the store is allocated for every layer at the first one."""
+        B, H, _, D = key_states.shape
+        if self.store is None:
+            self._point(key_states.new_zeros(len(self.layers), 2, B, H, 0, D))
+        elif (self.store.shape[3], self.store.shape[5], self.store.dtype) != (H, D, key_states.dtype):
+            raise ValueError(f"layer {self.layers.index(layer)} has keys {tuple(key_states.shape)} "
+                             f"({key_states.dtype}) but the others [B, {self.store.shape[3]}, n, "
+                             f"{self.store.shape[5]}] ({self.store.dtype}): one KVBuffers holds layers of one shape")
+
+    def _point(self, store: Tensor) -> None:
+        self.store = store
+        for i, layer in enumerate(self.layers):
+            layer._k, layer._v = store[i, 0], store[i, 1]
+
+    def reserve(self, rows: int) -> None:
+        """Capacity for ``rows`` rows per request (doubling keeps growth rare); the used rows move along."""
+        cap = self.capacity
+        if self.store is None or rows <= cap:
+            return
+        if self.static is not None:
+            raise ValueError(f"a forward needs {rows} rows but this static cache holds {cap}; "
+                             "preallocate a larger capacity")
+        new = self.store.new_zeros(*self.store.shape[:4], max(KVLayer.MIN_CAPACITY, cap * 2, rows),
+                                   self.store.shape[5])
+        used = max(self.lengths, default=0)
+        if used:
+            new[:, :, :, :, :used].copy_(self.store[:, :, :, :, :used])
+        self._point(new)
+
+    def preallocate(self, rows: int, capacity: int, heads: int, head_dim: int, dtype, device) -> None:
+        """Static mode: one store of ``capacity`` rows per request, allocated now (never regrown)."""
+        self._point(torch.zeros(len(self.layers), 2, rows, heads, capacity, head_dim, dtype=dtype, device=device))
+        for layer in self.layers:
+            layer.dtype, layer.device, layer.is_initialized = dtype, torch.device(device), True
+        self.static = capacity
+        self._rows_idx = None
+
+    def row_index(self, rows: int, device) -> Tensor:
+        """int64 [rows, 1]: the batch index a scatter pairs with its destination rows (kept, not rebuilt)."""
+        if self._rows_idx is None or self._rows_idx.shape[0] != rows:
+            self._rows_idx = torch.arange(rows, device=device)[:, None]
+        return self._rows_idx
+
     def write_plan(self, n: int) -> tuple[int, Tensor | None, int]:
         """(offset, destination rows [B, n] or None when every row writes at ``offset``, visible width)."""
+        if self.static is not None:
+            if self.write_rows is None or self.write_rows.shape[1] != n:
+                raise ValueError(f"static cache: a forward of {n} tokens per row needs write_rows [B, {n}] set first")
+            return 0, self.write_rows, self.static
         key = (n, tuple(self.lengths))
         if self._plan is None or self._plan[0] != key:  # computed once per forward, shared by the layers
             first = self.lengths[0]
             rows = None
             if any(x != first for x in self.lengths):
                 rows = torch.tensor(self.lengths)[:, None] + torch.arange(n)[None]
-                rows = rows.to(self.layers[0]._k.device)
+                rows = rows.to(self.store.device)
             self._plan = (key, (first, rows, max(self.lengths) + n))
+            self.reserve(self._plan[1][2])
         self._written = self._plan[1][2]
         return self._plan[1]
 
     def width(self) -> int:
-        """Columns attention sees: max(lengths), or the last forward's width until the lengths are set."""
+        """Columns attention sees: max(lengths), or the last forward's width until the lengths are set
+        (static mode: the capacity)."""
+        if self.static is not None:
+            return self.static
         return self._written if self._written is not None else max(self.lengths, default=0)
 
     def uniform(self) -> bool:
@@ -135,32 +195,28 @@ class KVBuffers(Cache):
 
     def keep_rows(self, starts: list[int], nodes: list[Tensor]) -> None:
         """Row b verified a tree at rows [starts[b], ...); keep its ``nodes[b]`` rows (root first), in order,
-        at rows [starts[b], starts[b] + len(nodes[b])). One row: ``compact_kv_`` moves only what must move;
-        more: one gather and one scatter per buffer for the whole batch."""
-        layers = [layer for layer in self.layers if layer.is_initialized]
-        if len(starts) == 1:
-            for layer in layers:
-                compact_kv_(layer._k, starts[0], nodes[0])
-                compact_kv_(layer._v, starts[0], nodes[0])
-        elif layers:
+        at rows [starts[b], starts[b] + len(nodes[b])), for every layer at once. One row: ``compact_kv_``
+        moves only what must move; more: one gather and one scatter for the whole batch."""
+        store = self.store
+        if store is not None and len(starts) == 1:
+            compact_kv_(store.flatten(0, 2), starts[0], nodes[0])  # [layers * 2 * 1, heads, capacity, dim]
+        elif store is not None:
             A = max(int(x.shape[0]) for x in nodes)
             dev = nodes[0].device
             j = torch.arange(A, device=dev)
             # Short rows repeat their last node: those copies land past the new length, where nothing reads.
             src = torch.stack([s + x[j.clamp(max=x.shape[0] - 1)] for s, x in zip(starts, nodes)])  # [B, A]
             dst = torch.tensor(starts, device=dev)[:, None] + j[None]  # [B, A]
-            b_idx = torch.arange(len(starts), device=dev)[:, None]
-            for layer in layers:
-                for buf in (layer._k, layer._v):
-                    buf[b_idx, :, dst] = buf[b_idx, :, src]  # the gather copies first: overlapping rows are safe
+            b_idx = self.row_index(len(starts), dev)
+            store[:, :, b_idx, :, dst] = store[:, :, b_idx, :, src]  # the gather copies first: overlaps are safe
         self.set_lengths([s + int(x.shape[0]) for s, x in zip(starts, nodes)])
 
     def select(self, keep: list[int]) -> None:
         """Keep only the rows ``keep``, in order: retired requests leave the buffers."""
-        for layer in self.layers:
-            if layer.is_initialized:
-                idx = torch.tensor(keep, dtype=torch.long, device=layer._k.device)
-                layer._k, layer._v = layer._k.index_select(0, idx), layer._v.index_select(0, idx)
+        if self.store is not None:
+            idx = torch.tensor(keep, dtype=torch.long, device=self.store.device)
+            self._point(self.store.index_select(2, idx))
+            self._rows_idx = None
         self.set_lengths([self.lengths[b] for b in keep])
 
     def nbytes(self) -> int:
