@@ -244,6 +244,8 @@ class PrefixMask:
         self.dtype, self.device = dtype, device
         self.buf = torch.zeros(0, 1, 0, 0, dtype=dtype, device=device)  # [rows, 1, queries, cols]
         self._written: list[tuple[int, int]] | None = None  # per row: (start, queries) of its tree block
+        self.width: int | None = None  # static mode: the fixed column count (the cache's capacity)
+        self._zero = self._hidden = None
 
     def _fresh(self, rows: int, queries: int, cols: int, starts: list[int]) -> None:
         col = torch.arange(cols, device=self.device)[None, None, None]
@@ -257,20 +259,36 @@ class PrefixMask:
         W = max(starts) + N
         rows, r, c = self.buf.shape[0], self.buf.shape[2], self.buf.shape[3]
         old = self._written
+        if self.width is not None and (W > self.width or (old is not None and (rows != B or N != r))):
+            raise ValueError(f"static mask of {rows} rows x {r} nodes x {self.width} columns cannot take "
+                             f"{B} rows x {N} nodes rooted at {max(starts)}; preallocate for them")
         if (old is None or rows != B or N > r or W > c
                 or any(s < s0 for s, (s0, _) in zip(starts, old))):  # grown, reshaped or rolled back: rebuild
-            self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
+            if self.width is not None:
+                self._fresh(B, N, self.width, starts)
+            else:
+                self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
             old = self._written
         inf = float("-inf")
+        zero, hidden = self._scalars()
         for b, (s, (s0, q0)) in enumerate(zip(starts, old)):
             row = self.buf[b]
             if s > s0:
                 row[:, :, s0:s] = 0  # committed since: prefix now, for every query
-            if s0 + q0 > s:
+            if s0 + q0 > s and (q0 > N or s0 + q0 > s + N):  # (else the new block below covers it all)
                 row[:, :q0, s : s0 + q0] = inf  # what is left of the old block is hidden again
-            row[:, :N, s : s + N].masked_fill_(~visibility[b, None], inf).masked_fill_(visibility[b, None], 0)
+            torch.where(visibility[b, None], zero, hidden, out=row[:, :N, s : s + N])  # one write for the block
         self._written = [(s, N) for s in starts]
+        if self.width is not None:  # static: every column, always the same view of the same buffer
+            return self.buf[:, :, :N]
         return self.buf[:, :, :N, :W]
+
+    def _scalars(self) -> tuple[Tensor, Tensor]:
+        """0 and -inf as 0-d tensors of the mask's dtype, made once (``where`` then writes the block in place)."""
+        if self._zero is None:
+            self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
+            self._hidden = torch.full((), float("-inf"), dtype=self.dtype, device=self.device)
+        return self._zero, self._hidden
 
     def mask(self, visibility: Tensor, start: int) -> Tensor:
         """One row: visibility [1, n, n] -> additive [1, 1, n, start + n]."""
