@@ -16,26 +16,37 @@ from workbench.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_
 
 
 def load(target=None, draft=None, device: str = "cpu", dtype=None, kernel_backend: str = "torch",
-         threads: int | None = None) -> "Engine":
+         threads: int | None = None, cuda_graphs: bool = False) -> "Engine":
     """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
 
     ``wb.load(target=DIR, draft=DIR, device="cuda", dtype="bfloat16")`` for real checkpoints.
+    ``cuda_graphs=True`` (CUDA only): every session runs with static shapes, and its draft and verify
+    forwards are captured once per (batch, nodes, length bucket) and replayed (``workbench.graphs``).
     """
     check_backend(kernel_backend)
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, got device={device!r}; "
+                         "load with device='cuda' or without cuda_graphs")
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
         env = os.environ.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
-    return Engine(load_models(target, draft, device, dtype), kernel_backend)
+    return Engine(load_models(target, draft, device, dtype), kernel_backend, cuda_graphs)
 
 
 class Engine:
-    """Loaded models; holds no generation state, so its sessions are independent."""
+    """Loaded models; holds no generation state, so its sessions are independent (with CUDA graphs they
+    share the captured graphs, each replayed over the calling session's own buffers' addresses)."""
 
-    def __init__(self, models: Models, kernel_backend: str = "torch"):
+    def __init__(self, models: Models, kernel_backend: str = "torch", cuda_graphs: bool = False):
         check_backend(kernel_backend, models.device)  # on CUDA, 'sglang' builds its JIT kernel now
         self.models = models
         self.kernel_backend = kernel_backend
+        self.graphs = None
+        if cuda_graphs:
+            from workbench.graphs import Graphs
+
+            self.graphs = Graphs(models.device)
 
     @property
     def tokenizer(self):
@@ -54,10 +65,17 @@ class Engine:
 
     def session(self, prompt: str, policy: Policy = DDTree(32), temperature: float = 0.0, top_p: float = 1.0,
                 top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                kernel_backend: str | None = None, record_topk: int = 8, capture=None) -> Session:
-        """Start a generation from ``prompt`` (runs the prefill now)."""
+                kernel_backend: str | None = None, record_topk: int = 8, capture=None,
+                static_shapes: bool | None = None) -> Session:
+        """Start a generation from ``prompt`` (runs the prefill now). ``static_shapes``: every draft and
+        verify forward with the same shapes and storage (``workbench.runner.Rows``; default: when the
+        engine captures CUDA graphs)."""
+        if static_shapes is False and self.graphs is not None:
+            raise ValueError("static_shapes=False on an engine loaded with cuda_graphs=True: graphs replay "
+                             "static shapes only; drop static_shapes or load without cuda_graphs")
         return Session(self, prompt, as_policy(policy), Sampling(temperature, top_p, top_k), seed,
-                       max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture)
+                       max_new_tokens, kernel_backend or self.kernel_backend, record_topk, capture,
+                       static_shapes=bool(static_shapes) or self.graphs is not None)
 
     def batch_session(self, prompts: list[str], policy=DDTree(32), **kw) -> BatchSession:
         """Several generations in one batch (``policy``: one, or one per prompt); see ``workbench.batch``."""

@@ -54,9 +54,10 @@ class Session(SessionState):
     """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
 
     def __init__(self, engine, prompt: str, policy: Policy, sampling: Sampling, seed: int,
-                 max_new_tokens: int, kernel_backend: str, record_topk: int, capture, batch=None):
+                 max_new_tokens: int, kernel_backend: str, record_topk: int, capture, batch=None,
+                 static_shapes: bool = False):
         """``batch``: the BatchSession this request is a row of (it prefills and steps it); None: a
-        session of its own, prefilled now."""
+        session of its own, prefilled now. ``static_shapes``: see ``workbench.runner.Rows``."""
         t_start = clock(engine.models.device)
         m = engine.models
         if not isinstance(prompt, str) or not prompt:
@@ -92,7 +93,7 @@ class Session(SessionState):
         self._batch = batch
         self._rows: Rows | None = None
         if batch is None:
-            self._rows = Rows(m, capture)
+            self._rows = Rows(m, capture, static_shapes, getattr(engine, "graphs", None))
             with torch.inference_mode():
                 self._rows.prefill([self])
 

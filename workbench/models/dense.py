@@ -143,8 +143,13 @@ class KVBuffers(Cache):
         self._point(new)
 
     def preallocate(self, rows: int, capacity: int, heads: int, head_dim: int, dtype, device) -> None:
-        """Static mode: one store of ``capacity`` rows per request, allocated now (never regrown)."""
+        """Static mode: one store of ``capacity`` rows per request, allocated now; it grows only by another
+        ``preallocate`` (a new length bucket), which keeps the rows in use."""
+        old = self.store
         self._point(torch.zeros(len(self.layers), 2, rows, heads, capacity, head_dim, dtype=dtype, device=device))
+        used = min(max(self.lengths, default=0), capacity)
+        if old is not None and used and old.shape[2] == rows:
+            self.store[:, :, :, :, :used].copy_(old[:, :, :, :, :used])
         for layer in self.layers:
             layer.dtype, layer.device, layer.is_initialized = dtype, torch.device(device), True
         self.static = capacity
@@ -259,10 +264,10 @@ class PrefixMask:
         W = max(starts) + N
         rows, r, c = self.buf.shape[0], self.buf.shape[2], self.buf.shape[3]
         old = self._written
-        if self.width is not None and (W > self.width or (old is not None and (rows != B or N != r))):
-            raise ValueError(f"static mask of {rows} rows x {r} nodes x {self.width} columns cannot take "
-                             f"{B} rows x {N} nodes rooted at {max(starts)}; preallocate for them")
-        if (old is None or rows != B or N > r or W > c
+        if self.width is not None and W > self.width:
+            raise ValueError(f"a tree of {N} nodes rooted at {max(starts)} needs {W} mask columns but this static "
+                             f"mask has {self.width}; preallocate a larger capacity")
+        if (old is None or rows != B or N > r or W > c or (self.width is not None and (N != r or c != self.width))
                 or any(s < s0 for s, (s0, _) in zip(starts, old))):  # grown, reshaped or rolled back: rebuild
             if self.width is not None:
                 self._fresh(B, N, self.width, starts)
@@ -303,6 +308,43 @@ class PrefixMask:
         self._written = None
 
 
+# ------------------------------------------------------------------------------------- static shapes
+class StaticInputs:
+    """A static-shape state's forward inputs, one set of buffers per (rows, tokens per row), reused every
+    cycle, and each row's committed length as a device tensor (``lengths``, int64 [B]).
+
+    Lengths reach the device by one small fill per row: a host value passed as a kernel argument, never a
+    copy that would wait (a host-to-device copy from pageable memory synchronises on CUDA).
+    """
+
+    def __init__(self, rows: int, device):
+        self.device = device
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self._bufs: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+
+    def inputs(self, rows: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(ids, positions, write rows), each int64 [rows, n]: the same tensors for every forward of n."""
+        if (rows, n) not in self._bufs:
+            z = lambda: torch.zeros(rows, n, dtype=torch.long, device=self.device)  # noqa: E731
+            self._bufs[rows, n] = (z(), z(), z(), torch.arange(n, device=self.device))
+        return self._bufs[rows, n][:3]
+
+    def write_rows(self, rows: Tensor, offset: Tensor | None = None) -> Tensor:
+        """rows[b, i] = (offset or lengths)[b] + i, in place."""
+        ar = self._bufs[tuple(rows.shape)][3]
+        return torch.add((self.lengths if offset is None else offset)[:, None], ar, out=rows)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        if self.lengths.shape[0] != len(lengths):
+            self.lengths = torch.zeros(len(lengths), dtype=torch.long, device=self.device)
+        for b, n in enumerate(lengths):
+            self.lengths[b].fill_(n)
+
+    def select(self, rows: list[int]) -> None:
+        self.lengths = self.lengths[rows]
+        self._bufs.clear()  # fewer rows: new shapes (a batch that retires a request is a new bucket)
+
+
 # ------------------------------------------------------------------------------------------- the target
 def _kv_shape(config) -> tuple[int, int, int]:
     c = config.get_text_config(decoder=True)
@@ -317,6 +359,21 @@ class DenseKV:
         self.models, self.capture = models, capture
         self.cache = KVBuffers(models.target.config, [0] * rows)
         self.masks = PrefixMask(models.dtype, models.device)
+        self.static: StaticInputs | None = None  # set by preallocate: fixed shapes and storage
+        self.graphs = None  # a workbench.graphs.Graphs: the static verify captured and replayed
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on: K/V and mask buffers of ``capacity`` columns per row allocated once,
+        every verify's inputs copied into buffers kept per node count, attention over every column (the
+        mask hides the unused), committed lengths also on the device (``static.lengths``)."""
+        _, heads, dim = _kv_shape(self.models.target.config)
+        m = self.models
+        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.masks.width = capacity
+        self.masks.reset()
+        self.static = StaticInputs(rows, m.device)
+        if len(self.cache.lengths) == rows:
+            self.static.set_lengths(self.cache.lengths)
 
     @property
     def lengths(self) -> list[int]:
@@ -337,6 +394,8 @@ class DenseKV:
         B, P = len(prompts), max(len(p) for p in prompts)
         self.cache.set_lengths([0] * B)
         self.masks.reset()
+        if self.static is not None:
+            return self._prefill_static(prompts)
         mask = None  # one prompt (or equal lengths): the model's own causal mask
         if B == 1:
             ids = torch.tensor(prompts, device=dev)
@@ -360,12 +419,46 @@ class DenseKV:
             last = last[:, None]
         return StepOut(last, out.features, out.record)
 
+    def _prefill_static(self, prompts: list[list[int]]) -> StepOut:
+        """The prompts into the preallocated buffers (the prefill's own shapes: it runs once)."""
+        m, st = self.models, self.static
+        dev = m.device
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, x in enumerate(prompts):
+            ids[b, : len(x)] = torch.tensor(x, device=dev)
+        lens = torch.tensor([len(x) for x in prompts], device=dev)
+        col, q = torch.arange(self.cache.capacity, device=dev), torch.arange(P, device=dev)
+        # Causal within each prompt, nothing past it; padding queries see their prompt (never an empty row).
+        visible = (col[None, None] <= q[None, :, None]) & (col[None, None] < lens[:, None, None])
+        self.cache.write_rows = q.expand(B, P)
+        out = self._forward(ids, q.expand(B, P), ForwardMode.EXTEND, additive(visible[:, None], m.dtype))
+        self.cache.set_lengths([len(x) for x in prompts])
+        st.set_lengths(self.cache.lengths)
+        last = out.logits[torch.arange(B, device=dev), lens - 1][:, None]
+        return StepOut(last, out.features, out.record)
+
+    def _verify_static(self, layout: TreeLayout, mode: ForwardMode) -> StepOut:
+        """Every verify of N nodes per row reads the same buffers: ids, positions, the rows it writes."""
+        ids, pos, rows = self.static.inputs(layout.B, layout.N)
+        ids.copy_(layout.tokens)
+        pos.copy_(layout.positions)
+        self.static.write_rows(rows)  # committed length + node index, on the device
+        self.cache.write_rows = rows
+        mask = self.masks.tree(layout.visibility, layout.starts)  # [B, 1, N, capacity]: one buffer
+        if self.graphs is not None:
+            return self.graphs.run(f"target {mode}", (ids, pos, mask, rows, self.cache.store),
+                                   lambda: self._forward(ids, pos, mode, mask))
+        return self._forward(ids, pos, mode, mask)
+
     def _check(self, layout: TreeLayout) -> None:
         if layout.starts != self.cache.lengths:
             raise ValueError(f"layout roots at {layout.starts} but the rows hold {self.cache.lengths} tokens")
 
     def verify(self, layout: TreeLayout, mode: ForwardMode = ForwardMode.TARGET_VERIFY) -> StepOut:
         self._check(layout)
+        if self.static is not None:
+            return self._verify_static(layout, mode)
         mask = None  # one query per row over equal prefixes sees every column: no mask needed
         if layout.N > 1 or not self.cache.uniform():
             mask = self.masks.tree(layout.visibility, layout.starts)
@@ -378,6 +471,8 @@ class DenseKV:
 
     def commit(self, layout: TreeLayout, nodes: list[Tensor]) -> None:
         self.cache.keep_rows(layout.starts, nodes)
+        if self.static is not None:
+            self.static.set_lengths(self.cache.lengths)
 
     def can_crop(self, lengths: list[int]) -> bool:
         return len(lengths) == self.rows and all(0 <= n <= L for n, L in zip(lengths, self.lengths))
@@ -387,10 +482,14 @@ class DenseKV:
             raise ValueError(f"crop({lengths}): give one length per row, each at most its {self.lengths}")
         self.cache.set_lengths(lengths)
         self.masks.reset()
+        if self.static is not None:
+            self.static.set_lengths(lengths)
 
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
         self.masks.select(rows)
+        if self.static is not None:
+            self.static.select(rows)
 
     def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
         return self.cache.kv(row)
@@ -436,6 +535,19 @@ class DraftKV:
         self.cache = KVBuffers(models.draft.config, [0] * rows)
         self.context: list[Tensor] = []  # per row [1, m_b, F]
         self.kinds = [_layer_kind(layer.self_attn) for layer in models.draft.layers]
+        self.static: StaticInputs | None = None
+        self._static_bufs: dict = {}
+        self.graphs = None  # a workbench.graphs.Graphs: the static draft captured and replayed
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context
+        slots (a row's new context, padded; a longer one, as after the prefill, goes in block-sized
+        chunks first) and ``capacity`` key columns, in buffers allocated once."""
+        _, heads, dim = _kv_shape(self.models.draft.config)
+        m = self.models
+        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.static = StaticInputs(rows, m.device)
+        self._static_bufs = {}
 
     @property
     def lengths(self) -> list[int]:
@@ -456,7 +568,9 @@ class DraftKV:
         m = self.models
         dev, Bk = m.device, m.block_size
         B = len(roots)
-        if B == 1:
+        if self.static is not None:
+            logits, rec = self._draft_static(roots, starts)
+        elif B == 1:
             block = torch.full((1, Bk), m.mask_token_id, dtype=torch.long, device=dev)
             block[0, 0] = roots[0]
             ctx = self.context[0]
@@ -490,11 +604,26 @@ class DraftKV:
         col = torch.arange(max(self.cache.lengths) + M + Bk, device=dev)[None]  # [1, W]
         mlen = torch.tensor(ctx_lens, device=dev)[:, None]
         st = torch.tensor(starts, device=dev)[:, None]
+        masks = {k: additive(v, m.dtype) for k, v in self._visible(L, mlen, st, col, M).items()}
+        first = masks[self.kinds[0]]
+        if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
+            self._install_hooks()
+            self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        try:
+            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+        finally:
+            self.cache.layer_masks = None
+
+    def _visible(self, L: Tensor, mlen: Tensor, st: Tensor, col: Tensor, M: int) -> dict:
+        """Per layer kind: bool [B, 1, block, W] of which keys each block query sees. L, mlen, st: [B, 1]
+        cache rows, real context rows and block start per row; col [1, W]; M context slots per row."""
+        Bk = self.models.block_size
+        B = L.shape[0]
         in_block = (col >= L + M) & (col < L + M + Bk)
         valid = (col < L + mlen) | in_block  # [B, W]
         kpos = torch.where(in_block, st + col - L - M, col)[:, None, :]  # [B, 1, W]
-        qpos = (st + torch.arange(Bk, device=dev)[None])[:, :, None]  # [B, Bk, 1]
-        masks = {}
+        qpos = (st + torch.arange(Bk, device=col.device)[None])[:, :, None]  # [B, Bk, 1]
+        out = {}
         for kind in set(self.kinds):
             causal, window = kind
             vis = valid[:, None, :].expand(B, Bk, valid.shape[1])
@@ -504,13 +633,70 @@ class DraftKV:
                 vis = vis & (qpos - kpos < window)
                 if not causal:
                     vis = vis & (kpos - qpos < window)
-            masks[kind] = additive(vis[:, None], m.dtype)  # [B, 1, Bk, W]
-        first = masks[self.kinds[0]]
-        if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
+            out[kind] = vis[:, None]
+        return out
+
+    def _draft_static(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        """The draft with static shapes: context longer than a block goes in block-sized chunks first
+        (a context row's keys depend on its features and position only, so chunks give the same cache)."""
+        Bk = self.models.block_size
+        ctx = list(self.context)
+        lengths = list(self.cache.lengths)
+        while any(c.shape[1] > Bk for c in ctx):
+            take = [Bk if c.shape[1] > Bk else 0 for c in ctx]
+            chunk = [c[:, :t] for c, t in zip(ctx, take)]
+            ends = [L + t for L, t in zip(lengths, take)]
+            self._static_forward(roots, ends, chunk, lengths)  # the block's outputs unused
+            lengths = ends
+            self.cache.set_lengths(lengths)
+            ctx = [c[:, t:] for c, t in zip(ctx, take)]
+        return self._static_forward(roots, starts, ctx, lengths)
+
+    def _static_forward(self, roots, starts, ctx, lengths) -> tuple[Tensor, ForwardRecord]:
+        """One draft forward over the preallocated buffers: block [B, Bk], positions [B, C + Bk], context
+        [B, C, F] (C = Bk slots, row b's first m_b real), masks [B, 1, Bk, capacity] per layer kind."""
+        m, st = self.models, self.static
+        dev, Bk, C = m.device, m.block_size, m.block_size
+        B, F, W = len(roots), ctx[0].shape[-1], self.cache.capacity
+        bufs = self._static_bufs
+        if bufs.get("shape") != (B, W):
+            bufs.clear()
+            bufs["shape"] = (B, W)
+            bufs["block"] = torch.full((B, Bk), m.mask_token_id, dtype=torch.long, device=dev)
+            bufs["ctx"] = torch.zeros(B, C, F, dtype=ctx[0].dtype, device=dev)
+            bufs["vec"] = torch.zeros(3, B, dtype=torch.long, device=dev)  # cache rows, context rows, start
+            bufs["col"] = torch.arange(W, device=dev)[None]
+            bufs["masks"] = {k: torch.zeros(B, 1, Bk, W, dtype=m.dtype, device=dev) for k in set(self.kinds)}
+        _, pos, rows = st.inputs(B, C + Bk)
+        vec = bufs["vec"]
+        for b, (r, c, L, s) in enumerate(zip(roots, ctx, lengths, starts)):
+            bufs["block"][b, 0].fill_(r)  # host values as kernel arguments: nothing waits
+            bufs["ctx"][b, : c.shape[1]].copy_(c[0])  # stale padding rows are hidden by the mask
+            vec[0, b].fill_(L)
+            vec[1, b].fill_(c.shape[1])
+            vec[2, b].fill_(s)
+        L, mlen, s0 = vec[0][:, None], vec[1][:, None], vec[2][:, None]
+        ar = torch.arange(C + Bk, device=dev)[None]
+        # Context slot j at position L + j (real up to m_b, then hidden), block slot j at start + j.
+        torch.where(ar < C, L + ar, s0 + ar - C, out=pos)
+        st.write_rows(rows, vec[0])
+        self.cache.write_rows = rows
+        zero, hidden = torch.zeros((), dtype=m.dtype, device=dev), torch.full((), float("-inf"), dtype=m.dtype, device=dev)
+        for kind, vis in self._visible(L, mlen, s0, bufs["col"], C).items():
+            torch.where(vis, zero, hidden, out=bufs["masks"][kind])
+        masks = bufs["masks"]
+        if len(masks) > 1:
             self._install_hooks()
             self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        def forward():
+            return run_draft(m.draft, m.target, bufs["block"], pos, bufs["ctx"], self.cache, self.capture,
+                             masks[self.kinds[0]])
+
         try:
-            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+            if self.graphs is not None:
+                return self.graphs.run("draft", (bufs["block"], pos, bufs["ctx"], rows, self.cache.store,
+                                                 *masks.values()), forward)
+            return forward()
         finally:
             self.cache.layer_masks = None
 
@@ -524,6 +710,8 @@ class DraftKV:
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
         self.context = [self.context[r] for r in rows]
+        if self.static is not None:
+            self.static.select(rows)
 
     def crop(self, lengths: list[int]) -> None:
         """Free for K/V; the pending context of the dropped positions is dropped with them."""
