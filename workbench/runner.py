@@ -80,18 +80,19 @@ class Rows:
     """The model states of B >= 1 requests and the cycle over them.
 
     ``prefill(reqs)`` starts every request; ``step(reqs)`` runs one cycle for the requests given (the
-    live ones, in row order) and returns (their Cycle records, the batched forwards, the stopwatch still
-    running in "record", for the caller's bookkeeping); ``select(rows)`` retires rows.
+    live ones, in row order) and returns (their Cycle records, the cycle's TreeLayout, the batched
+    forwards' records, the stopwatch still running in "record" so the caller's bookkeeping is timed);
+    ``select(rows)`` retires rows. Rows are the requests' order at prefill, less the retired ones.
     """
 
-    def __init__(self, models, capture=None, static_shapes: bool = False, graphs=None):
+    def __init__(self, models, static_shapes: bool = False, graphs=None):
         """``static_shapes``: every draft and verify forward of a fixed policy has the same shapes and
         storage (trees padded to the policy's node count, buffers preallocated to the requests' limit, no
         host read between the draft and the verify forward); ``graphs``: a ``workbench.graphs.Graphs``
         that captures and replays those forwards (CUDA; implies static shapes)."""
-        self.models, self.capture = models, capture
-        self.target = new_target_state(models, capture)
-        self.draft = new_draft_state(models, capture)
+        self.models = models
+        self.target = new_target_state(models)
+        self.draft = new_draft_state(models)
         self.prefill_record: ForwardRecord | None = None
         self.static_shapes = static_shapes or graphs is not None
         self.graphs = graphs
@@ -114,9 +115,15 @@ class Rows:
             st.preallocate(len(reqs), self.capacity)
             st.graphs = self.graphs
 
+    def _capture(self, reqs: list) -> None:
+        """A one-row batch records its forwards' module shapes while its session's capture is on
+        (``wb.shapes.capture(s)`` sets it between cycles)."""
+        self.target.capture = self.draft.capture = reqs[0].capture if len(reqs) == 1 else None
+
     def prefill(self, reqs: list) -> None:
         m = self.models
         t0 = clock(m.device)
+        self._capture(reqs)
         if self.static_shapes:
             self._preallocate(reqs, max(static_nodes(s.policy, m.block_size) for s in reqs))
         out = self.target.prefill([s.prompt_ids for s in reqs])
@@ -142,6 +149,7 @@ class Rows:
         m = self.models
         sw = Stopwatch(m.device)
         sw.start("other")  # checks and bookkeeping between the named stages
+        self._capture(reqs)
         starts, roots, policies = [s.start for s in reqs], [s.bonus for s in reqs], [s.policy for s in reqs]
         # Never draft past a request's token limit or the model's positions.
         depths = [min(m.block_size - 1, s.max_new_tokens - len(s.generated) - 1, m.max_positions - 1 - s.start)

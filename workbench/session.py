@@ -93,7 +93,7 @@ class Session(SessionState):
         self._batch = batch
         self._rows: Rows | None = None
         if batch is None:
-            self._rows = Rows(m, capture, static_shapes, getattr(engine, "graphs", None))
+            self._rows = Rows(m, static_shapes, getattr(engine, "graphs", None))
             with torch.inference_mode():
                 self._rows.prefill([self])
 
