@@ -1106,10 +1106,76 @@ verify grows faster than tau. At batch 8 decode already reads half the experts a
     md("""
 ## CUDA graph readiness checklist
 
-*Placeholder (issue 25, items 3-5): a later change fills this section with a checklist computed from the
-engine (static shapes across cycles, no host syncs inside the draft and verify forwards, preallocated
-key/value and mask buffers) and what SGLang's CUDA graph runner captures (from its source, as notebook 04
-reads it).*
+A CUDA graph records a forward's kernels once and replays them with one launch: the embedded pair's
+12.5 ms AR step on an H200 is kernel launches, not compute, so this is where a small model's time
+goes. A replay reads the same addresses with the same shapes, so a capturable forward needs: the
+same input shapes every cycle (trees padded to one node count), the same storage (inputs copied into
+kept buffers, K/V and mask preallocated, never regrown), and no host read between the draft and the
+verify forward (the host must not wait for the device mid-cycle). `workbench.graphs.readiness` checks
+each on a live session of the embedded pair: pre-hooks on the target and the drafter record every
+forward's tensor inputs (shape and address, the K/V store included), and a log of host reads runs
+from the draft stage to the end of the verify stage. The default (dynamic) engine against
+`static_shapes=True`:
+"""),
+    code("""
+from workbench.graphs import readiness
+
+prompt = eval_prompts("long")[0]["prompt"]
+checks = {st: readiness(engine, prompt, wb.DDTree(16), max_new_tokens=24, static_shapes=st) for st in (False, True)}
+print(f"{'requirement':58s} {'dynamic':>8s} {'static':>8s}   evidence (static | dynamic)")
+for req in checks[True]:
+    (d_ok, d_ev), (s_ok, s_ev) = checks[False][req], checks[True][req]
+    print(f"{req:58s} {'yes' if d_ok else 'no':>8s} {'yes' if s_ok else 'no':>8s}   {s_ev} | {d_ev}")
+"""),
+    md("""
+The dynamic engine fails nearly every requirement by design: its verify mask widens with the prefix,
+its trees have as many nodes as they find, the drafter's context is as long as the last accept, and
+on a CPU the tree build reads the top-k on the host (a heap is cheaper there than tensor calls). With
+`static_shapes=True` every forward of a fixed policy has one shape and one set of buffers, attention
+reads the whole preallocated capacity (the mask hides the unused columns), lengths live on the device,
+and the tree is built by the device kernel; the tokens stay the same. On CUDA, `wb.load(...,
+cuda_graphs=True)` captures the draft and the verify forward once per (batch, nodes, length bucket)
+and replays them (`tests/gpu/check_cuda.py`, section `cuda_graphs`, compares replay with eager; it has
+not run on a GPU yet).
+
+**What SGLang's graph runner captures**, read from the installed source without importing it (as
+notebook 04 does): the decode runner captures TARGET_VERIFY when speculative decoding is on, at a
+static width of `num_draft_tokens` tokens per request, for each batch size of its configured list
+that passes the alignment filters, with input buffers sized for the largest batch:
+"""),
+    code("""
+import ast
+from workbench.shapes.sglang_source import CUDA_GRAPH_RUNNER, _parsed, expressions_in, find_def
+
+BASE = "srt/model_executor/runner/base_cuda_graph_runner.py"
+BUFFERS = "srt/model_executor/runner_utils/buffers.py"
+init = expressions_in(find_def(_parsed(CUDA_GRAPH_RUNNER), "DecodeCudaGraphRunner.__init__"))
+wanted = ("self.capture_forward_mode = ForwardMode.TARGET_VERIFY", "self.captured_req_width =",
+          "self.capture_bs, self.compile_bs =", "self.max_num_token =")
+print(CUDA_GRAPH_RUNNER, "(DecodeCudaGraphRunner.__init__):")
+for w in wanted:
+    for e in sorted(x for x in init if x.startswith(w)):
+        print("  ", e)
+print(BASE, "(get_batch_sizes_to_capture):")
+for e in sorted(x for x in expressions_in(find_def(_parsed(BASE), "get_batch_sizes_to_capture"))
+                if x.startswith("capture_bs = ")):
+    print("  ", e)
+print(BUFFERS, "(DecodeInputBuffers.create): the static input buffers")
+for n in ast.walk(find_def(_parsed(BUFFERS), "DecodeInputBuffers.create")):
+    if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and ast.unparse(n.value.func) in ("torch.zeros", "torch.full", "torch.empty")):
+        print(f"   {ast.unparse(n.targets[0]):34s} {ast.unparse(n.value.args[0])}")
+"""),
+    md("""
+So SGLang's captured verify is `[max_bs * num_draft_tokens]` tokens flat (`input_ids`, `positions`,
+`out_cache_loc` per token; `seq_lens`, `req_pool_indices` per request), padded up to the next captured
+batch size, with paged K/V addressed through `out_cache_loc` and the request-to-token table instead of a
+per-request contiguous buffer. Our static path is the same contract in the padded layout: `[bs, N]` with
+N = budget + 1 fixed (SGLang's `num_draft_tokens`), K/V rows written at device-side rows, and one graph per
+(batch, N, length bucket). What differs: SGLang's attention backend reads only each request's real
+context (`seq_lens`), while ours attends over the whole preallocated capacity with a mask, which
+costs compute proportional to the bucket, not the prefix (fine for a launch-bound small model, not for
+a long-context large one).
 """),
     md("""
 **What we learned.** On a GPU a dense target's verify is memory-bound up to roughly FLOP/s / bandwidth

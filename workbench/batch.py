@@ -57,7 +57,9 @@ class BatchSession:
 
     def __init__(self, engine, prompts, policy=None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int = 0, max_new_tokens: int | list[int] = 256, kernel_backend: str | None = None,
-                 record_topk: int = 8):
+                 record_topk: int = 8, static_shapes: bool | None = None):
+        """``static_shapes``: every draft and verify forward with the same shapes and storage (see
+        ``workbench.runner.Rows``; default: when the engine captures CUDA graphs)."""
         from workbench.policies import DDTree
 
         if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
@@ -89,7 +91,8 @@ class BatchSession:
         self.cycles: list[BatchCycle] = []
         self.prefill: ForwardRecord | None = None
         self.setup_seconds = clock(m.device) - t0
-        self._rows = Rows(m)
+        graphs = getattr(engine, "graphs", None)
+        self._rows = Rows(m, static_shapes=bool(static_shapes) or graphs is not None, graphs=graphs)
         with torch.inference_mode():
             self._rows.prefill(self.sessions)
         self.prefill = self._rows.prefill_record

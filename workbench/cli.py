@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="also run each DDTree budget through a plain reference decoder, interleaved, and "
                         "compare speed per stage (checks both decode the same trees)")
+    p.add_argument("--count-ops", action="store_true",
+                   help="aten ops per cycle of each DDTree budget, engine (solo and per request in a batch of 2) "
+                        "vs the plain reference decoder, in a separate untimed pass (always on with --reference)")
     p.add_argument("--profile", metavar="DIR", help="after the bench, profile one generation per policy with "
                                                     "the torch profiler; write DIR/<policy>.trace.json")
     _add_model_args(p)
@@ -288,6 +291,8 @@ def cmd_bench(args, out, err) -> int:
             print("engine vs a plain reference decoder (x = engine / reference; tok/s > 1 and cycle < 1: "
                   "engine faster)", file=out)
             print(reference_table(ref), file=out)
+    if args.reference or args.count_ops:
+        _bench_ops(args, engine, policies, prompts, out)
     if args.profile:
         from workbench.profiling import profile_generation
 
@@ -302,6 +307,18 @@ def cmd_bench(args, out, err) -> int:
                                                   if len(res.failures) > 1 else ""), file=err)
         return EXIT_FAILED
     return 0
+
+
+def _bench_ops(args, engine, policies, prompts, out) -> None:
+    """Ops per cycle (``workbench.opcount``) on the first 2 prompts, after the timed runs."""
+    from workbench.opcount import count_ops, ops_table
+    from workbench.policies import DDTree
+
+    budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+    if not budgets:
+        raise ValueError(f"--count-ops counts DDTree budgets; --policies {args.policies!r} has none")
+    res = count_ops(engine, [p["prompt"] for p in prompts[:2]], budgets, min(args.max_new_tokens, 32))
+    print(json.dumps({"ops_per_cycle": res}) if args.json else ops_table(res), file=out)
 
 
 def _bench_batch(args, engine, policies, prompts, out) -> int:

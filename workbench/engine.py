@@ -18,29 +18,42 @@ from workbench.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_
 
 
 def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
-         threads: int | None = None, device_map=None, trust_remote_code: bool = False) -> "Engine":
+         threads: int | None = None, device_map=None, trust_remote_code: bool = False,
+         cuda_graphs: bool = False) -> "Engine":
     """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
 
     ``wb.load(target=DIR, draft=DIR, device="cuda")`` for real checkpoints: ``dtype="auto"`` keeps the
     checkpoint's own dtype; ``device_map`` (e.g. "auto") spreads a large target over devices;
     ``trust_remote_code=True`` runs a checkpoint's own code (Kimi-K2). See ``workbench.loading``.
+    ``cuda_graphs=True`` (CUDA only): every session runs with static shapes, and its draft and verify
+    forwards are captured once per (batch, nodes, length bucket) and replayed (``workbench.graphs``).
     """
     validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
     check_backend(kernel_backend)
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, got device={device!r}; "
+                         "load with device='cuda' or without cuda_graphs")
     if torch.device(device).type == "cpu":
         # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
         env = os.environ.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
-    return Engine(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend)
+    return Engine(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend,
+                  cuda_graphs)
 
 
 class Engine:
-    """Loaded models; holds no generation state, so its sessions are independent."""
+    """Loaded models; holds no generation state, so its sessions are independent (with CUDA graphs they
+    share the captured graphs, each replayed over the calling session's own buffers' addresses)."""
 
-    def __init__(self, models: Models, kernel_backend: str = "torch"):
+    def __init__(self, models: Models, kernel_backend: str = "torch", cuda_graphs: bool = False):
         check_backend(kernel_backend, models.device)  # on CUDA, 'sglang' builds its JIT kernel now
         self.models = models
         self.kernel_backend = kernel_backend
+        self.graphs = None
+        if cuda_graphs:
+            from workbench.graphs import Graphs
+
+            self.graphs = Graphs(models.device)
 
     @property
     def tokenizer(self):
@@ -67,12 +80,18 @@ class Engine:
     def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
-                prompt_ids=None) -> Session:
+                prompt_ids=None, static_shapes: bool | None = None) -> Session:
         """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
-        (chat, through the target's chat template) or ``prompt_ids`` (exact ids)."""
+        (chat, through the target's chat template) or ``prompt_ids`` (exact ids). ``static_shapes``: every
+        draft and verify forward with the same shapes and storage (``workbench.runner.Rows``; default: when
+        the engine captures CUDA graphs)."""
+        if static_shapes is False and self.graphs is not None:
+            raise ValueError("static_shapes=False on an engine loaded with cuda_graphs=True: graphs replay "
+                             "static shapes only; drop static_shapes or load without cuda_graphs")
         return Session(self, self.encode(prompt, messages=messages, prompt_ids=prompt_ids), as_policy(policy),
                        Sampling(temperature, top_p, top_k), seed, max_new_tokens,
-                       kernel_backend or self.kernel_backend, record_topk, capture)
+                       kernel_backend or self.kernel_backend, record_topk, capture,
+                       static_shapes=bool(static_shapes) or self.graphs is not None)
 
     def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,
                       prompt_ids=None, **kw) -> BatchSession:

@@ -70,23 +70,30 @@ class TreeLayout:
 
     @classmethod
     def of_rows(cls, trees: list[Tree], compiled: list[CompiledTree], starts: list[int],
-                max_depths: list[int]) -> "TreeLayout":
-        if len(trees) == 1:
+                max_depths: list[int], nodes: int | None = None) -> "TreeLayout":
+        """``nodes``: pad every row to this many nodes (static shapes; at least the largest tree)."""
+        if len(trees) == 1 and (nodes is None or nodes == trees[0].n):
             return cls(trees[0], compiled[0], list(starts), [trees[0].n], max_depths[0], trees, compiled)
-        tree, comp = pad_trees(trees, compiled, starts)
+        tree, comp = pad_trees(trees, compiled, starts, nodes)
         return cls(tree, comp, list(starts), [t.n for t in trees], max(max_depths), trees, compiled)
 
 
-def pad_trees(trees: list[Tree], compiled: list[CompiledTree], starts: list[int]) -> tuple[Tree, CompiledTree]:
-    """Per-row trees [1, n_b] -> padded Tree and CompiledTree [bs, N] with inert padding nodes."""
+def pad_trees(trees: list[Tree], compiled: list[CompiledTree], starts: list[int],
+              nodes: int | None = None) -> tuple[Tree, CompiledTree]:
+    """Per-row trees [1, n_b] -> padded Tree and CompiledTree [bs, N] with inert padding nodes
+    (N = ``nodes``, default the largest tree). Reads nothing from the device."""
     bs, N = len(trees), max(t.n for t in trees)
+    if nodes is not None:
+        if nodes < N:
+            raise ValueError(f"pad_trees(nodes={nodes}) is below the largest tree's {N} nodes")
+        N = nodes
     dev = trees[0].tokens.device
     tok = torch.full((bs, N), -1, dtype=torch.long, device=dev)  # -1 equals no target choice
     par = torch.full((bs, N), -1, dtype=torch.long, device=dev)
     dep = torch.zeros(bs, N, dtype=torch.long, device=dev)
     rank = torch.zeros(bs, N, dtype=torch.long, device=dev)
     score = torch.zeros(bs, N, dtype=torch.float64, device=dev)  # path sums are float64 (tree_build)
-    pos = torch.tensor(starts, device=dev)[:, None].repeat(1, N)
+    pos = torch.zeros(bs, N, dtype=torch.long, device=dev)  # padding sits at its row's root position
     vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(bs, 1, 1)  # padding sees only itself
     nxt = torch.full((bs, N), -1, dtype=torch.long, device=dev)
     sib = torch.full((bs, N), -1, dtype=torch.long, device=dev)
@@ -95,6 +102,8 @@ def pad_trees(trees: list[Tree], compiled: list[CompiledTree], starts: list[int]
         tok[b, :n], par[b, :n], dep[b, :n], rank[b, :n], score[b, :n] = (
             t.tokens[0], t.parents[0], t.depth[0], t.rank[0], t.score[0])
         pos[b, :n], vis[b, :n, :n] = c.positions[0], c.visibility[0]
+        if n < N:
+            pos[b, n:] = c.positions[0, 0]  # a device copy, not the host's start (no host-to-device wait)
         nxt[b, :n], sib[b, :n] = c.retrieve_next_token[0], c.retrieve_next_sibling[0]
     ridx = torch.arange(N, device=dev)[None] + torch.arange(bs, device=dev)[:, None] * N
     return Tree(tok, par, dep, rank, score), CompiledTree(pos, vis, ridx, nxt, sib)

@@ -59,6 +59,19 @@ class Stopwatch:
         return now
 
 
+def static_nodes(policy, block_size: int) -> int:
+    """Nodes (root included) every verify of ``policy`` is padded to under static shapes: its largest tree."""
+    from workbench.policies import DFlash, EagleTree
+
+    if isinstance(policy, AR):
+        return 1
+    if isinstance(policy, DFlash):
+        return block_size
+    if isinstance(policy, EagleTree):
+        return policy.num_draft_tokens
+    return policy.budget + 1  # DDTree, TreePolicy
+
+
 class SessionFinished(RuntimeError):
     """``step()`` was called on a session that has already ended."""
 
@@ -72,11 +85,35 @@ class Rows:
     ``select(rows)`` retires rows. Rows are the requests' order at prefill, less the retired ones.
     """
 
-    def __init__(self, models):
+    def __init__(self, models, static_shapes: bool = False, graphs=None):
+        """``static_shapes``: every draft and verify forward of a fixed policy has the same shapes and
+        storage (trees padded to the policy's node count, buffers preallocated to the requests' limit, no
+        host read between the draft and the verify forward); ``graphs``: a ``workbench.graphs.Graphs``
+        that captures and replays those forwards (CUDA; implies static shapes)."""
         self.models = models
         self.target = new_target_state(models)
         self.draft = new_draft_state(models)
         self.prefill_record: ForwardRecord | None = None
+        self.static_shapes = static_shapes or graphs is not None
+        self.graphs = graphs
+        self.capacity = 0
+        if self.static_shapes:
+            for st in (self.target, self.draft):
+                if not hasattr(st, "preallocate"):
+                    raise ValueError(f"static_shapes=True: {type(st).__name__} has no preallocate(); "
+                                     "this model's state runs with dynamic shapes only")
+
+    def _preallocate(self, reqs: list, nodes: int) -> None:
+        """Buffers for the requests' whole limit (prompt + max_new_tokens + a tree or two draft blocks),
+        rounded up to a length bucket of 256; a larger limit later moves to the next bucket."""
+        m = self.models
+        need = max(len(s.prompt_ids) + s.max_new_tokens for s in reqs) + max(nodes, 2 * m.block_size)
+        if need <= self.capacity:
+            return
+        self.capacity = max(-(-need // 256) * 256, self.capacity)
+        for st in (self.target, self.draft):
+            st.preallocate(len(reqs), self.capacity)
+            st.graphs = self.graphs
 
     def _capture(self, reqs: list) -> None:
         """A one-row batch records its forwards' module shapes while its session's capture is on
@@ -87,6 +124,8 @@ class Rows:
         m = self.models
         t0 = clock(m.device)
         self._capture(reqs)
+        if self.static_shapes:
+            self._preallocate(reqs, max(static_nodes(s.policy, m.block_size) for s in reqs))
         out = self.target.prefill([s.prompt_ids for s in reqs])
         self.draft.start([out.features[b : b + 1, : len(s.prompt_ids)] for b, s in enumerate(reqs)])
         self.prefill_record = out.record
@@ -118,14 +157,20 @@ class Rows:
         uses = [not isinstance(p, AR) and d > 0 for p, d in zip(policies, depths)]
         max_depths = [d if u else 0 for d, u in zip(depths, uses)]  # a root-only tree needs no ancestry work
 
+        nodes = None
+        if self.static_shapes:  # one node count per policy mix: the forwards' shapes do not change
+            nodes = max(static_nodes(p, m.block_size) for p in policies)
+            self._preallocate(reqs, nodes)
+
         sw.start("draft")
         drafted = [None] * len(reqs)
         if any(uses):
             drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
         sw.start("tree_build")
-        trees = [stages.tree_build(p, d, r, m.device) for p, d, r in zip(policies, drafted, roots)]
+        trees = [stages.tree_build(p, d, r, m.device, sync_free=self.static_shapes)
+                 for p, d, r in zip(policies, drafted, roots)]
         sw.start("tree_compile")
-        layout = stages.tree_compile(trees, starts, max_depths)
+        layout = stages.tree_compile(trees, starts, max_depths, nodes)
         sw.start("verify")
         # A state that runs kernels inside its forward (a hybrid's GatedDeltaNet layers) takes the backend here.
         self.target.kernel_backend = reqs[0].kernel_backend

@@ -56,9 +56,10 @@ class Session(SessionState):
     """One generation, stepped a cycle at a time. ``step()`` -> Cycle; ``run()`` -> Trace."""
 
     def __init__(self, engine, prompt: "str | Prompt", policy: Policy, sampling: Sampling, seed: int,
-                 max_new_tokens: int, kernel_backend: str, record_topk: int, capture, batch=None):
+                 max_new_tokens: int, kernel_backend: str, record_topk: int, capture, batch=None,
+                 static_shapes: bool = False):
         """``batch``: the BatchSession this request is a row of (it prefills and steps it); None: a
-        session of its own, prefilled now."""
+        session of its own, prefilled now. ``static_shapes``: see ``workbench.runner.Rows``."""
         t_start = clock(engine.models.device)
         m = engine.models
         if not isinstance(prompt, Prompt):
@@ -87,7 +88,7 @@ class Session(SessionState):
         self._batch = batch
         self._rows: Rows | None = None
         if batch is None:
-            self._rows = Rows(m)
+            self._rows = Rows(m, static_shapes, getattr(engine, "graphs", None))
             with torch.inference_mode():
                 self._rows.prefill([self])
 
@@ -237,17 +238,23 @@ class Session(SessionState):
                 state_from=None) -> Cycle:
         k = self.record_topk
         top = drafted.top(k) if drafted is not None and k > 0 else None  # shared with the tree build when it ran
-        host = to_host(
-            tokens=tree.tokens[0], parents=tree.parents[0], depth=tree.depth[0], rank=tree.rank[0],
-            score=tree.score[0].float(), position_ids=compiled.positions[0], visibility=compiled.visibility[0],
-            retrieve_next_token=compiled.retrieve_next_token[0],
-            retrieve_next_sibling=compiled.retrieve_next_sibling[0], target_choice=verified.choice[0],
-            target_prob=verified.choice_prob[0].float(), accepted_nodes=committed.nodes,
-            target_top2_tokens=verified.top2_tokens[0], target_top2_logits=verified.top2_logits[0].float(),
-            draft_topk_logprobs=top[0][0] if top else torch.zeros(0, k),
-            draft_topk_tokens=top[1][0] if top else torch.zeros(0, k, dtype=torch.long),
-            **({} if state_from is None else {"state_from": state_from}),
-        )
+        # One host copy per dtype, not one per array: the per-node int64 arrays stacked, then the floats
+        # (top-2 as two rows each), split again on the host.
+        ints = torch.cat([tree.tokens, tree.parents, tree.depth, tree.rank, compiled.positions,
+                          compiled.retrieve_next_token, compiled.retrieve_next_sibling, verified.choice,
+                          verified.top2_tokens[0].T])  # [10, n]
+        floats = torch.cat([tree.score.float(), verified.choice_prob, verified.top2_logits[0].T])  # [4, n] float32 (promoted)
+        dev = to_host(ints=ints, floats=floats, visibility=compiled.visibility[0], accepted_nodes=committed.nodes,
+                      **({"draft_topk_logprobs": top[0][0], "draft_topk_tokens": top[1][0]} if top else {}),
+                      **({} if state_from is None else {"state_from": state_from}))
+        i, f = dev["ints"].unbind(0), dev["floats"].unbind(0)
+        host = dict(zip(("tokens", "parents", "depth", "rank", "position_ids", "retrieve_next_token",
+                         "retrieve_next_sibling", "target_choice"), i))
+        host.update(score=f[0], target_prob=f[1], visibility=dev["visibility"], accepted_nodes=dev["accepted_nodes"],
+                    target_top2_tokens=dev["ints"][8:].T, target_top2_logits=dev["floats"][2:].T,  # [n, 2] views
+                    draft_topk_logprobs=dev["draft_topk_logprobs"] if top else torch.zeros(0, k),
+                    draft_topk_tokens=dev["draft_topk_tokens"] if top else torch.zeros(0, k, dtype=torch.long),
+                    **({} if state_from is None else {"state_from": dev["state_from"]}))
         return Cycle(
             index=len(self.trace.cycles), policy=str(policy), start=start, root_token=root,
             accepted_tokens=host["tokens"][host["accepted_nodes"]], bonus=committed.bonus, committed=kept,

@@ -9,6 +9,9 @@ Sections (each catches its own failure and reports it; the others still run):
   accept_backends    torch, sglang (CUDA JIT) and sglang-triton agree on random batches
   sync_free_build    build_tree + compile_tree under torch.cuda.set_sync_debug_mode("error")
   stages             per-stage p50 / p90 (ms) per DDTree budget, bf16, and tau
+  cuda_graphs        wb.load(cuda_graphs=True): graph replay == eager static shapes (and == dynamic) token
+                     for token per budget; ms per cycle (p50/p90, per stage) eager dynamic / eager static /
+                     graphs, AR ms per token, captures and replays (written without a GPU: not yet run)
 The report goes to --out, else $OUT/check_cuda.json when $OUT is set (and always to stdout).
 Exit 0 when every section passed, 1 otherwise; without CUDA it prints why and exits 0.
 Needs only torch, transformers, tokenizers, safetensors, dflash, numpy (+ sglang's kernels and
@@ -179,6 +182,49 @@ def stages(wb, models, prompts, n, device: str = "cuda", budgets=BUDGETS, backen
     return {"ok": True, "unit": "ms [p50, p90] per cycle", "kernel_backend": backend, **out}
 
 
+def cuda_graphs(wb, models, prompts, n, device: str = "cuda", budgets=(16, 64)) -> dict:
+    """Static shapes replayed from CUDA graphs against the same engine eager (static and dynamic shapes):
+    the same tokens, and how much a cycle's launches cost."""
+    eager = wb.load(*models, device=device, dtype="bfloat16")
+    graphed = wb.load(*models, device=device, dtype="bfloat16", cuda_graphs=True)
+
+    def cycle_ms(traces):
+        cyc = [c for t in traces for c in t.cycles[1:]]  # the first cycle drafts the prompt's context
+        tot = [1e3 * sum(c.stage_seconds.values()) for c in cyc]
+        stages = {st: [round(1e3 * pct([c.stage_seconds[st] for c in cyc], q), 3) for q in (0.5, 0.9)]
+                  for st in cyc[0].stage_seconds}
+        return {"cycle": [round(pct(tot, 0.5), 3), round(pct(tot, 0.9), 3)], **stages}
+
+    out, ok = {}, True
+    ar = [run_session(eager, p, wb.AR(), n) for p in prompts]
+    ar_ms = statistics.median(1e3 * sum(sum(c.stage_seconds.values()) for c in s.cycles) / len(s.cycles) for s in ar)
+    out["ar_ms_per_token"] = round(ar_ms, 3)
+    for budget in budgets:
+        pol = wb.DDTree(budget)
+        run_session(graphed, prompts[0], pol, 16)  # captures (draft, verify) for this bucket
+        run_session(eager, prompts[0], pol, 16)
+        runs = {"dynamic": [], "static": [], "graphs": []}
+        for p in prompts:  # interleaved: the three see the same GPU
+            runs["dynamic"].append(run_session(eager, p, pol, n))
+            s = eager.session(p, policy=pol, max_new_tokens=n, static_shapes=True)
+            s.run()
+            runs["static"].append(s)
+            runs["graphs"].append(run_session(graphed, p, pol, n))
+        same_static = sum(a.tokens == b.tokens for a, b in zip(runs["graphs"], runs["static"]))
+        same_dynamic = sum(a.tokens == b.tokens for a, b in zip(runs["graphs"], runs["dynamic"]))
+        ok &= same_static == len(prompts)
+        times = {k: cycle_ms([s.trace for s in v]) for k, v in runs.items()}
+        tau = statistics.mean(s.trace.tau for s in runs["graphs"])
+        out[f"ddtree{budget}"] = {
+            "graphs_eq_static": f"{same_static}/{len(prompts)}", "graphs_eq_dynamic": f"{same_dynamic}/{len(prompts)}",
+            "tau": round(tau, 2), "ms_per_cycle": times,
+            "graphs_vs_eager_cycle": round(times["graphs"]["cycle"][0] / times["dynamic"]["cycle"][0], 3),
+            "speedup_vs_ar": round(tau * ar_ms / times["graphs"]["cycle"][0], 3),
+        }
+    out["captures"], out["replays"] = graphed.graphs.captures, graphed.graphs.replays
+    return {"ok": ok, "unit": "ms [p50, p90]", **out}
+
+
 def one_screen(report: dict) -> str:
     """JSON with one line per top-level key and per section entry: fits a screen, still valid JSON."""
     def block(v):
@@ -230,6 +276,7 @@ def main(argv=None) -> int:
     run_section(report, "fp32_cuda_vs_cpu", fp32_cuda_vs_cpu, wb, models, prompts, n)
     run_section(report, "bf16_vs_ar", bf16_vs_ar, wb, models, prompts, n)
     run_section(report, "stages", stages, wb, models, prompts, 2 * n)
+    run_section(report, "cuda_graphs", cuda_graphs, wb, models, prompts, 2 * n)
     sections = [k for k, v in report.items() if isinstance(v, dict) and "ok" in v]
     report["passed"] = [k for k in sections if report[k]["ok"]]
     report["failed"] = [k for k in sections if not report[k]["ok"]]

@@ -30,7 +30,7 @@ def additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
 
 # -------------------------------------------------------------------------------------------- the cache
 class KVLayer(DynamicLayer):
-    """One layer's keys/values: [B, kv_heads, capacity, head_dim] buffers owned by a ``KVBuffers``.
+    """One layer's keys/values: views ``[B, kv_heads, capacity, head_dim]`` of its owner's one store.
 
     Zero-initialised (not ``new_empty``): a hidden column still enters SDPA's weighted sum as 0 * value,
     and garbage NaN there would poison the output.
@@ -41,40 +41,29 @@ class KVLayer(DynamicLayer):
     def __init__(self, owner: "KVBuffers"):
         super().__init__()
         self.owner = owner
+        self._k: Tensor | None = None  # set by the owner (views of its store)
+        self._v: Tensor | None = None
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = key_states.new_zeros(key_states.shape[0], key_states.shape[1], 0, key_states.shape[3])
-        self._v = value_states.new_zeros(value_states.shape[0], value_states.shape[1], 0, value_states.shape[3])
+        self.owner.attach(self, key_states)
         self.is_initialized = True
-
-    def _reserve(self, rows: int) -> None:
-        cap = self._k.shape[2]
-        if rows <= cap:
-            return
-        new_cap = max(self.MIN_CAPACITY, cap * 2, rows)  # doubling keeps growth rare
-        k = self._k.new_zeros(*self._k.shape[:2], new_cap, self._k.shape[3])
-        v = self._v.new_zeros(*self._v.shape[:2], new_cap, self._v.shape[3])
-        used = max(self.owner.lengths, default=0)
-        if used:
-            k[:, :, :used].copy_(self._k[:, :, :used])
-            v[:, :, :used].copy_(self._v[:, :, :used])
-        self._k, self._v = k, v
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         offset, rows, width = self.owner.write_plan(n)
-        self._reserve(width)
         if rows is None:  # every row writes at the same offset: a slice
             self._k[:, :, offset : offset + n].copy_(key_states)
             self._v[:, :, offset : offset + n].copy_(value_states)
         else:
-            b = torch.arange(rows.shape[0], device=rows.device)[:, None]
+            b = self.owner.row_index(rows.shape[0], rows.device)
             # Advanced indices around a slice put their dims first: the target is [B, n, heads, head_dim].
             self._k[b, :, rows] = key_states.transpose(1, 2)
             self._v[b, :, rows] = value_states.transpose(1, 2)
+        if self.owner.static is not None:  # attention sees every column; the mask hides what is not in use
+            return self._k, self._v
         return self._k[:, :, :width], self._v[:, :, :width]
 
     def get_seq_length(self) -> int:
@@ -86,10 +75,19 @@ class KVLayer(DynamicLayer):
 
 
 class KVBuffers(Cache):
-    """Every row's keys/values, left-aligned in shared buffers, ``lengths[b]`` rows in use for row b.
+    """Every row's keys/values, left-aligned in one store shared by all layers, ``lengths[b]`` rows in use
+    for row b.
+
+    The store is one tensor ``[layers, 2, B, kv_heads, capacity, head_dim]`` (each layer's keys and values
+    are views of it), so growing, keeping a tree's accepted rows or dropping rows is one operation for the
+    whole model instead of one per layer and buffer.
 
     After a forward the caller sets the new lengths (``set_lengths``), keeps the accepted rows of a
     verified tree (``keep_rows``) or drops rows (``select``).
+
+    Static mode (``preallocate``): the store is allocated once at a fixed capacity, every forward writes
+    its rows at ``write_rows`` (a device tensor [B, n] the state fills) and attention sees the whole
+    capacity, so a forward's shapes and storage do not change from one cycle to the next.
     """
 
     def __init__(self, config, lengths: list[int], num_layers: int | None = None):
@@ -101,26 +99,91 @@ class KVBuffers(Cache):
         self._plan = None
         self._written: int | None = None
         self.layer_masks: dict | None = None  # layer index -> mask, for a forward whose layers differ
+        self.store: Tensor | None = None  # [layers, 2, B, kv_heads, capacity, head_dim]
+        self.static: int | None = None  # the fixed capacity in static mode
+        self.write_rows: Tensor | None = None  # static mode: int64 [B, n] rows the next forward writes
+        self._rows_idx: Tensor | None = None
 
     @property
     def rows(self) -> int:
         return len(self.lengths)
 
+    @property
+    def capacity(self) -> int:
+        return 0 if self.store is None else self.store.shape[4]
+
+    def attach(self, layer: KVLayer, key_states: Tensor) -> None:
+        """A layer's first write: the store is allocated for every layer at the first one."""
+        B, H, _, D = key_states.shape
+        if self.store is None:
+            self._point(key_states.new_zeros(len(self.layers), 2, B, H, 0, D))
+        elif (self.store.shape[3], self.store.shape[5], self.store.dtype) != (H, D, key_states.dtype):
+            raise ValueError(f"layer {self.layers.index(layer)} has keys {tuple(key_states.shape)} "
+                             f"({key_states.dtype}) but the others [B, {self.store.shape[3]}, n, "
+                             f"{self.store.shape[5]}] ({self.store.dtype}): one KVBuffers holds layers of one shape")
+
+    def _point(self, store: Tensor) -> None:
+        self.store = store
+        for i, layer in enumerate(self.layers):
+            layer._k, layer._v = store[i, 0], store[i, 1]
+
+    def reserve(self, rows: int) -> None:
+        """Capacity for ``rows`` rows per request (doubling keeps growth rare); the used rows move along."""
+        cap = self.capacity
+        if self.store is None or rows <= cap:
+            return
+        if self.static is not None:
+            raise ValueError(f"a forward needs {rows} rows but this static cache holds {cap}; "
+                             "preallocate a larger capacity")
+        new = self.store.new_zeros(*self.store.shape[:4], max(KVLayer.MIN_CAPACITY, cap * 2, rows),
+                                   self.store.shape[5])
+        used = max(self.lengths, default=0)
+        if used:
+            new[:, :, :, :, :used].copy_(self.store[:, :, :, :, :used])
+        self._point(new)
+
+    def preallocate(self, rows: int, capacity: int, heads: int, head_dim: int, dtype, device) -> None:
+        """Static mode: one store of ``capacity`` rows per request, allocated now; it grows only by another
+        ``preallocate`` (a new length bucket), which keeps the rows in use."""
+        old = self.store
+        self._point(torch.zeros(len(self.layers), 2, rows, heads, capacity, head_dim, dtype=dtype, device=device))
+        used = min(max(self.lengths, default=0), capacity)
+        if old is not None and used and old.shape[2] == rows:
+            self.store[:, :, :, :, :used].copy_(old[:, :, :, :, :used])
+        for layer in self.layers:
+            layer.dtype, layer.device, layer.is_initialized = dtype, torch.device(device), True
+        self.static = capacity
+        self._rows_idx = None
+
+    def row_index(self, rows: int, device) -> Tensor:
+        """int64 [rows, 1]: the batch index a scatter pairs with its destination rows (kept, not rebuilt)."""
+        if self._rows_idx is None or self._rows_idx.shape[0] != rows:
+            self._rows_idx = torch.arange(rows, device=device)[:, None]
+        return self._rows_idx
+
     def write_plan(self, n: int) -> tuple[int, Tensor | None, int]:
         """(offset, destination rows [B, n] or None when every row writes at ``offset``, visible width)."""
+        if self.static is not None:
+            if self.write_rows is None or self.write_rows.shape[1] != n:
+                raise ValueError(f"static cache: a forward of {n} tokens per row needs write_rows [B, {n}] set first")
+            return 0, self.write_rows, self.static
         key = (n, tuple(self.lengths))
         if self._plan is None or self._plan[0] != key:  # computed once per forward, shared by the layers
             first = self.lengths[0]
             rows = None
             if any(x != first for x in self.lengths):
                 rows = torch.tensor(self.lengths)[:, None] + torch.arange(n)[None]
-                rows = rows.to(self.layers[0]._k.device)
+                rows = rows.to(self.store.device)
             self._plan = (key, (first, rows, max(self.lengths) + n))
+            self.reserve(self._plan[1][2])
         self._written = self._plan[1][2]
         return self._plan[1]
 
     def width(self) -> int:
-        """Columns attention sees: max(lengths), or the last forward's width until the lengths are set."""
+        """Columns attention sees: max(lengths), or the last forward's width until the lengths are set
+        (static mode: the capacity)."""
+        if self.static is not None:
+            return self.static
         return self._written if self._written is not None else max(self.lengths, default=0)
 
     def uniform(self) -> bool:
@@ -137,32 +200,28 @@ class KVBuffers(Cache):
 
     def keep_rows(self, starts: list[int], nodes: list[Tensor]) -> None:
         """Row b verified a tree at rows [starts[b], ...); keep its ``nodes[b]`` rows (root first), in order,
-        at rows [starts[b], starts[b] + len(nodes[b])). One row: ``compact_kv_`` moves only what must move;
-        more: one gather and one scatter per buffer for the whole batch."""
-        layers = [layer for layer in self.layers if layer.is_initialized]
-        if len(starts) == 1:
-            for layer in layers:
-                compact_kv_(layer._k, starts[0], nodes[0])
-                compact_kv_(layer._v, starts[0], nodes[0])
-        elif layers:
+        at rows [starts[b], starts[b] + len(nodes[b])), for every layer at once. One row: ``compact_kv_``
+        moves only what must move; more: one gather and one scatter for the whole batch."""
+        store = self.store
+        if store is not None and len(starts) == 1:
+            compact_kv_(store.flatten(0, 2), starts[0], nodes[0])  # [layers * 2 * 1, heads, capacity, dim]
+        elif store is not None:
             A = max(int(x.shape[0]) for x in nodes)
             dev = nodes[0].device
             j = torch.arange(A, device=dev)
             # Short rows repeat their last node: those copies land past the new length, where nothing reads.
             src = torch.stack([s + x[j.clamp(max=x.shape[0] - 1)] for s, x in zip(starts, nodes)])  # [B, A]
             dst = torch.tensor(starts, device=dev)[:, None] + j[None]  # [B, A]
-            b_idx = torch.arange(len(starts), device=dev)[:, None]
-            for layer in layers:
-                for buf in (layer._k, layer._v):
-                    buf[b_idx, :, dst] = buf[b_idx, :, src]  # the gather copies first: overlapping rows are safe
+            b_idx = self.row_index(len(starts), dev)
+            store[:, :, b_idx, :, dst] = store[:, :, b_idx, :, src]  # the gather copies first: overlaps are safe
         self.set_lengths([s + int(x.shape[0]) for s, x in zip(starts, nodes)])
 
     def select(self, keep: list[int]) -> None:
         """Keep only the rows ``keep``, in order: retired requests leave the buffers."""
-        for layer in self.layers:
-            if layer.is_initialized:
-                idx = torch.tensor(keep, dtype=torch.long, device=layer._k.device)
-                layer._k, layer._v = layer._k.index_select(0, idx), layer._v.index_select(0, idx)
+        if self.store is not None:
+            idx = torch.tensor(keep, dtype=torch.long, device=self.store.device)
+            self._point(self.store.index_select(2, idx))
+            self._rows_idx = None
         self.set_lengths([self.lengths[b] for b in keep])
 
     def nbytes(self) -> int:
@@ -190,6 +249,8 @@ class PrefixMask:
         self.dtype, self.device = dtype, device
         self.buf = torch.zeros(0, 1, 0, 0, dtype=dtype, device=device)  # [rows, 1, queries, cols]
         self._written: list[tuple[int, int]] | None = None  # per row: (start, queries) of its tree block
+        self.width: int | None = None  # static mode: the fixed column count (the cache's capacity)
+        self._zero = self._hidden = None
 
     def _fresh(self, rows: int, queries: int, cols: int, starts: list[int]) -> None:
         col = torch.arange(cols, device=self.device)[None, None, None]
@@ -203,20 +264,36 @@ class PrefixMask:
         W = max(starts) + N
         rows, r, c = self.buf.shape[0], self.buf.shape[2], self.buf.shape[3]
         old = self._written
-        if (old is None or rows != B or N > r or W > c
+        if self.width is not None and W > self.width:
+            raise ValueError(f"a tree of {N} nodes rooted at {max(starts)} needs {W} mask columns but this static "
+                             f"mask has {self.width}; preallocate a larger capacity")
+        if (old is None or rows != B or N > r or W > c or (self.width is not None and (N != r or c != self.width))
                 or any(s < s0 for s, (s0, _) in zip(starts, old))):  # grown, reshaped or rolled back: rebuild
-            self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
+            if self.width is not None:
+                self._fresh(B, N, self.width, starts)
+            else:
+                self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
             old = self._written
         inf = float("-inf")
+        zero, hidden = self._scalars()
         for b, (s, (s0, q0)) in enumerate(zip(starts, old)):
             row = self.buf[b]
             if s > s0:
                 row[:, :, s0:s] = 0  # committed since: prefix now, for every query
-            if s0 + q0 > s:
+            if s0 + q0 > s and (q0 > N or s0 + q0 > s + N):  # (else the new block below covers it all)
                 row[:, :q0, s : s0 + q0] = inf  # what is left of the old block is hidden again
-            row[:, :N, s : s + N].masked_fill_(~visibility[b, None], inf).masked_fill_(visibility[b, None], 0)
+            torch.where(visibility[b, None], zero, hidden, out=row[:, :N, s : s + N])  # one write for the block
         self._written = [(s, N) for s in starts]
+        if self.width is not None:  # static: every column, always the same view of the same buffer
+            return self.buf[:, :, :N]
         return self.buf[:, :, :N, :W]
+
+    def _scalars(self) -> tuple[Tensor, Tensor]:
+        """0 and -inf as 0-d tensors of the mask's dtype, made once (``where`` then writes the block in place)."""
+        if self._zero is None:
+            self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
+            self._hidden = torch.full((), float("-inf"), dtype=self.dtype, device=self.device)
+        return self._zero, self._hidden
 
     def mask(self, visibility: Tensor, start: int) -> Tensor:
         """One row: visibility [1, n, n] -> additive [1, 1, n, start + n]."""
@@ -229,6 +306,43 @@ class PrefixMask:
 
     def reset(self) -> None:
         self._written = None
+
+
+# ------------------------------------------------------------------------------------- static shapes
+class StaticInputs:
+    """A static-shape state's forward inputs, one set of buffers per (rows, tokens per row), reused every
+    cycle, and each row's committed length as a device tensor (``lengths``, int64 [B]).
+
+    Lengths reach the device by one small fill per row: a host value passed as a kernel argument, never a
+    copy that would wait (a host-to-device copy from pageable memory synchronises on CUDA).
+    """
+
+    def __init__(self, rows: int, device):
+        self.device = device
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self._bufs: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+
+    def inputs(self, rows: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(ids, positions, write rows), each int64 [rows, n]: the same tensors for every forward of n."""
+        if (rows, n) not in self._bufs:
+            z = lambda: torch.zeros(rows, n, dtype=torch.long, device=self.device)  # noqa: E731
+            self._bufs[rows, n] = (z(), z(), z(), torch.arange(n, device=self.device))
+        return self._bufs[rows, n][:3]
+
+    def write_rows(self, rows: Tensor, offset: Tensor | None = None) -> Tensor:
+        """rows[b, i] = (offset or lengths)[b] + i, in place."""
+        ar = self._bufs[tuple(rows.shape)][3]
+        return torch.add((self.lengths if offset is None else offset)[:, None], ar, out=rows)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        if self.lengths.shape[0] != len(lengths):
+            self.lengths = torch.zeros(len(lengths), dtype=torch.long, device=self.device)
+        for b, n in enumerate(lengths):
+            self.lengths[b].fill_(n)
+
+    def select(self, rows: list[int]) -> None:
+        self.lengths = self.lengths[rows]
+        self._bufs.clear()  # fewer rows: new shapes (a batch that retires a request is a new bucket)
 
 
 # ------------------------------------------------------------------------------------------- the target
@@ -245,6 +359,21 @@ class DenseKV:
         self.models, self.capture = models, capture
         self.cache = KVBuffers(models.target.config, [0] * rows)
         self.masks = PrefixMask(models.dtype, models.device)
+        self.static: StaticInputs | None = None  # set by preallocate: fixed shapes and storage
+        self.graphs = None  # a workbench.graphs.Graphs: the static verify captured and replayed
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on: K/V and mask buffers of ``capacity`` columns per row allocated once,
+        every verify's inputs copied into buffers kept per node count, attention over every column (the
+        mask hides the unused), committed lengths also on the device (``static.lengths``)."""
+        _, heads, dim = _kv_shape(self.models.target.config)
+        m = self.models
+        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.masks.width = capacity
+        self.masks.reset()
+        self.static = StaticInputs(rows, m.device)
+        if len(self.cache.lengths) == rows:
+            self.static.set_lengths(self.cache.lengths)
 
     @property
     def lengths(self) -> list[int]:
@@ -265,6 +394,8 @@ class DenseKV:
         B, P = len(prompts), max(len(p) for p in prompts)
         self.cache.set_lengths([0] * B)
         self.masks.reset()
+        if self.static is not None:
+            return self._prefill_static(prompts)
         mask = None  # one prompt (or equal lengths): the model's own causal mask
         if B == 1:
             ids = torch.tensor(prompts, device=dev)
@@ -288,12 +419,46 @@ class DenseKV:
             last = last[:, None]
         return StepOut(last, out.features, out.record)
 
+    def _prefill_static(self, prompts: list[list[int]]) -> StepOut:
+        """The prompts into the preallocated buffers (the prefill's own shapes: it runs once)."""
+        m, st = self.models, self.static
+        dev = m.device
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, x in enumerate(prompts):
+            ids[b, : len(x)] = torch.tensor(x, device=dev)
+        lens = torch.tensor([len(x) for x in prompts], device=dev)
+        col, q = torch.arange(self.cache.capacity, device=dev), torch.arange(P, device=dev)
+        # Causal within each prompt, nothing past it; padding queries see their prompt (never an empty row).
+        visible = (col[None, None] <= q[None, :, None]) & (col[None, None] < lens[:, None, None])
+        self.cache.write_rows = q.expand(B, P)
+        out = self._forward(ids, q.expand(B, P), ForwardMode.EXTEND, additive(visible[:, None], m.dtype))
+        self.cache.set_lengths([len(x) for x in prompts])
+        st.set_lengths(self.cache.lengths)
+        last = out.logits[torch.arange(B, device=dev), lens - 1][:, None]
+        return StepOut(last, out.features, out.record)
+
+    def _verify_static(self, layout: TreeLayout, mode: ForwardMode) -> StepOut:
+        """Every verify of N nodes per row reads the same buffers: ids, positions, the rows it writes."""
+        ids, pos, rows = self.static.inputs(layout.B, layout.N)
+        ids.copy_(layout.tokens)
+        pos.copy_(layout.positions)
+        self.static.write_rows(rows)  # committed length + node index, on the device
+        self.cache.write_rows = rows
+        mask = self.masks.tree(layout.visibility, layout.starts)  # [B, 1, N, capacity]: one buffer
+        if self.graphs is not None:
+            return self.graphs.run(f"target {mode}", (ids, pos, mask, rows, self.cache.store),
+                                   lambda: self._forward(ids, pos, mode, mask))
+        return self._forward(ids, pos, mode, mask)
+
     def _check(self, layout: TreeLayout) -> None:
         if layout.starts != self.cache.lengths:
             raise ValueError(f"layout roots at {layout.starts} but the rows hold {self.cache.lengths} tokens")
 
     def verify(self, layout: TreeLayout, mode: ForwardMode = ForwardMode.TARGET_VERIFY) -> StepOut:
         self._check(layout)
+        if self.static is not None:
+            return self._verify_static(layout, mode)
         mask = None  # one query per row over equal prefixes sees every column: no mask needed
         if layout.N > 1 or not self.cache.uniform():
             mask = self.masks.tree(layout.visibility, layout.starts)
@@ -306,6 +471,8 @@ class DenseKV:
 
     def commit(self, layout: TreeLayout, nodes: list[Tensor]) -> None:
         self.cache.keep_rows(layout.starts, nodes)
+        if self.static is not None:
+            self.static.set_lengths(self.cache.lengths)
 
     def can_crop(self, lengths: list[int]) -> bool:
         return len(lengths) == self.rows and all(0 <= n <= L for n, L in zip(lengths, self.lengths))
@@ -315,10 +482,14 @@ class DenseKV:
             raise ValueError(f"crop({lengths}): give one length per row, each at most its {self.lengths}")
         self.cache.set_lengths(lengths)
         self.masks.reset()
+        if self.static is not None:
+            self.static.set_lengths(lengths)
 
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
         self.masks.select(rows)
+        if self.static is not None:
+            self.static.select(rows)
 
     def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
         return self.cache.kv(row)
@@ -364,6 +535,19 @@ class DraftKV:
         self.cache = KVBuffers(models.draft.config, [0] * rows)
         self.context: list[Tensor] = []  # per row [1, m_b, F]
         self.kinds = [_layer_kind(layer.self_attn) for layer in models.draft.layers]
+        self.static: StaticInputs | None = None
+        self._static_bufs: dict = {}
+        self.graphs = None  # a workbench.graphs.Graphs: the static draft captured and replayed
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context
+        slots (a row's new context, padded; a longer one, as after the prefill, goes in block-sized
+        chunks first) and ``capacity`` key columns, in buffers allocated once."""
+        _, heads, dim = _kv_shape(self.models.draft.config)
+        m = self.models
+        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.static = StaticInputs(rows, m.device)
+        self._static_bufs = {}
 
     @property
     def lengths(self) -> list[int]:
@@ -384,7 +568,9 @@ class DraftKV:
         m = self.models
         dev, Bk = m.device, m.block_size
         B = len(roots)
-        if B == 1:
+        if self.static is not None:
+            logits, rec = self._draft_static(roots, starts)
+        elif B == 1:
             block = torch.full((1, Bk), m.mask_token_id, dtype=torch.long, device=dev)
             block[0, 0] = roots[0]
             ctx = self.context[0]
@@ -418,11 +604,26 @@ class DraftKV:
         col = torch.arange(max(self.cache.lengths) + M + Bk, device=dev)[None]  # [1, W]
         mlen = torch.tensor(ctx_lens, device=dev)[:, None]
         st = torch.tensor(starts, device=dev)[:, None]
+        masks = {k: additive(v, m.dtype) for k, v in self._visible(L, mlen, st, col, M).items()}
+        first = masks[self.kinds[0]]
+        if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
+            self._install_hooks()
+            self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        try:
+            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+        finally:
+            self.cache.layer_masks = None
+
+    def _visible(self, L: Tensor, mlen: Tensor, st: Tensor, col: Tensor, M: int) -> dict:
+        """Per layer kind: bool [B, 1, block, W] of which keys each block query sees. L, mlen, st: [B, 1]
+        cache rows, real context rows and block start per row; col [1, W]; M context slots per row."""
+        Bk = self.models.block_size
+        B = L.shape[0]
         in_block = (col >= L + M) & (col < L + M + Bk)
         valid = (col < L + mlen) | in_block  # [B, W]
         kpos = torch.where(in_block, st + col - L - M, col)[:, None, :]  # [B, 1, W]
-        qpos = (st + torch.arange(Bk, device=dev)[None])[:, :, None]  # [B, Bk, 1]
-        masks = {}
+        qpos = (st + torch.arange(Bk, device=col.device)[None])[:, :, None]  # [B, Bk, 1]
+        out = {}
         for kind in set(self.kinds):
             causal, window = kind
             vis = valid[:, None, :].expand(B, Bk, valid.shape[1])
@@ -432,13 +633,70 @@ class DraftKV:
                 vis = vis & (qpos - kpos < window)
                 if not causal:
                     vis = vis & (kpos - qpos < window)
-            masks[kind] = additive(vis[:, None], m.dtype)  # [B, 1, Bk, W]
-        first = masks[self.kinds[0]]
-        if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
+            out[kind] = vis[:, None]
+        return out
+
+    def _draft_static(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        """The draft with static shapes: context longer than a block goes in block-sized chunks first
+        (a context row's keys depend on its features and position only, so chunks give the same cache)."""
+        Bk = self.models.block_size
+        ctx = list(self.context)
+        lengths = list(self.cache.lengths)
+        while any(c.shape[1] > Bk for c in ctx):
+            take = [Bk if c.shape[1] > Bk else 0 for c in ctx]
+            chunk = [c[:, :t] for c, t in zip(ctx, take)]
+            ends = [L + t for L, t in zip(lengths, take)]
+            self._static_forward(roots, ends, chunk, lengths)  # the block's outputs unused
+            lengths = ends
+            self.cache.set_lengths(lengths)
+            ctx = [c[:, t:] for c, t in zip(ctx, take)]
+        return self._static_forward(roots, starts, ctx, lengths)
+
+    def _static_forward(self, roots, starts, ctx, lengths) -> tuple[Tensor, ForwardRecord]:
+        """One draft forward over the preallocated buffers: block [B, Bk], positions [B, C + Bk], context
+        [B, C, F] (C = Bk slots, row b's first m_b real), masks [B, 1, Bk, capacity] per layer kind."""
+        m, st = self.models, self.static
+        dev, Bk, C = m.device, m.block_size, m.block_size
+        B, F, W = len(roots), ctx[0].shape[-1], self.cache.capacity
+        bufs = self._static_bufs
+        if bufs.get("shape") != (B, W):
+            bufs.clear()
+            bufs["shape"] = (B, W)
+            bufs["block"] = torch.full((B, Bk), m.mask_token_id, dtype=torch.long, device=dev)
+            bufs["ctx"] = torch.zeros(B, C, F, dtype=ctx[0].dtype, device=dev)
+            bufs["vec"] = torch.zeros(3, B, dtype=torch.long, device=dev)  # cache rows, context rows, start
+            bufs["col"] = torch.arange(W, device=dev)[None]
+            bufs["masks"] = {k: torch.zeros(B, 1, Bk, W, dtype=m.dtype, device=dev) for k in set(self.kinds)}
+        _, pos, rows = st.inputs(B, C + Bk)
+        vec = bufs["vec"]
+        for b, (r, c, L, s) in enumerate(zip(roots, ctx, lengths, starts)):
+            bufs["block"][b, 0].fill_(r)  # host values as kernel arguments: nothing waits
+            bufs["ctx"][b, : c.shape[1]].copy_(c[0])  # stale padding rows are hidden by the mask
+            vec[0, b].fill_(L)
+            vec[1, b].fill_(c.shape[1])
+            vec[2, b].fill_(s)
+        L, mlen, s0 = vec[0][:, None], vec[1][:, None], vec[2][:, None]
+        ar = torch.arange(C + Bk, device=dev)[None]
+        # Context slot j at position L + j (real up to m_b, then hidden), block slot j at start + j.
+        torch.where(ar < C, L + ar, s0 + ar - C, out=pos)
+        st.write_rows(rows, vec[0])
+        self.cache.write_rows = rows
+        zero, hidden = torch.zeros((), dtype=m.dtype, device=dev), torch.full((), float("-inf"), dtype=m.dtype, device=dev)
+        for kind, vis in self._visible(L, mlen, s0, bufs["col"], C).items():
+            torch.where(vis, zero, hidden, out=bufs["masks"][kind])
+        masks = bufs["masks"]
+        if len(masks) > 1:
             self._install_hooks()
             self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        def forward():
+            return run_draft(m.draft, m.target, bufs["block"], pos, bufs["ctx"], self.cache, self.capture,
+                             masks[self.kinds[0]])
+
         try:
-            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+            if self.graphs is not None:
+                return self.graphs.run("draft", (bufs["block"], pos, bufs["ctx"], rows, self.cache.store,
+                                                 *masks.values()), forward)
+            return forward()
         finally:
             self.cache.layer_masks = None
 
@@ -452,6 +710,8 @@ class DraftKV:
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
         self.context = [self.context[r] for r in rows]
+        if self.static is not None:
+            self.static.select(rows)
 
     def crop(self, lengths: list[int]) -> None:
         """Free for K/V; the pending context of the dropped positions is dropped with them."""

@@ -35,7 +35,12 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
     """``state``: the target's ``TargetState``. Row b chooses with ``samplings[b]`` from ``generators[b]``,
     over its own nodes only, so a batch consumes each generator as that request alone would."""
     out = state.decode(layout) if mode == ForwardMode.DECODE else state.verify(layout)
-    if len(samplings) == 1 or all(s.greedy for s in samplings):
+    top2 = out.logits.topk(2, dim=-1)  # one small kernel; lets wb.first_divergence name near-ties
+    if all(s.greedy for s in samplings):
+        choice = out.logits.argmax(-1)  # argmax, not top2's first: the first of equal logits, as AR takes
+        # The choice's probability: its logit is the largest, top2's first value.
+        prob = torch.exp(top2.values[..., 0].float() - torch.logsumexp(out.logits.float(), dim=-1))
+    elif len(samplings) == 1:
         choice, prob = target_choice(out.logits, samplings[0], generators[0])
     else:
         choice = torch.zeros(layout.tree.tokens.shape, dtype=torch.long, device=out.logits.device)
@@ -43,5 +48,4 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
         for b, (s, g, n) in enumerate(zip(samplings, generators, layout.n)):
             c, p = target_choice(out.logits[b : b + 1, :n], s, g)
             choice[b, :n], prob[b, :n] = c[0], p[0]
-    top2 = out.logits.topk(2, dim=-1)  # one small kernel; lets wb.first_divergence name near-ties
     return Verified(choice, prob, out.features, None, out.record, top2.indices, top2.values)
