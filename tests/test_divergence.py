@@ -90,7 +90,10 @@ def _craft(trace, k, tokens, logits, dtype=None, cut=True, temperature=None):
     """A copy of an AR trace whose cycle k emitted tokens[0] with the given top-2 (and ends there)."""
     cycles = list(trace.cycles[: k + 1] if cut else trace.cycles)
     c = cycles[k]
-    cycles[k] = dataclasses.replace(c, bonus=tokens[0], target_top2_tokens=torch.tensor([list(tokens)]),
+    choice = c.target_choice.clone()
+    choice[c.accepted_nodes[-1]] = tokens[0]  # the bonus is the target's choice at the last accepted node
+    cycles[k] = dataclasses.replace(c, bonus=tokens[0], target_choice=choice,
+                                    target_top2_tokens=torch.tensor([list(tokens)]),
                                     target_top2_logits=torch.tensor([list(logits)]))
     meta = dict(trace.meta)
     if dtype:

@@ -183,7 +183,7 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     try:
         if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
             for p in pols:
-                bar.set_postfix_str(f"warm-up {p}", refresh=False)
+                bar.set_postfix_str(f"warm-up {p}", refresh=True)
                 run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
                 bar.update(1)
         for i, item in enumerate(prompts):

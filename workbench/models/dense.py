@@ -46,7 +46,7 @@ class KVLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.owner.attach(self, key_states)
+        self.owner.attach(self, key_states, value_states)
         self.is_initialized = True
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
@@ -99,7 +99,8 @@ class KVBuffers(Cache):
         self._plan = None
         self._written: int | None = None
         self.layer_masks: dict | None = None  # layer index -> mask, for a forward whose layers differ
-        self.store: Tensor | None = None  # [layers, 2, B, kv_heads, capacity, head_dim]
+        self.store: Tensor | None = None  # [layers, 2, B, kv_heads, capacity, max(key dim, value dim)]
+        self.dims: tuple[int, int] | None = None  # (key dim, value dim): MLA's differ (e.g. 192 and 128)
         self.static: int | None = None  # the fixed capacity in static mode
         self.write_rows: Tensor | None = None  # static mode: int64 [B, n] rows the next forward writes
         self._rows_idx: Tensor | None = None
@@ -112,20 +113,24 @@ class KVBuffers(Cache):
     def capacity(self) -> int:
         return 0 if self.store is None else self.store.shape[4]
 
-    def attach(self, layer: KVLayer, key_states: Tensor) -> None:
-        """A layer's first write: the store is allocated for every layer at the first one."""
-        B, H, _, D = key_states.shape
+    def attach(self, layer: KVLayer, key_states: Tensor, value_states: Tensor) -> None:
+        """A layer's first write: the store is allocated for every layer at the first one. Keys and values
+        share it at the wider of their widths; each layer's views take their own width."""
+        B, H, _, Dk = key_states.shape
+        dims = (Dk, value_states.shape[-1])
         if self.store is None:
-            self._point(key_states.new_zeros(len(self.layers), 2, B, H, 0, D))
-        elif (self.store.shape[3], self.store.shape[5], self.store.dtype) != (H, D, key_states.dtype):
+            self.dims = dims
+            self._point(key_states.new_zeros(len(self.layers), 2, B, H, 0, max(dims)))
+        elif (self.store.shape[3], self.dims, self.store.dtype) != (H, dims, key_states.dtype):
             raise ValueError(f"layer {self.layers.index(layer)} has keys {tuple(key_states.shape)} "
                              f"({key_states.dtype}) but the others [B, {self.store.shape[3]}, n, "
-                             f"{self.store.shape[5]}] ({self.store.dtype}): one KVBuffers holds layers of one shape")
+                             f"{self.dims}] ({self.store.dtype}): one KVBuffers holds layers of one shape")
 
     def _point(self, store: Tensor) -> None:
         self.store = store
+        dk, dv = self.dims or (store.shape[5], store.shape[5])
         for i, layer in enumerate(self.layers):
-            layer._k, layer._v = store[i, 0], store[i, 1]
+            layer._k, layer._v = store[i, 0, ..., :dk], store[i, 1, ..., :dv]
 
     def reserve(self, rows: int) -> None:
         """Capacity for ``rows`` rows per request (doubling keeps growth rare); the used rows move along."""
@@ -146,6 +151,7 @@ class KVBuffers(Cache):
         """Static mode: one store of ``capacity`` rows per request, allocated now; it grows only by another
         ``preallocate`` (a new length bucket), which keeps the rows in use."""
         old = self.store
+        self.dims = (head_dim, head_dim)  # static mode: keys and values of one width (not MLA's two)
         self._point(torch.zeros(len(self.layers), 2, rows, heads, capacity, head_dim, dtype=dtype, device=device))
         used = min(max(self.lengths, default=0), capacity)
         if old is not None and used and old.shape[2] == rows:
