@@ -80,22 +80,36 @@ def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode,
     """
     from dflash.model import extract_context_feature
 
+    from workbench.models import dense_forward
+
     before = cache_length(cache)
-    with capture.forward("target", mode) if capture else _nullctx():
-        out = target(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                     use_cache=True, output_hidden_states=layer_ids is not None, logits_to_keep=logits_to_keep)
-    feats = extract_context_feature(out.hidden_states, layer_ids) if layer_ids is not None else None
+    # The engine's own forward where it applies (same ops, bit-identical); a capture records the modules
+    # of the model's own forward, so it always runs that one.
+    own = None if capture else dense_forward.forward(target, ids, positions, cache, mask,
+                                                     None if layer_ids is None else [i + 1 for i in layer_ids],
+                                                     logits_to_keep)
+    if own is not None:
+        logits, chosen = own
+        feats = torch.cat(chosen, dim=-1) if layer_ids is not None else None
+        # What output_hidden_states would have returned: one [bs, n, hidden] per layer and the embeddings.
+        hidden = (target.config.num_hidden_layers + 1, chosen[0]) if chosen else None
+    else:
+        with capture.forward("target", mode) if capture else _nullctx():
+            out = target(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                         use_cache=True, output_hidden_states=layer_ids is not None, logits_to_keep=logits_to_keep)
+        logits = out.logits
+        hidden = (len(out.hidden_states), out.hidden_states[0]) if out.hidden_states else None
+        feats = extract_context_feature(out.hidden_states, layer_ids) if layer_ids is not None else None
     inputs = {"input_ids": shape_of(ids), "positions": shape_of(positions)}
     if mask is not None:
         inputs["attention_mask"] = shape_of(mask)
-    outputs = {"logits": shape_of(out.logits)}
+    outputs = {"logits": shape_of(logits)}
     if feats is not None:
-        outputs["hidden_states"] = {**shape_of(out.hidden_states[0]),
-                                    "shape": [len(out.hidden_states)] + list(out.hidden_states[0].shape)}
+        outputs["hidden_states"] = {**shape_of(hidden[1]), "shape": [hidden[0]] + list(hidden[1].shape)}
         outputs["draft_context"] = shape_of(feats)
     rec = ForwardRecord("target", mode, inputs, outputs, before, cache_length(cache),
                         capture.take() if capture else ())
-    return TargetOutput(out.logits, feats, rec)
+    return TargetOutput(logits, feats, rec)
 
 
 def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tensor, cache, capture=None,
