@@ -219,3 +219,35 @@ def test_float32_sums_would_reorder_this_case():
         tree = build(*sorted_slots(lp, 3), torch.tensor([7]), 2)
         assert tree.depth[0].tolist() == [0, 1, 2], build.__name__  # root, (0,), then A
         assert tree.score[0, 2].item() == -4 - 3 * u
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_choice_equals_argmax_with_and_without_ties(dtype):
+    """The CPU shortcut (top-2's first when no node ties) against the oracle, argmax, on random logits:
+    no ties, two- and many-way ties for the max (bf16 makes them routine), -inf and all-equal rows."""
+    from ddtree_kernels.greedy import greedy_choice
+
+    g = torch.Generator().manual_seed(3)
+    shortcuts = 0
+    for trial in range(200):
+        n, V = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(2, 300, (1,), generator=g))
+        logits = (torch.randn(2, n, V, generator=g) * 3).to(dtype)
+        kind = trial % 5
+        if kind == 1:  # a two-way tie for the max at one node, the later index first in memory order
+            b, i = 0, n // 2
+            j, k = sorted(torch.randperm(V, generator=g)[:2].tolist())
+            logits[b, i, k] = logits[b, i, j] = logits[b, i].max() + 1
+        elif kind == 2:  # many-way ties everywhere: a coarse grid of values
+            logits = torch.randint(0, 3, (2, n, V), generator=g).to(dtype)
+        elif kind == 3:
+            logits[:, 0] = float("-inf")
+            logits[:, 0, V - 1] = 0.0
+        elif kind == 4:
+            logits[1] = 1.5
+        for sync_free in (False, True):
+            choice, top_v, top_i = greedy_choice(logits, sync_free)
+            assert torch.equal(choice, logits.argmax(-1)), (trial, sync_free)
+            assert torch.equal(top_v, logits.topk(2, dim=-1).values)
+        ties = bool((logits.topk(2, dim=-1).values.diff(dim=-1) == 0).any())
+        shortcuts += not ties
+    assert 10 < shortcuts < 200  # both routes were taken

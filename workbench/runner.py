@@ -176,7 +176,7 @@ class Rows:
         self.target.kernel_backend = reqs[0].kernel_backend
         mode = ForwardMode.DECODE if all(isinstance(p, AR) for p in policies) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(self.target, layout, mode, [s.sampling for s in reqs],
-                                 [s.generator for s in reqs])
+                                 [s.generator for s in reqs], sync_free=self.static_shapes)
         sw.start("accept")
         accepted = stages.accept(reqs[0].kernel_backend, layout, verified)
         sw.start("commit")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ddtree_kernels.greedy import greedy_choice
 from workbench.forward import ForwardMode, ForwardRecord
 from workbench.layout import TreeLayout
 from workbench.sampling import Sampling, target_choice
@@ -31,15 +32,16 @@ class Verified:
 
 
 def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Sampling],
-           generators: list) -> Verified:
+           generators: list, sync_free: bool = False) -> Verified:
     """``state``: the target's ``TargetState``. Row b chooses with ``samplings[b]`` from ``generators[b]``,
-    over its own nodes only, so a batch consumes each generator as that request alone would."""
+    over its own nodes only, so a batch consumes each generator as that request alone would.
+    ``sync_free``: read no value on the host (static shapes)."""
     out = state.decode(layout) if mode == ForwardMode.DECODE else state.verify(layout)
-    top2 = out.logits.topk(2, dim=-1)  # one small kernel; lets wb.first_divergence name near-ties
+    greedy, top2_logits, top2_tokens = greedy_choice(out.logits, sync_free)  # the top-2 names near-ties
     if all(s.greedy for s in samplings):
-        choice = out.logits.argmax(-1)  # argmax, not top2's first: the first of equal logits, as AR takes
+        choice = greedy  # the first of equal logits, as AR takes
         # The choice's probability: its logit is the largest, top2's first value.
-        prob = torch.exp(top2.values[..., 0].float() - torch.logsumexp(out.logits.float(), dim=-1))
+        prob = torch.exp(top2_logits[..., 0].float() - torch.logsumexp(out.logits.float(), dim=-1))
     elif len(samplings) == 1:
         choice, prob = target_choice(out.logits, samplings[0], generators[0])
     else:
@@ -48,4 +50,4 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
         for b, (s, g, n) in enumerate(zip(samplings, generators, layout.n)):
             c, p = target_choice(out.logits[b : b + 1, :n], s, g)
             choice[b, :n], prob[b, :n] = c[0], p[0]
-    return Verified(choice, prob, out.features, None, out.record, top2.indices, top2.values)
+    return Verified(choice, prob, out.features, None, out.record, top2_tokens, top2_logits)
