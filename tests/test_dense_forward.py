@@ -150,3 +150,38 @@ def test_a_hook_on_a_bypassed_module_runs_the_models_own_forward(tmp_path):
     # MLA (DeepSeek-V3) keeps the model's own forward.
     mla = AutoModelForCausalLM.from_pretrained(write_deepseek_v3(tmp_path / "ds"))
     assert dense_forward.plan(mla) is None
+
+
+def test_own_drafter_forward_is_bit_identical_to_dflashs(tmp_path):
+    """Two block forwards (a cache in between) of a z-lab-layout DFlash drafter, without a mask (one row)
+    and with the batch's additive mask, against dflash's own forward; DFlash 2 and windowed drafters
+    keep dflash's."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+    from real_layouts import write_draft
+
+    draft = DFlashDraftModel.from_pretrained(write_draft(tmp_path / "z")).eval()
+    assert dense_forward.draft_plan(draft) is not None
+    assert dense_forward.draft_plan(DFlashDraftModel.from_pretrained(write_draft(tmp_path / "s", "sliding"))) is None
+    assert dense_forward.draft_plan(DFlash2DraftModel.from_pretrained(write_draft(tmp_path / "d", "dflash2"))) is None
+    g = torch.Generator().manual_seed(2)
+    H, F = draft.config.hidden_size, draft.fc.in_features
+    for bs, masked in ((1, False), (2, True)):
+        ours_cache, their_cache = DynamicCache(config=draft.config), DynamicCache(config=draft.config)
+        start = 0
+        for m, n in ((5, 6), (3, 6)):
+            noise = torch.randn(bs, n, H, generator=g)
+            context = torch.randn(bs, m, F, generator=g)
+            pos = torch.arange(start, start + m + n)[None].expand(bs, -1)
+            mask = None
+            if masked:
+                mask = torch.zeros(bs, 1, n, start + m + n)
+                mask[1, :, :, 1] = float("-inf")  # row 1 hides one key
+            with torch.inference_mode():
+                ours = dense_forward.draft_forward(draft, noise, pos, context, ours_cache, mask)
+                theirs = draft(position_ids=pos, noise_embedding=noise, target_hidden=context,
+                               past_key_values=their_cache, use_cache=True, attention_mask=mask)
+            assert ours is not None and torch.equal(ours, theirs), (bs, m)
+            _equal_caches(ours_cache, their_cache)
+            ours_cache.crop(-n)  # as the engine drops the block's own keys
+            their_cache.crop(-n)
+            start += m

@@ -121,13 +121,18 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
     """
     from dflash.model import _draft_value
 
+    from workbench.models import dense_forward
+
     before = cache_length(cache)
     emb = target.get_input_embeddings()
     scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
     with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else _nullctx():
         noise = emb(block_ids) * scale
-        hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
-                       past_key_values=cache, use_cache=True, attention_mask=mask)
+        # The engine's own drafter forward where it applies (bit-identical); a capture records dflash's.
+        hidden = None if capture else dense_forward.draft_forward(draft, noise, positions, context, cache, mask)
+        if hidden is None:
+            hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
+                           past_key_values=cache, use_cache=True, attention_mask=mask)
         logits = draft.compute_logits(hidden[:, 1:], target.lm_head)
     rec = ForwardRecord(
         "draft", ForwardMode.TARGET_VERIFY,

@@ -1,4 +1,5 @@
-"""The engine's own forward for Llama-layout dense targets (Qwen3, Qwen3-MoE, Qwen2, Llama, Mistral).
+"""The engine's own forwards: Llama-layout dense targets (Qwen3, Qwen3-MoE, Qwen2, Llama, Mistral) and
+DFlash drafters.
 
 transformers' model forward wraps the same decoder layers in generic machinery: output recorders that
 hook every layer for ``output_hidden_states``, a mask builder, keyword plumbing through every module,
@@ -9,9 +10,10 @@ forward runs the same modules' weights layer by layer with the same ops (RMSNorm
 the way SGLang runs a checkpoint through its own model code.
 
 ``plan(target)`` says once per model whether it applies (else the caller runs the model's own forward):
-a supported family, only full-attention layers, SDPA attention, no MLA. ``forward`` also steps aside
-while any module it would bypass carries a hook (a user's forward hook, accelerate's device hooks), so
-hooks always see what they expect.
+a supported family, only full-attention layers, SDPA attention, no MLA. ``draft_plan(draft)`` the same
+for a drafter: DFlash (not DFlash 2's convolutions) with non-causal, unwindowed layers. Both forwards
+also step aside while any module they would bypass carries a hook (a user's forward hook, accelerate's
+device hooks, the drafter's per-layer mask hook), so hooks always see what they expect.
 """
 from __future__ import annotations
 
@@ -25,11 +27,12 @@ from torch import Tensor
 FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral")
 
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
+_draft_plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
 class Plan:
-    model: torch.nn.Module  # the decoder stack (``target.model``)
+    model: torch.nn.Module  # the decoder stack (``target.model``; the drafter itself)
     bypassed: tuple  # modules whose own forward is not called: a hook on one of them means "step aside"
     heads: int
     kv_heads: int
@@ -73,6 +76,27 @@ def plan(target) -> Plan | None:
 
 # transformers' own output recorders: hooks it installs on first use that act only inside its own forward.
 _RECORDERS = "transformers.utils.output_capturing"
+
+
+def draft_plan(draft) -> Plan | None:
+    """How ``draft_forward`` runs a DFlash drafter, or None when it does not (cached per model)."""
+    if draft in _draft_plans:
+        return _draft_plans[draft]
+    p = None
+    layers = getattr(draft, "layers", None)
+    plain = type(draft).__name__ == "DFlashDraftModel" and layers is not None and all(
+        getattr(layer, "attention_conv", None) is None and getattr(layer, "mlp_conv", None) is None
+        and not layer.self_attn.is_causal and layer.self_attn.sliding_window is None for layer in layers)
+    if plain:
+        cfg = draft.config
+        bypassed = [draft, draft.norm, draft.hidden_norm]
+        for layer in layers:
+            a = layer.self_attn
+            bypassed += [layer, a, layer.input_layernorm, layer.post_attention_layernorm, a.q_norm, a.k_norm]
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        p = Plan(draft, tuple(bypassed), cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+    _draft_plans[draft] = p
+    return p
 
 
 def _hooked(p: Plan) -> bool:
@@ -143,3 +167,37 @@ def forward(target, ids: Tensor, positions: Tensor, cache, mask: Tensor | None, 
         hidden[last] = x
     logits = target.lm_head(x if logits_to_keep == 0 else x[:, -logits_to_keep:])
     return logits, [hidden[j] for j in (hidden_ids or ())]
+
+
+def draft_forward(draft, noise: Tensor, positions: Tensor, context: Tensor, cache,
+                  mask: Tensor | None) -> Tensor | None:
+    """One DFlash block forward: ``noise`` [bs, block, hidden] (the block's embeddings, scaled) at the
+    last ``block`` of ``positions`` [bs, ctx + block], after ``context`` [bs, ctx, F] (target features).
+    mask: additive [bs, 1, block, keys] or None (every key visible). -> the final hidden states [bs,
+    block, hidden] (dflash's own forward's output), or None when this forward does not apply."""
+    p = draft_plan(draft)
+    if p is None or _hooked(p):
+        return None
+    bs, n = noise.shape[:2]
+    ctx = _rms(draft.fc(context), draft.hidden_norm)  # [bs, ctx, hidden]
+    m = ctx.shape[1]
+    cos, sin = draft.rotary_emb(noise, positions)  # [bs, ctx + block, head_dim]
+    cos, sin = cos[:, None], sin[:, None]
+    x = noise
+    for i, layer in enumerate(draft.layers):
+        a = layer.self_attn
+        h = _rms(x, layer.input_layernorm)
+        q = _rms(a.q_proj(h).view(bs, n, p.heads, p.head_dim), a.q_norm).transpose(1, 2)
+        # Keys and values over the context, then the block: each query sees both (no causal order).
+        k = torch.cat([a.k_proj(ctx), a.k_proj(h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
+        v = torch.cat([a.v_proj(ctx), a.v_proj(h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
+        k = _rms(k, a.k_norm).transpose(1, 2)
+        q = _rotate(q, cos[..., -n:, :], sin[..., -n:, :])
+        k = _rotate(k, cos, sin)
+        keys, values = cache.update(k, v.transpose(1, 2), i)
+        att = None if mask is None else mask[:, :, :, : keys.shape[-2]]
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=att, scale=a.scaling,
+                                           enable_gqa=p.heads != p.kv_heads)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(bs, n, -1))
+        x = x + layer.mlp(_rms(x, layer.post_attention_layernorm))
+    return _rms(x, draft.norm)
