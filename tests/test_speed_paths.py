@@ -81,3 +81,20 @@ def test_bench_profile_and_reference_from_the_cli(tmp_path, eval_prompts, capsys
     trace = json.loads((tmp_path / "prof" / "DDTree(8).trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"draft", "tree_build", "verify", "commit"} <= names  # the stages are ranges in the trace
+
+
+def test_bench_json_with_reference_is_one_object(tmp_path, eval_prompts, capsys):
+    """--json prints exactly one JSON document: the summary with the reference comparison and op counts."""
+    from workbench.__main__ import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(eval_prompts[0]) + "\n")
+    rc = main(["bench", "--policies", "ddtree:8", "--prompts", str(prompts), "--max-new-tokens", "10",
+               "--repeats", "1", "--reference", "--json", "--no-progress"])
+    text, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = text.strip().splitlines()
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert obj["reference"]["DDTree(8)"]["same_trees"] is True
+    assert obj["ops_per_cycle"] and "DDTree(8)" in json.dumps(obj["ops_per_cycle"])

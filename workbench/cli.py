@@ -267,10 +267,11 @@ def cmd_bench(args, out, err) -> int:
         from workbench.views.export import atomic_write_text
 
         atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
+    summary = None  # --json: one object, the reference comparison and op counts inside it
     if args.json:
         from workbench.bench import bench_json
 
-        print(json.dumps(bench_json(res)), file=out)
+        summary = bench_json(res)
     else:
         st = res.settings
         print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), greedy, "
@@ -286,13 +287,21 @@ def cmd_bench(args, out, err) -> int:
             raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
         ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, _progress(args))
         if args.json:
-            print(json.dumps({"reference": ref}), file=out)
+            summary["reference"] = ref
         else:
             print("engine vs a plain reference decoder (x = engine / reference; tok/s > 1 and cycle < 1: "
                   "engine faster)", file=out)
             print(reference_table(ref), file=out)
     if args.reference or args.count_ops:
-        _bench_ops(args, engine, policies, prompts, out)
+        ops = _bench_ops(args, engine, policies, prompts)
+        if args.json:
+            summary["ops_per_cycle"] = ops
+        else:
+            from workbench.opcount import ops_table
+
+            print(ops_table(ops), file=out)
+    if summary is not None:
+        print(json.dumps(summary), file=out)
     if args.profile:
         from workbench.profiling import profile_generation
 
@@ -309,16 +318,15 @@ def cmd_bench(args, out, err) -> int:
     return 0
 
 
-def _bench_ops(args, engine, policies, prompts, out) -> None:
+def _bench_ops(args, engine, policies, prompts) -> dict:
     """Ops per cycle (``workbench.opcount``) on the first 2 prompts, after the timed runs."""
-    from workbench.opcount import count_ops, ops_table
+    from workbench.opcount import count_ops
     from workbench.policies import DDTree
 
     budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
     if not budgets:
         raise ValueError(f"--count-ops counts DDTree budgets; --policies {args.policies!r} has none")
-    res = count_ops(engine, [p["prompt"] for p in prompts[:2]], budgets, min(args.max_new_tokens, 32))
-    print(json.dumps({"ops_per_cycle": res}) if args.json else ops_table(res), file=out)
+    return count_ops(engine, [p["prompt"] for p in prompts[:2]], budgets, min(args.max_new_tokens, 32))
 
 
 def _bench_batch(args, engine, policies, prompts, out) -> int:
