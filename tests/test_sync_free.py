@@ -15,28 +15,17 @@ from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
 from ddtree_kernels.tree_compile import ancestor_matrix
 
-Tensor = torch.Tensor
-BANNED = {
-    Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__, Tensor.__float__, Tensor.__index__,
-    torch.nonzero, Tensor.nonzero, torch.masked_select, Tensor.masked_select, torch.unique, Tensor.unique,
-    Tensor.numpy, Tensor.cpu, torch.argwhere,
-}
+from workbench.graphs import host_read
 
 
 class NoHostSync(TorchFunctionMode):
+    """Raises at the first call that needs a tensor's values on the host (``workbench.graphs.host_read``)."""
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in BANNED:
-            raise AssertionError(f"host sync: {getattr(func, '__name__', func)}")
-        if func is torch.where and len(args) + len(kwargs) == 1:
-            raise AssertionError("host sync: torch.where(cond) has a data-dependent shape")
-        if func in (Tensor.__getitem__, Tensor.__setitem__):
-            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
-            if any(isinstance(i, Tensor) and i.dtype == torch.bool for i in idx):
-                raise AssertionError("host sync: boolean-mask indexing has a data-dependent shape")
-        if func in (torch.repeat_interleave, Tensor.repeat_interleave) and "output_size" not in kwargs:
-            if any(isinstance(a, Tensor) for a in args[1:2]):
-                raise AssertionError("host sync: repeat_interleave with tensor repeats needs output_size")
+        why = host_read(func, args, kwargs)
+        if why is not None:
+            raise AssertionError(f"host sync: {why}")
         return func(*args, **kwargs)
 
 

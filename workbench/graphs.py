@@ -64,6 +64,24 @@ _HOST_READS = {
 }
 
 
+def host_read(func, args=(), kwargs=None) -> str | None:
+    """Why the torch call ``func(*args, **kwargs)`` needs tensor values on the host (on CUDA, a wait for
+    the device), or None: the one rule the readiness checklist and ``tests/test_sync_free.py`` share."""
+    kwargs = kwargs or {}
+    if func in _HOST_READS:
+        return getattr(func, "__name__", str(func))
+    if func is torch.where and len(args) + len(kwargs) == 1:
+        return "torch.where(cond) has a data-dependent shape"
+    if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
+        idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
+            return "boolean-mask indexing"
+    if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave) and "output_size" not in kwargs:
+        if any(isinstance(a, torch.Tensor) for a in args[1:2]):
+            return "repeat_interleave with tensor repeats and no output_size"
+    return None
+
+
 class HostReadLog(torch.overrides.TorchFunctionMode):
     """Records every call that needs a tensor's values on the host (on CUDA, each one waits for the
     device): ``.item()``, ``.tolist()``, ``.numpy()``, ``nonzero``, boolean-mask indexing, ..."""
@@ -74,12 +92,9 @@ class HostReadLog(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _HOST_READS:
-            self.reads.append(getattr(func, "__name__", str(func)))
-        elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
-            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
-                self.reads.append("boolean-mask indexing")
+        why = host_read(func, args, kwargs)
+        if why is not None:
+            self.reads.append(why)
         return func(*args, **kwargs)
 
 
