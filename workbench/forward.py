@@ -83,7 +83,7 @@ def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode,
     from workbench.models import dense_forward
 
     before = cache_length(cache)
-    # The engine's own forward where it applies (same ops, bit-identical); a capture records the modules
+    # The engine's own forward where it applies (same ops; bit-identical on a CPU); a capture records the modules
     # of the model's own forward, so it always runs that one.
     own = None if capture else dense_forward.forward(target, ids, positions, cache, mask,
                                                      None if layer_ids is None else [i + 1 for i in layer_ids],
@@ -128,7 +128,7 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
     scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
     with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else _nullctx():
         noise = emb(block_ids) * scale
-        # The engine's own drafter forward where it applies (bit-identical); a capture records dflash's.
+        # The engine's own drafter forward where it applies (bit-identical on a CPU); a capture records dflash's.
         hidden = None if capture else dense_forward.draft_forward(draft, noise, positions, context, cache, mask)
         if hidden is None:
             hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
