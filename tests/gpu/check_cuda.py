@@ -136,6 +136,34 @@ def fp32_cuda_vs_cpu(wb, models, prompts, n, device: str = "cuda") -> dict:
             **({"diverged": diverged} if diverged else {})}
 
 
+def own_forwards(wb, models, prompts, device: str = "cuda") -> dict:
+    """The engine's own target forward (workbench/models/dense_forward.py) against transformers' on the
+    device: bit for bit on a CPU; here the fused RMSNorm may round differently, so report the largest
+    difference (float32 and bfloat16)."""
+    from transformers import DynamicCache
+
+    from workbench.models import dense_forward
+
+    out = {"ok": True}
+    for dtype in ("float32", "bfloat16"):
+        engine = wb.load(*models, device=device, dtype=dtype)
+        m = engine.models
+        ids = torch.tensor([engine.encode(prompts[0]).ids[:64]], device=device)
+        pos = torch.arange(ids.shape[1], device=device)[None]
+        with torch.inference_mode():
+            own = dense_forward.forward(m.target, ids, pos, DynamicCache(config=m.target.config), None, [1])
+            if own is None:
+                out[dtype] = "the target takes the model's own forward (dense_forward.plan is None)"
+                continue
+            theirs = m.target(input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=m.target.config),
+                              use_cache=True)
+        diff = float((own[0].float() - theirs.logits.float()).abs().max())
+        scale = float(theirs.logits.float().abs().max())
+        out[dtype] = {"max_abs_logit_diff": diff, "relative": diff / scale}
+        out["ok"] &= diff / scale < (1e-5 if dtype == "float32" else 2e-2)
+    return out
+
+
 def load_bf16(wb, models, device: str, backend: str):
     """-> (engine, backend used, note): falls back to the torch walk when SGLang's kernel cannot load, so
     the section still checks what it can (the failure itself is reported by accept_backends)."""
@@ -273,6 +301,7 @@ def main(argv=None) -> int:
             report[mod] = None
     run_section(report, "accept_backends", accept_backends)
     run_section(report, "sync_free_build", sync_free_build)
+    run_section(report, "own_forwards", own_forwards, wb, models, prompts)
     run_section(report, "fp32_cuda_vs_cpu", fp32_cuda_vs_cpu, wb, models, prompts, n)
     run_section(report, "bf16_vs_ar", bf16_vs_ar, wb, models, prompts, n)
     run_section(report, "stages", stages, wb, models, prompts, 2 * n)
