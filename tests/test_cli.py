@@ -91,6 +91,18 @@ def test_run_on_embedded_default(capsys):
     assert obj["new_tokens"] == 16 and obj["tau"] >= 1.0
 
 
+def test_run_on_the_embedded_hybrid_pair_by_name(capsys, tmp_path):
+    """--target hybrid alone names the embedded hybrid pair; a lone --target DIR is still refused."""
+    trace = tmp_path / "h.jsonl"
+    rc, out, err = call(capsys, ["run", "--target", "hybrid", "--prompt", "def parse(line):\n", "--policy", "ddtree:8",
+                                 "--max-new-tokens", "12", "--json", "--trace", str(trace)])
+    assert rc == 0, err
+    assert json.loads(out)["new_tokens"] == 12
+    meta = json.loads(trace.read_text().splitlines()[0])
+    assert "assets/hybrid/target" in json.dumps(meta)
+    assert_usage_error(capsys, ["run", "--target", "/nonexistent/t", "--prompt", "x"], "--target and --draft go together")
+
+
 # ------------------------------------------------------------------------------------------------ bench
 def test_bench_lossless_all_policies_json_and_rows(capsys, pair_args, prompts_file, tmp_path):
     rows_file = tmp_path / "rows.jsonl"

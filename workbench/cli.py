@@ -81,7 +81,8 @@ def _finite_float(text: str) -> float:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", metavar="DIR", help="target model directory (default: the embedded pair)")
+    g.add_argument("--target", metavar="DIR", help="target model directory (default: the embedded pair), or "
+                   "'hybrid' alone for the embedded hybrid pair")
     g.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with --target)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--dtype", default="auto",
@@ -187,8 +188,12 @@ def _progress(args) -> bool:
 def _load_engine(args):
     import workbench as wb
 
-    if bool(args.target) != bool(args.draft):
-        raise UsageError("--target and --draft go together: give both model directories, or neither")
+    from workbench.loading import PAIRS
+
+    named = args.target in PAIRS and not args.draft and not Path(args.target).is_dir()  # --target hybrid
+    if bool(args.target) != bool(args.draft) and not named:
+        raise UsageError("--target and --draft go together: give both model directories, or neither "
+                         f"(or --target {' / '.join(PAIRS)} alone for an embedded pair)")
     from ddtree_kernels import check_backend
     from workbench.loading import resolve_device, resolve_dtype
 
