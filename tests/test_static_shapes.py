@@ -167,3 +167,16 @@ def test_static_session_past_its_first_length_bucket_goes_on_exactly(engine, eva
 def test_cuda_graphs_refused_without_cuda():
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device, got device='cpu'"):
         wb.load(cuda_graphs=True)
+
+
+def test_readiness_checklist_holds_for_static_and_names_the_dynamic_paths_reads(engine, eval_prompts):
+    """The notebook 09 checklist on a live session: every requirement met under static shapes; the dynamic
+    path reads the host between its draft and its verify forward (the tree build's heap), and the window
+    ends at the verify forward, so what comes after it (the greedy choice's tie check) is not counted."""
+    from workbench.graphs import readiness
+
+    static = readiness(engine, eval_prompts[0]["prompt"], wb.DDTree(16), max_new_tokens=24, static_shapes=True)
+    assert all(ok for ok, _ in static.values()), static
+    dynamic = readiness(engine, eval_prompts[0]["prompt"], wb.DDTree(16), max_new_tokens=24, static_shapes=False)
+    ok, evidence = dynamic["no host read between draft and verify"]
+    assert not ok and "tolist" in evidence and "__bool__" not in evidence, evidence

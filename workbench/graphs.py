@@ -106,8 +106,19 @@ def _forward_inputs(engine, run) -> tuple[list, list, list]:
     m = engine.models
     seen = {"target": [], "draft": []}
 
+    reads: list[list[str]] = []
+    state = {"log": None}
+
+    def close_log():
+        if state["log"] is not None:
+            state["log"].__exit__(None, None, None)
+            reads.append(state["log"].reads)
+            state["log"] = None
+
     def hook(name):
         def pre(module, args, kwargs):
+            if name == "target":  # the window ends where the verify forward starts
+                close_log()
             sig = {k: (tuple(v.shape), v.data_ptr()) for k, v in kwargs.items()
                    if isinstance(v, torch.Tensor) and k != "noise_embedding"}  # (computed inside the forward)
             store = getattr(kwargs.get("past_key_values"), "store", None)
@@ -116,18 +127,14 @@ def _forward_inputs(engine, run) -> tuple[list, list, list]:
             seen[name].append(sig)
         return pre
 
-    reads: list[list[str]] = []
     orig = runner.Stopwatch.start
-    state = {"log": None}
 
-    def start(sw, name):  # a host-read log from the draft stage to the end of the verify stage
+    def start(sw, name):  # a host-read log from the draft stage to the start of the verify forward
         if name == "draft":
             state["log"] = HostReadLog()
             state["log"].__enter__()
-        elif name == "accept" and state["log"] is not None:
-            state["log"].__exit__(None, None, None)
-            reads.append(state["log"].reads)
-            state["log"] = None
+        elif name == "accept":  # a cycle without a target forward
+            close_log()
         return orig(sw, name)
 
     handles = [m.target.register_forward_pre_hook(hook("target"), with_kwargs=True),
@@ -137,8 +144,7 @@ def _forward_inputs(engine, run) -> tuple[list, list, list]:
         run()
     finally:
         runner.Stopwatch.start = orig
-        if state["log"] is not None:
-            state["log"].__exit__(None, None, None)
+        close_log()
         for h in handles:
             h.remove()
     return seen["target"], seen["draft"], reads
