@@ -606,7 +606,8 @@ print("CUDA available:", has_cuda)
 Loading: `dtype="auto"` (the default) keeps the checkpoint's own dtype (bfloat16 for Qwen3-8B; the
 embedded pair is float32), weights go straight onto the device, and a target larger than one GPU
 takes `device_map="auto"`. A checkpoint that needs its own Python code (Kimi-K2) loads only with
-`trust_remote_code=True`; hybrid targets (Qwen3-Next, Qwen3.5) are refused with the reason. The
+`trust_remote_code=True`; hybrid targets load for the families whose tree verify is built (Qwen3-Next,
+Qwen3.5 / 3.6: notebook 08) and are refused, with the reason, for others. The
 notes say what the loader noticed, here that the drafter's mask id has no string in the tokenizer
 (as in z-lab's Qwen3 drafters: only its embedding is used).
 """),
