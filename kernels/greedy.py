@@ -8,7 +8,6 @@ values on the host (static shapes, CUDA graphs), always take argmax.
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 
