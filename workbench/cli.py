@@ -188,10 +188,9 @@ def _progress(args) -> bool:
 def _load_engine(args):
     import workbench as wb
 
-    from workbench.loading import PAIRS
+    from workbench.loading import PAIRS, pair_name
 
-    named = args.target in PAIRS and not args.draft and not Path(args.target).is_dir()  # --target hybrid
-    if bool(args.target) != bool(args.draft) and not named:
+    if bool(args.target) != bool(args.draft) and pair_name(args.target, args.draft) is None:
         raise UsageError("--target and --draft go together: give both model directories, or neither "
                          f"(or --target {' / '.join(PAIRS)} alone for an embedded pair)")
     from ddtree_kernels import check_backend

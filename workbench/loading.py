@@ -379,6 +379,13 @@ def load_draft(ddir: Path, ds: DraftSettings, dtype: torch.dtype, device: torch.
     return model, notes
 
 
+def pair_name(target, draft) -> str | None:
+    """The embedded pair ``target`` names (``"hybrid"`` with no drafter and no such directory), or None."""
+    if isinstance(target, str) and target in PAIRS and not draft and not Path(target).is_dir():
+        return target
+    return None
+
+
 def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=None,
                 trust_remote_code: bool = False) -> Models:
     """Load and validate a (target, drafter) pair from local directories (defaults: the embedded pair).
@@ -387,8 +394,9 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     goes to transformers for the target (e.g. ``"auto"`` for one larger than a GPU); the drafter goes on
     the device of the target's embedding. ``trust_remote_code``: run a checkpoint's own Python code.
     """
-    if isinstance(target, str) and target in PAIRS and draft is None and not Path(target).is_dir():
-        name, (target, draft) = target, PAIRS[target]
+    name = pair_name(target, draft)
+    if name is not None:
+        target, draft = PAIRS[name]
         if not (target / "config.json").is_file():
             raise ModelPairError(f"the embedded {name!r} pair is not in '{target.parent}'; train it: make train-{name}")
     tdir = model_dir(target or DEFAULT_TARGET, "target")

@@ -37,12 +37,14 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
     over its own nodes only, so a batch consumes each generator as that request alone would.
     ``sync_free``: read no value on the host (static shapes)."""
     out = state.decode(layout) if mode == ForwardMode.DECODE else state.verify(layout)
-    greedy, top2_logits, top2_tokens = greedy_choice(out.logits, sync_free)  # the top-2 names near-ties
+    # The top-2 at every node names near-ties (wb.first_divergence); greedy rows read their choice off it.
     if all(s.greedy for s in samplings):
-        choice = greedy  # the first of equal logits, as AR takes
+        choice, top2_logits, top2_tokens = greedy_choice(out.logits, sync_free)  # the first of equal logits
         # The choice's probability: its logit is the largest, top2's first value.
         prob = torch.exp(top2_logits[..., 0].float() - torch.logsumexp(out.logits.float(), dim=-1))
-    elif len(samplings) == 1:
+        return Verified(choice, prob, out.features, None, out.record, top2_tokens, top2_logits)
+    top2_logits, top2_tokens = out.logits.topk(2, dim=-1)
+    if len(samplings) == 1:
         choice, prob = target_choice(out.logits, samplings[0], generators[0])
     else:
         choice = torch.zeros(layout.tree.tokens.shape, dtype=torch.long, device=out.logits.device)
