@@ -52,11 +52,11 @@ browser:
 # The shipped pairs: dense (about 47 minutes on 2 idle cores; workbench/assets/training_report.json)
 # and hybrid, a Qwen3.5-text target (workbench/assets/hybrid/training_report.json).
 train: $(STAMP)
-	$(BIN)/python -m workbench.train --out workbench/assets
-	$(BIN)/python -m workbench.train --arch hybrid --out workbench/assets/hybrid
+	$(BIN)/python -m workbench.train.pipeline --out workbench/assets
+	$(BIN)/python -m workbench.train.pipeline --arch hybrid --out workbench/assets/hybrid
 
 train-hybrid: $(STAMP)
-	$(BIN)/python -m workbench.train --arch hybrid --out workbench/assets/hybrid
+	$(BIN)/python -m workbench.train.pipeline --arch hybrid --out workbench/assets/hybrid
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench --policies ar,dflash,ddtree:16,ddtree:32,ddtree:64

@@ -497,8 +497,8 @@ prompt sets and sizes of every figure are listed in `docs/figures.md`. Then: wha
 """),
     code("""
 import workbench as wb
-from workbench.bench import bench
-from workbench.prompts import eval_prompts
+from workbench.bench.runs import bench
+from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
@@ -539,7 +539,7 @@ A median hides the slow cycles that decide throughput: per stage, milliseconds p
 p50 / p90 / max (the first cycle of each run left out), then the time outside the cycles.
 """),
     code(IGNORE + """
-from workbench.bench import percentile_table
+from workbench.bench.runs import percentile_table
 print(percentile_table(result.summary))
 """),
     md("""
@@ -657,7 +657,7 @@ there. Every `Cycle` keeps the target's top-2 tokens and logits at each verified
 same engine's DDTree and AR outputs are identical:
 """),
     code("""
-from workbench.prompts import eval_prompts
+from workbench.bench.prompts import eval_prompts
 cpu32 = wb.load()
 p = eval_prompts()[0]["prompt"]
 fp32_ar, fp32_tree = (cpu32.session(p, policy=pol, max_new_tokens=64) for pol in (wb.AR(), wb.DDTree(32)))
@@ -829,8 +829,8 @@ cycle have needed, and does that predict what smaller budgets will do?
 import torch
 import workbench as wb
 from ddtree_kernels import Tree
-from workbench.bench import bench
-from workbench.prompts import eval_prompts
+from workbench.bench.runs import bench
+from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 prompts = eval_prompts("long")[:2] + eval_prompts("short")[:2]  # both splits
@@ -1038,7 +1038,7 @@ tau per budget measured, and the measured verify time per cycle. Here compute is
 node costs time:
 """),
     code("""
-from workbench.prompts import eval_prompts
+from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 prompts = [p["prompt"] for p in eval_prompts("long")[:3]]
@@ -1056,7 +1056,8 @@ The CPU's verify time per budget, measured directly: one target forward over 1 +
 import time
 import torch
 from transformers import DynamicCache
-from workbench.forward import ForwardMode, run_target
+from workbench.records.forward import ForwardMode
+from workbench.models.run import run_target
 
 target, P = engine.models.target, 256
 cache = DynamicCache(config=target.config)
@@ -1112,14 +1113,14 @@ A CUDA graph records a forward's kernels once and replays them with one launch: 
 goes. A replay reads the same addresses with the same shapes, so a capturable forward needs: the
 same input shapes every cycle (trees padded to one node count), the same storage (inputs copied into
 kept buffers, K/V and mask preallocated, never regrown), and no host read between the draft and the
-verify forward (the host must not wait for the device mid-cycle). `workbench.graphs.readiness` checks
+verify forward (the host must not wait for the device mid-cycle). `workbench.engine.graphs.readiness` checks
 each on a live session of the embedded pair: pre-hooks on the target and the drafter record every
 forward's tensor inputs (shape and address, the K/V store included), and a log of host reads runs
 from the draft stage to the end of the verify stage. The default (dynamic) engine against
 `static_shapes=True`:
 """),
     code("""
-from workbench.graphs import readiness
+from workbench.engine.graphs import readiness
 
 prompt = eval_prompts("long")[0]["prompt"]
 checks = {st: readiness(engine, prompt, wb.DDTree(16), max_new_tokens=24, static_shapes=st) for st in (False, True)}
@@ -1210,8 +1211,8 @@ from pathlib import Path
 import torch
 import workbench as wb
 from ddtree_kernels import Tree
-from workbench import stages
-from workbench.hybrid_oracle import flattened_logits, path_logits
+from workbench.engine import stages
+from workbench.models.path_oracle import flattened_logits, path_logits
 from workbench.models import HybridGDN
 
 PAIR = "hybrid"  # the embedded hybrid pair (workbench/assets/hybrid); "tiny-random": a random nested Qwen3.5 pair
@@ -1237,7 +1238,7 @@ mask: the attention layers honour it, but each GatedDeltaNet layer runs its conv
 The engine's verify (`HybridGDN`) starts every node from its parent's state instead.
 """),
     code("""
-from workbench.prompts import eval_prompts
+from workbench.bench.prompts import eval_prompts
 
 prompt = eval_prompts("short")[0]["prompt"] if PAIR == "hybrid" else "t3 t1 t4 t1 t5 t9"
 s = engine.session(prompt, policy=wb.DDTree(8), max_new_tokens=24)
@@ -1354,7 +1355,7 @@ new tokens, the policies interleaved prompt by prompt, three repeats: a speed or
 where it holds across the repeats' spread (`wb.analysis.order_verdict`).
 """),
     code("""
-from workbench.bench import bench
+from workbench.bench.runs import bench
 
 policies = [wb.AR(), wb.DFlash(), wb.DDTree(4), wb.DDTree(8), wb.DDTree(16)]
 if PAIR == "hybrid":

@@ -43,6 +43,6 @@ def engine():
 
 @pytest.fixture(scope="session")
 def eval_prompts():
-    from workbench.prompts import eval_prompts
+    from workbench.bench.prompts import eval_prompts
 
     return eval_prompts()

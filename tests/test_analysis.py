@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.cycle import Cycle
+from workbench.records.cycle import Cycle
 
 
 def make_cycle(start, root, parents, path_probs, accepted_nodes, bonus, topk_tokens=None, topk_probs=None,

@@ -7,7 +7,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import accept_walk
 from test_engine import plain_cache, tiny_prompts
-from workbench.batch import _pad_trees, ragged_layout
+from workbench.engine.batch import _pad_trees, ragged_layout
 
 MIXED = [wb.DDTree(16), wb.DDTree(3), wb.DFlash(), wb.DDTree(40), wb.AR()]
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import workbench.bench as bench_mod
+import workbench.bench.runs as bench_mod
 from workbench.__main__ import main
-from workbench.cycle import STAGES
+from workbench.records.cycle import STAGES
 
 PAIR = "l4-h32"
 ALL_POLICIES = "ar,dflash,ddtree:1,ddtree:8,ddtree:32"

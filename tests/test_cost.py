@@ -53,7 +53,8 @@ def _tree_mask(parents: list[int], batch: int, past: int) -> torch.Tensor:
 def test_flops_equal_flop_counter_on_embedded_target(attn):
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from workbench.forward import ForwardMode, run_target
+    from workbench.records.forward import ForwardMode
+    from workbench.models.run import run_target
 
     model = AutoModelForCausalLM.from_pretrained(TARGET, attn_implementation=attn).eval()
     a = arch(TARGET)
@@ -82,7 +83,7 @@ def test_draft_flops_equal_flop_counter_on_embedded_drafter():
     from dflash.model import DFlashDraftModel
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from workbench.forward import run_draft
+    from workbench.models.run import run_draft
 
     target = AutoModelForCausalLM.from_pretrained(TARGET).eval()
     draft = DFlashDraftModel.from_pretrained(DRAFT).eval()
@@ -287,7 +288,7 @@ def test_predicted_speedup():
 
 
 def test_speedup_from_budget_needed():
-    from workbench.analysis.bench import synthetic_trace
+    from workbench.bench.analysis_speed import synthetic_trace
 
     need = wb.analysis.budget_needed(synthetic_trace(cycles=40, budget=16, record_topk=16, depth=6, vocab=64))
     t = wb.shapes.cost("qwen3-8b", batch=1, draft_config="qwen3-8b-dflash-b16")

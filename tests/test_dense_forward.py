@@ -13,7 +13,8 @@ from transformers import (AutoModelForCausalLM, DynamicCache, LlamaConfig, Llama
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from workbench.forward import ForwardMode, run_target
+from workbench.records.forward import ForwardMode
+from workbench.models.run import run_target
 from workbench.models import dense_forward
 
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

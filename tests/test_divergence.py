@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.divergence import near_tie_tolerance, output_with_top2
+from workbench.records.divergence import near_tie_tolerance, output_with_top2
 
 PAIR = "l4-h32"
 

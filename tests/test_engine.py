@@ -10,8 +10,8 @@ import torch
 import workbench as wb
 from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import Tree
-from workbench.bench import first_difference
-from workbench.cycle import STAGES
+from workbench.bench.runs import first_difference
+from workbench.records.cycle import STAGES
 
 BUDGETS = [1, 2, 8, 32, 128]
 
@@ -106,7 +106,7 @@ def exact_joint(engine, prompt_ids, n_tokens, sampling):
 
     A sequence that reaches end-of-text stops there, as generation does.
     """
-    from workbench.sampling import target_probs
+    from workbench.engine.sampling import target_probs
 
     eos = engine.models.eos_token_ids
     probs = {}
@@ -158,7 +158,7 @@ def test_sampling_is_lossless_first_three_tokens(sampling_engine, policy, sampli
 def assert_sampling_law(eng, prompt: str, policy, sampling: dict, n: int) -> None:
     """n seeded sessions of 3 tokens: their joint law == the target's own (chi-square), with drafts accepted.
     Shared with the hybrid targets' test (tests/test_hybrid.py)."""
-    from workbench.sampling import Sampling
+    from workbench.engine.sampling import Sampling
 
     counts: dict = {}
     accepted_drafts = 0

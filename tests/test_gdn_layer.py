@@ -11,7 +11,7 @@ import torch
 from ddtree_kernels import compile_tree
 from test_gdn_kernels import random_tree
 from tiny_hybrid import KINDS, hybrid_config
-from workbench.gdn_layer import gdn_layer_tree_forward
+from workbench.models.gdn_layer import gdn_layer_tree_forward
 
 BACKENDS = ["torch"] + (["sglang-triton"] if importlib.util.find_spec("sglang") and importlib.util.find_spec("triton")
                         else [])

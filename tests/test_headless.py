@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.cycle import STAGES
+from workbench.records.cycle import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ import torch
 import workbench as wb
 from ddtree_kernels import build_tree
 from tiny_hybrid import make_hybrid_pair
-from workbench import stages
-from workbench.hybrid_oracle import path_logits
+from workbench.engine import stages
+from workbench.models.path_oracle import path_logits
 from workbench.models import HybridGDN
 
 LAYOUTS = ("qwen3_next", "qwen3_5", "qwen3_5_nested")  # the last: Qwen3_5ForConditionalGeneration + text_config

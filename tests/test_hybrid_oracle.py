@@ -8,7 +8,7 @@ import torch
 from ddtree_kernels import build_tree
 from tiny_hybrid import KINDS, make_hybrid_target
 from tiny_models import make_pair
-from workbench.hybrid_oracle import flattened_logits, path_logits
+from workbench.models.path_oracle import flattened_logits, path_logits
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import workbench as wb
-from workbench.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from workbench.engine.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 def test_default_load_uses_the_shipped_directories(engine):

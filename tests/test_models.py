@@ -5,7 +5,7 @@ import torch
 
 import workbench as wb
 from ddtree_kernels import build_tree, compile_tree
-from workbench.layout import TreeLayout
+from workbench.models.layout import TreeLayout
 from workbench.models import DenseKV, PrefixMask, StateSpec, TargetState, new_target_state, register_target_state
 
 

@@ -1,5 +1,5 @@
-"""Aten ops per cycle (``workbench.opcount``): the engine dispatches no more than the plain reference
-decoder (``workbench.reference``) on the same trees, solo and per request in a batch. Counts are
+"""Aten ops per cycle (``workbench.bench.opcount``): the engine dispatches no more than the plain reference
+decoder (``workbench.bench.reference``) on the same trees, solo and per request in a batch. Counts are
 deterministic (same models, prompt and trees), so the comparison is exact, not a timing."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.opcount import OpCounter, engine_ops, reference_ops
+from workbench.bench.opcount import OpCounter, engine_ops, reference_ops
 
 
 def test_counter_counts_kernels_not_views():

@@ -210,7 +210,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 import workbench
 try:
-    import workbench.serve
+    from workbench.serve import EngineServer  # noqa: F401  (the server, not the package, needs FastAPI)
 except ImportError as e:
     print(e)
 """

@@ -304,7 +304,7 @@ def test_hybrids_load_only_for_families_with_tree_verify():
     another family with linear-attention layers is refused at load, naming the supported ones."""
     from types import SimpleNamespace
 
-    from workbench.loading import unverifiable
+    from workbench.engine.loading import unverifiable
 
     assert unverifiable(SimpleNamespace(model_type="qwen3_next", layer_types=["linear_attention"])) is None
     assert unverifiable(SimpleNamespace(model_type="qwen3_5_text", layer_types=["linear_attention"])) is None

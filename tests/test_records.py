@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.cycle import TraceFileError
-from workbench.engine import DEFAULT_MAX_NEW_TOKENS
-from workbench.policies import parse_policy
+from workbench.records.cycle import TraceFileError
+from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
+from workbench.engine.policies import parse_policy
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_seed_out_of_range_is_refused(eng):
 
 def test_one_default_for_max_new_tokens():
     from workbench.cli import build_parser
-    from workbench.engine import Engine
+    from workbench.engine.core import Engine
 
     assert inspect.signature(Engine.session).parameters["max_new_tokens"].default == DEFAULT_MAX_NEW_TOKENS
     assert inspect.signature(Engine.generate).parameters["max_new_tokens"].default == DEFAULT_MAX_NEW_TOKENS
@@ -282,7 +282,7 @@ def test_parse_policy_accepts_every_label_it_prints(policy):
 
 
 def test_bench_policies_accept_printed_labels():
-    from workbench.bench import parse_policies
+    from workbench.bench.runs import parse_policies
 
     labels = "AR,DFlash,DDTree(16, width=1),DDTree(32),ddtree:8"
     assert parse_policies(labels) == [wb.AR(), wb.DFlash(), wb.DDTree(16, width=1), wb.DDTree(32), wb.DDTree(8)]
@@ -294,7 +294,7 @@ def test_bench_policies_accept_printed_labels():
 
 # ------------------------------------------------------------------------------ prompts files
 def test_prompts_text_file_with_a_brace_line_stays_text(tmp_path):
-    from workbench.prompts import load_prompts
+    from workbench.bench.prompts import load_prompts
 
     p = tmp_path / "prompts"
     p.write_text("def f(x):\n{'a': 1}\nclass A:\n")
@@ -317,7 +317,7 @@ def test_prompts_directory_is_refused_clearly(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ the bench ceiling
 def test_measured_speedup_never_exceeds_the_ceiling(eng):
-    from workbench.bench import FORWARD_STAGES, bench, summary_table
+    from workbench.bench.runs import FORWARD_STAGES, bench, summary_table
 
     prompts = [{"id": "a", "prompt": "t1 t5 t9"}, {"id": "b", "prompt": "t40 t2 t17"}]
     res = bench(eng, ["ar", "dflash", "ddtree:4", "ddtree:32"], prompts, max_new_tokens=24, repeats=2,
@@ -454,7 +454,7 @@ def test_shapes_budget_zero_is_one_line_exit_2(capsys):
 
 
 def test_kernels_progress_moves_within_a_budget(capsys):
-    from workbench.bench import kernel_bench
+    from workbench.bench.runs import kernel_bench
 
     kernel_bench([16], repeats=1, progress=True, backends=("torch",))
     err = capsys.readouterr().err

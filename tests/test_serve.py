@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench import remote as remote_mod
-from workbench import wire
+from workbench.serve import client as remote_mod
+from workbench.serve import wire
 from workbench.__main__ import main
 from workbench.serve import EngineServer, Limits
 from workbench.serve.main import read_or_make_token

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 import workbench as wb
-from workbench import wire
-from workbench.remote import _Http
+from workbench.serve import wire
+from workbench.serve.client import _Http
 from workbench.serve import EngineServer, Limits
 from workbench.serve.transport import ConnectionGuard
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.forward import ForwardMode, ForwardRecord
+from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.shapes import CONFIGS
 from workbench.shapes import sglang_layout as L
 

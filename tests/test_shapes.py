@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.capture import hooks_installed
-from workbench.forward import ForwardMode
+from workbench.shapes.hooks import hooks_installed
+from workbench.records.forward import ForwardMode
 from workbench.shapes import CONFIGS, _target_record
 
 PROMPT = "t1 t2 t3 t4 t5"
@@ -285,7 +285,7 @@ def test_forward_mode_names_are_sglang_members():
 # ------------------------------------------------------------------------------------------------ embedded default
 @pytest.fixture
 def embedded(request):
-    from workbench.loading import ASSETS
+    from workbench.engine.loading import ASSETS
 
     if not (ASSETS / "training_report.json").exists():
         pytest.skip("the embedded default is still being trained (no workbench/assets/training_report.json)")

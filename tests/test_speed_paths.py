@@ -8,8 +8,8 @@ import torch
 
 import workbench as wb
 from ddtree_kernels import build_tree, compile_tree
-from workbench.cycle import STAGES, percentiles
-from workbench.reference import compare_reference, reference_generate
+from workbench.records.cycle import STAGES, percentiles
+from workbench.bench.reference import compare_reference, reference_generate
 from workbench.models.dense import PrefixMask as MaskBuffer
 
 

@@ -8,7 +8,7 @@ import torch
 from test_sync_free import NoHostSync
 
 import workbench as wb
-from workbench import runner
+from workbench.engine import runner
 
 
 def _sig(t: torch.Tensor) -> tuple:
@@ -173,7 +173,7 @@ def test_readiness_checklist_holds_for_static_and_names_the_dynamic_paths_reads(
     """The notebook 09 checklist on a live session: every requirement met under static shapes; the dynamic
     path reads the host between its draft and its verify forward (the tree build's heap), and the window
     ends at the verify forward, so what comes after it (the greedy choice's tie check) is not counted."""
-    from workbench.graphs import readiness
+    from workbench.engine.graphs import readiness
 
     static = readiness(engine, eval_prompts[0]["prompt"], wb.DDTree(16), max_new_tokens=24, static_shapes=True)
     assert all(ok for ok, _ in static.values()), static

@@ -15,11 +15,11 @@ from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
 from ddtree_kernels.tree_compile import ancestor_matrix
 
-from workbench.graphs import host_read
+from workbench.engine.graphs import host_read
 
 
 class NoHostSync(TorchFunctionMode):
-    """Raises at the first call that needs a tensor's values on the host (``workbench.graphs.host_read``)."""
+    """Raises at the first call that needs a tensor's values on the host (``workbench.engine.graphs.host_read``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

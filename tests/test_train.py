@@ -10,17 +10,17 @@ import sys
 import pytest
 
 import workbench as wb
-from workbench import corpus
-from workbench.prompts import eval_prompts
+from workbench.train import corpus
+from workbench.bench.prompts import eval_prompts
 
 
 def test_train_help():
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--smoke" in r.stdout
 
 
 def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loops round 1 step 1" in r.stderr  # the target's loops phase ran, both rounds
@@ -44,7 +44,7 @@ def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
         assert s.run() and ar.run() and s.tokens == ar.tokens
     # --stage loops reruns only the loops phase, on the target already there.
     before = (tmp_path / "target" / "model.safetensors").read_bytes()
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke", "--stage", "loops"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "loops"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "loops round 1 step 1" in r.stderr, r.stderr[-2000:]
     assert (tmp_path / "target" / "model.safetensors").read_bytes() != before
@@ -138,7 +138,7 @@ def test_generated_tables_are_thinned_and_nothing_else_is():
 
 
 def test_distillation_draws_on_training_files_only():
-    from workbench.train import Recipe, load_corpus, make_prompts
+    from workbench.train.pipeline import Recipe, load_corpus, make_prompts
 
     train, held, train_tests, held_tests = load_corpus(Recipe())
     assert train and held and train_tests and held_tests
@@ -156,7 +156,7 @@ def test_distillation_draws_on_training_files_only():
 
 
 def test_draft_batches_never_mix_lengths():
-    from workbench.train import draft_batch, smoke_recipe
+    from workbench.train.pipeline import draft_batch, smoke_recipe
 
     recipe = smoke_recipe()
     seqs = [(list(range(40)), 10)] * 5 + [(list(range(100, 180)), 30)] * 7
@@ -178,7 +178,7 @@ def test_cached_context_features_equal_a_live_forward_over_each_row():
     from dflash.model import extract_context_feature
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from workbench.train import context_features, draft_batch, smoke_recipe
+    from workbench.train.pipeline import context_features, draft_batch, smoke_recipe
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -207,8 +207,8 @@ def test_cached_context_features_equal_a_live_forward_over_each_row():
 def test_default_recipe_is_the_one_that_trained_the_shipped_target():
     from dataclasses import asdict
 
-    from workbench.loading import ASSETS
-    from workbench.train import V1, Recipe
+    from workbench.engine.loading import ASSETS
+    from workbench.train.pipeline import V1, Recipe
 
     shipped = json.loads((ASSETS / "training_report.json").read_text())["recipe"]
     default = asdict(Recipe())
@@ -230,7 +230,7 @@ def _repeats_oracle(row: list[int], start: int, n: int) -> list[bool]:
 def test_repeated_ngrams_are_the_continuations_own_repeats():
     import torch
 
-    from workbench.train import repeated_ngram_mask
+    from workbench.train.pipeline import repeated_ngram_mask
 
     seqs = torch.tensor([[7, 7, 7, 1, 2, 3, 1, 2, 3, 1, 2]])
     # The prompt's 7s never count; "1 2" repeats from position 6 on (n=2), "1 2 3" from 8 (n=3).
@@ -246,7 +246,7 @@ def test_repeated_ngrams_are_the_continuations_own_repeats():
 def test_unlikelihood_loss_pushes_down_only_the_penalised_tokens():
     import torch
 
-    from workbench.train import unlikelihood_loss
+    from workbench.train.pipeline import unlikelihood_loss
 
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 6, 10, generator=gen, requires_grad=True)
@@ -267,7 +267,7 @@ def test_distill_kl_is_zero_exactly_when_the_drafter_matches_the_target():
     import torch
     import torch.nn.functional as F
 
-    from workbench.train import distill_kl
+    from workbench.train.pipeline import distill_kl
 
     gen = torch.Generator().manual_seed(2)
     T, V = 12, 9
@@ -282,7 +282,7 @@ def test_distill_kl_is_zero_exactly_when_the_drafter_matches_the_target():
 
 
 def test_known_word_share_tells_code_from_glued_subwords():
-    from workbench.train import corpus_words, known_word_share
+    from workbench.train.pipeline import corpus_words, known_word_share
 
     known = corpus_words([corpus.SourceFile("box.py", MODULE)])
     assert {"import", "Box", "object", "size", "area"} <= known and "os" not in known  # 3+ characters
@@ -292,9 +292,9 @@ def test_known_word_share_tells_code_from_glued_subwords():
 
 
 def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--stage", "loops"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--stage", "loops"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "add --loops N" in r.stderr.strip().splitlines()[-1]
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--loops", "-1"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--loops", "-1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--loops -1 must be 0 or more" in r.stderr

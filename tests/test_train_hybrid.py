@@ -25,7 +25,7 @@ def _delta_inputs(T: int, gen: torch.Generator, with_state: bool, heads: int = 3
 def test_fast_chunked_delta_rule_equals_transformers(T, with_state, chunk):
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule
 
-    from workbench.fast_delta import chunk_gated_delta_rule
+    from workbench.train.fast_delta import chunk_gated_delta_rule
 
     gen = torch.Generator().manual_seed(T)
     q, k, v, g, beta, state = _delta_inputs(T, gen, with_state)
@@ -53,7 +53,7 @@ def test_fast_chunked_delta_rule_equals_transformers(T, with_state, chunk):
 def test_fast_delta_rule_is_patched_only_inside_and_restored_on_error():
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
 
-    from workbench.fast_delta import chunk_gated_delta_rule, fast_delta_rule
+    from workbench.train.fast_delta import chunk_gated_delta_rule, fast_delta_rule
 
     original = mq.torch_chunk_gated_delta_rule
     with pytest.raises(RuntimeError, match="boom"):
@@ -66,10 +66,10 @@ def test_fast_delta_rule_is_patched_only_inside_and_restored_on_error():
 def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workbench import loading
-    from workbench.train import greedy_continue
+    from workbench.engine import loading
+    from workbench.train.pipeline import greedy_continue
 
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--arch", "hybrid", "--out", str(tmp_path), "--smoke"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--arch", "hybrid", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
@@ -98,7 +98,7 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkey
                              eos_token_id=None, pad_token_id=tok.eos_token_id)[0, x.shape[1]:].tolist()
     assert ours == theirs
     # A later stage on this directory without --arch hybrid is refused in one line.
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--out", str(tmp_path), "--smoke", "--stage", "report"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "report"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "pass --arch hybrid" in r.stderr.strip().splitlines()[-1]
 
@@ -108,9 +108,9 @@ def test_greedy_simulation_counts_what_the_engine_and_dflash_generate_count(monk
     import dflash.model as dm
 
     import workbench as wb
-    from workbench import greedy_sim
-    from workbench.bench import run_one
-    from workbench.prompts import eval_prompts
+    from workbench.train import greedy_sim
+    from workbench.bench.runs import run_one
+    from workbench.bench.prompts import eval_prompts
 
     engine = wb.load(threads=2)
     target, draft, tok = engine.models.target, engine.models.draft, engine.tokenizer
@@ -132,8 +132,8 @@ def test_hybrid_recipe_fits_the_size_budget():
     """The default hybrid recipe's target + drafter stay under 30 MB in float32, and its layers interleave."""
     from transformers import AutoTokenizer
 
-    from workbench.loading import DEFAULT_TARGET
-    from workbench.train import HybridRecipe, draft_config, target_class, target_config
+    from workbench.engine.loading import DEFAULT_TARGET
+    from workbench.train.pipeline import HybridRecipe, draft_config, target_class, target_config
 
     from dflash.model import DFlashDraftModel
 
@@ -150,7 +150,7 @@ def test_hybrid_recipe_fits_the_size_budget():
 
 
 def test_an_embedded_pair_by_name_missing_or_shadowed_is_a_clear_error(tmp_path, monkeypatch):
-    from workbench import loading
+    from workbench.engine import loading
 
     monkeypatch.setitem(loading.PAIRS, "hybrid", (tmp_path / "nowhere" / "target", tmp_path / "nowhere" / "draft"))
     with pytest.raises(loading.ModelPairError, match="embedded 'hybrid' pair is not in .*make train-hybrid"):
@@ -164,7 +164,7 @@ def test_an_embedded_pair_by_name_missing_or_shadowed_is_a_clear_error(tmp_path,
 def test_a_hybrid_model_runs_the_fast_rule_inside_and_gives_transformers_logits(monkeypatch):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    import workbench.fast_delta as fd
+    import workbench.train.fast_delta as fd
 
     torch.manual_seed(0)
     cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -11,7 +11,7 @@ import torch
 
 import workbench as wb
 from workbench.__main__ import main
-from workbench.cycle import Trace, TraceFileError
+from workbench.records.cycle import Trace, TraceFileError
 
 PAIR = "l4-h32"  # block size 8: the drafter drafts 7 slots
 
@@ -121,7 +121,7 @@ def test_cli_dtype_names_the_value(capsys, pair_args):
 # ------------------------------------------------------------------------------- item 4: outputs first
 @pytest.mark.parametrize("cmd", ["run", "bench", "report"])
 def test_missing_output_folder_refused_before_work_nothing_created(capsys, tmp_path, pair_args, cmd, monkeypatch):
-    import workbench.engine as engine_mod
+    import workbench.engine.core as engine_mod
 
     monkeypatch.setattr(engine_mod, "load", lambda *a, **k: pytest.fail("models loaded before the output check"))
     dest = tmp_path / "no" / "such" / "out.jsonl"
@@ -143,14 +143,14 @@ def test_unwritable_output_refused_before_work(capsys, tmp_path, pair_args, monk
         (tmp_path / "ro").mkdir(mode=0o500)
         dest = tmp_path / "ro" / "t.jsonl"
         needle = "cannot be written"
-    import workbench.engine as engine_mod
+    import workbench.engine.core as engine_mod
 
     monkeypatch.setattr(engine_mod, "load", lambda *a, **k: pytest.fail("models loaded before the output check"))
     one_line_error(capsys, ["run", "--prompt", "t1", "--trace", str(dest), *pair_args], str(dest), needle)
 
 
 def test_write_error_names_the_path_not_the_temp_file(tmp_path, monkeypatch):
-    from workbench import validate
+    from workbench.engine import validate
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")

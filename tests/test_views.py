@@ -12,7 +12,7 @@ import torch
 
 import workbench as wb
 from workbench import views
-from workbench.cycle import STAGES, Cycle, Trace
+from workbench.records.cycle import STAGES, Cycle, Trace
 from workbench.views.figures import NODE_META, OUTCOME_NAMES
 
 

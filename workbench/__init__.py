@@ -7,14 +7,14 @@
     t = s.run(max_new_tokens=128)                        # -> wb.Trace
     print(s.text, t.summary())
 """
-from workbench.cycle import Cycle, Summary, Trace, TraceFileError
-from workbench.divergence import Divergence, first_divergence
-from workbench.engine import Engine, Session, SessionFinished, load
-from workbench.forward import ForwardMode, ForwardRecord
-from workbench.loading import ModelPairError, load_models
-from workbench.policies import AR, DDTree, DFlash, EagleTree, TreePolicy, parse_policy
+from workbench.records.cycle import Cycle, Summary, Trace, TraceFileError
+from workbench.records.divergence import Divergence, first_divergence
+from workbench.engine.core import Engine, Session, SessionFinished, load
+from workbench.records.forward import ForwardMode, ForwardRecord
+from workbench.engine.loading import ModelPairError, load_models
+from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, TreePolicy, parse_policy
 from workbench import analysis, shapes  # after the engine: they read its records
-from workbench.remote import RemoteEngine, RemoteSession, connect
+from workbench.serve.client import RemoteEngine, RemoteSession, connect
 
 
 def __getattr__(name: str):

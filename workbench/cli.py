@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from workbench import validate
-from workbench.validate import as_arg
+from workbench.engine import validate
+from workbench.engine.validate import as_arg
 
 EXIT_FAILED = 1  # the command ran, but what it checks failed (the lossless check)
 EXIT_USAGE = 2  # bad input
@@ -49,7 +49,7 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 def _device(text: str) -> str:
     """cpu, cuda or cuda:N; anything else (tpu, meta, mps, ...) is refused before any model loads."""
-    from workbench.validate import device
+    from workbench.engine.validate import device
 
     t = text.strip().lower()
     try:
@@ -61,7 +61,7 @@ def _device(text: str) -> str:
 def _check_output(path: str, option: str) -> Path:
     """Refuse an output path that cannot be written, before any model loads (the message names it;
     a missing folder is refused, never created)."""
-    from workbench.validate import output_path
+    from workbench.engine.validate import output_path
 
     try:
         return output_path(path, option)
@@ -98,7 +98,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
-    from workbench.engine import DEFAULT_MAX_NEW_TOKENS
+    from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
 
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
@@ -188,13 +188,13 @@ def _progress(args) -> bool:
 def _load_engine(args):
     import workbench as wb
 
-    from workbench.loading import PAIRS, pair_name
+    from workbench.engine.loading import PAIRS, pair_name
 
     if bool(args.target) != bool(args.draft) and pair_name(args.target, args.draft) is None:
         raise UsageError("--target and --draft go together: give both model directories, or neither "
                          f"(or --target {' / '.join(PAIRS)} alone for an embedded pair)")
     from ddtree_kernels import check_backend
-    from workbench.loading import resolve_device, resolve_dtype
+    from workbench.engine.loading import resolve_device, resolve_dtype
 
     # Check the cheap things before loading any weights.
     check_backend(args.kernel_backend)
@@ -211,8 +211,8 @@ def _load_engine(args):
 def cmd_run(args, out, err) -> int:
     import torch
 
-    from workbench.bench import versions
-    from workbench.policies import parse_policy
+    from workbench.bench.runs import versions
+    from workbench.engine.policies import parse_policy
 
     policy = parse_policy(args.policy)
     if args.temperature < 0:
@@ -251,8 +251,8 @@ def cmd_run(args, out, err) -> int:
 
 
 def cmd_bench(args, out, err) -> int:
-    from workbench.bench import bench, parse_policies, percentile_table, summary_table
-    from workbench.prompts import eval_prompts, load_prompts
+    from workbench.bench.runs import bench, parse_policies, percentile_table, summary_table
+    from workbench.bench.prompts import eval_prompts, load_prompts
 
     policies = parse_policies(args.policies)
     prompts = load_prompts(args.prompts) if args.prompts else eval_prompts(args.split)
@@ -273,7 +273,7 @@ def cmd_bench(args, out, err) -> int:
         atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     summary = None  # --json: one object, the reference comparison and op counts inside it
     if args.json:
-        from workbench.bench import bench_json
+        from workbench.bench.runs import bench_json
 
         summary = bench_json(res)
     else:
@@ -283,8 +283,8 @@ def cmd_bench(args, out, err) -> int:
         print(summary_table(res.summary), file=out)
         print(percentile_table(res.summary), file=out)
     if args.reference:
-        from workbench.policies import DDTree
-        from workbench.reference import compare_reference, reference_table
+        from workbench.engine.policies import DDTree
+        from workbench.bench.reference import compare_reference, reference_table
 
         budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
         if not budgets:
@@ -301,13 +301,13 @@ def cmd_bench(args, out, err) -> int:
         if args.json:
             summary["ops_per_cycle"] = ops
         else:
-            from workbench.opcount import ops_table
+            from workbench.bench.opcount import ops_table
 
             print(ops_table(ops), file=out)
     if summary is not None:
         print(json.dumps(summary), file=out)
     if args.profile:
-        from workbench.profiling import profile_generation
+        from workbench.bench.profiling import profile_generation
 
         for p in policies:
             dest = Path(args.profile) / f"{str(p).replace(' ', '').replace(',', '_')}.trace.json"
@@ -323,9 +323,9 @@ def cmd_bench(args, out, err) -> int:
 
 
 def _bench_ops(args, engine, policies, prompts) -> dict:
-    """Ops per cycle (``workbench.opcount``) on the first 2 prompts, after the timed runs."""
-    from workbench.opcount import count_ops
-    from workbench.policies import DDTree
+    """Ops per cycle (``workbench.bench.opcount``) on the first 2 prompts, after the timed runs."""
+    from workbench.bench.opcount import count_ops
+    from workbench.engine.policies import DDTree
 
     budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
     if not budgets:
@@ -334,7 +334,7 @@ def _bench_ops(args, engine, policies, prompts) -> dict:
 
 
 def _bench_batch(args, engine, policies, prompts, out) -> int:
-    from workbench.batch import batch_bench, batch_table
+    from workbench.engine.batch import batch_bench, batch_table
 
     texts = [p["prompt"] for p in prompts]
     for policy in policies:
@@ -347,7 +347,7 @@ def _bench_batch(args, engine, policies, prompts, out) -> int:
 def cmd_kernels(args, out, err) -> int:
     import torch
 
-    from workbench.bench import KERNEL_BUDGETS, kernel_bench, kernel_table
+    from workbench.bench.runs import KERNEL_BUDGETS, kernel_bench, kernel_table
 
     budgets = KERNEL_BUDGETS
     if args.budgets:
@@ -357,7 +357,7 @@ def cmd_kernels(args, out, err) -> int:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer") from None
         if not budgets or min(budgets) < 1:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer")
-        from workbench.policies import MAX_BUDGET
+        from workbench.engine.policies import MAX_BUDGET
 
         if max(budgets) > MAX_BUDGET:
             raise UsageError(f"--budgets {args.budgets!r}: budget {max(budgets)} is absurdly large; "
@@ -370,7 +370,7 @@ def cmd_kernels(args, out, err) -> int:
 
 
 def _is_trace(path: Path) -> bool:
-    from workbench.cycle import TRACE_FORMAT, TraceFileError
+    from workbench.records.cycle import TRACE_FORMAT, TraceFileError
 
     with path.open("rb") as fh:
         raw = fh.readline()

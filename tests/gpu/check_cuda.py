@@ -287,7 +287,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     _kernels_importable()
     import workbench as wb
-    from workbench.prompts import eval_prompts
+    from workbench.bench.prompts import eval_prompts
 
     models = (args.target, args.draft)
     prompts = [p["prompt"] for p in eval_prompts()[: args.prompts]]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from workbench.analysis.calibration import cycles_of
-from workbench.cycle import Trace
+from workbench.records.cycle import Trace
 
 
 def continuation_stream(trace: Trace) -> tuple[list[int], list[int]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.cycle import Cycle, Trace
+from workbench.records.cycle import Cycle, Trace
 
 KINDS = ("path", "token")
 

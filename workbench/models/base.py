@@ -1,6 +1,6 @@
 """The interface between the cycle and a model: one state object per model, holding every request's rows.
 
-The cycle (``workbench.runner``) never touches a cache, a mask or a model forward; it hands a state the
+The cycle (``workbench.engine.runner``) never touches a cache, a mask or a model forward; it hands a state the
 per-cycle ``TreeLayout`` (architecture-free: tokens, positions, parents, visibility, per-row starts) and
 tells it which tree nodes each row accepted. How the state lays out its memory (per-token K/V, a latent, a
 recurrent state per request) and which mask or fork it needs is the state's business, as an SGLang
@@ -17,8 +17,8 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from workbench.forward import ForwardRecord
-from workbench.layout import TreeLayout
+from workbench.records.forward import ForwardRecord
+from workbench.models.layout import TreeLayout
 
 
 @dataclass

@@ -18,8 +18,9 @@ from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ddtree_kernels import compact_kv_
-from workbench.forward import ForwardMode, ForwardRecord, run_draft, run_target
-from workbench.layout import TreeLayout
+from workbench.records.forward import ForwardMode, ForwardRecord
+from workbench.models.run import run_draft, run_target
+from workbench.models.layout import TreeLayout
 from workbench.models.base import StateSpec, StepOut
 
 
@@ -366,7 +367,7 @@ class DenseKV:
         self.cache = KVBuffers(models.target.config, [0] * rows)
         self.masks = PrefixMask(models.dtype, models.device)
         self.static: StaticInputs | None = None  # set by preallocate: fixed shapes and storage
-        self.graphs = None  # a workbench.graphs.Graphs: the static verify captured and replayed
+        self.graphs = None  # a workbench.engine.graphs.Graphs: the static verify captured and replayed
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on: K/V and mask buffers of ``capacity`` columns per row allocated once,
@@ -543,7 +544,7 @@ class DraftKV:
         self.kinds = [_layer_kind(layer.self_attn) for layer in models.draft.layers]
         self.static: StaticInputs | None = None
         self._static_bufs: dict = {}
-        self.graphs = None  # a workbench.graphs.Graphs: the static draft captured and replayed
+        self.graphs = None  # a workbench.engine.graphs.Graphs: the static draft captured and replayed
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context

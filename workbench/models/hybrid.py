@@ -32,9 +32,10 @@ from torch import Tensor
 from transformers.cache_utils import Cache, LinearAttentionLayer
 
 from ddtree_kernels.gdn_tree import commit_nodes
-from workbench.forward import ForwardMode, run_target, shape_of
-from workbench.gdn_layer import gdn_layer_tree_forward
-from workbench.layout import TreeLayout
+from workbench.records.forward import ForwardMode, shape_of
+from workbench.models.run import run_target
+from workbench.models.gdn_layer import gdn_layer_tree_forward
+from workbench.models.layout import TreeLayout
 from workbench.models.base import StateSpec, StepOut, register_target_state
 from workbench.models.dense import KVBuffers, PrefixMask, additive
 

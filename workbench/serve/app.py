@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from ddtree_kernels import check_backend
-from workbench import wire
-from workbench.engine import DEFAULT_MAX_NEW_TOKENS, SessionFinished
+from workbench.serve import wire
+from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS, SessionFinished
 from workbench.serve.store import Entry, ServeError, SessionStore
 
 log = logging.getLogger("workbench.serve")

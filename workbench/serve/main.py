@@ -13,7 +13,7 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
     """(token, where it came from). A missing token file is created with a new token, readable by its owner
     only. An existing one is used only if it is a regular file of this user that no one else can read or
     write (as ssh and Jupyter insist): on a shared host, a planted or readable file gives the token away."""
-    from workbench.serve import check_token, new_token
+    from workbench.serve.server import check_token, new_token
 
     if path is None:
         return new_token(), "generated"
@@ -63,7 +63,7 @@ def check_token_file(p: Path, st: os.stat_result) -> None:
 
 
 def serve_main(args, out, err, load_engine, usage_error) -> int:
-    from workbench.serve import Limits
+    from workbench.serve.server import Limits
 
     if not args.session_ttl > 0:
         raise usage_error(f"--session-ttl {args.session_ttl} must be a positive number of seconds")
@@ -89,7 +89,7 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
 
 
 def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
-    from workbench.serve import EngineServer, is_loopback
+    from workbench.serve.server import EngineServer, is_loopback
 
     if not is_loopback(args.host):
         print(f"workbench serve: WARNING: binding {args.host} makes the engine reachable from other machines; "

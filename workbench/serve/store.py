@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from workbench.capture import ShapeCapture
-from workbench.engine import Engine, Session
-from workbench.wire import short
+from workbench.shapes.hooks import ShapeCapture
+from workbench.engine.core import Engine, Session
+from workbench.serve.wire import short
 
 log = logging.getLogger("workbench.serve")
 

@@ -20,7 +20,7 @@ import time
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from workbench import wire
+from workbench.serve import wire
 
 log = logging.getLogger("workbench.serve")
 

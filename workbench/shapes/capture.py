@@ -1,12 +1,12 @@
-"""Shape capture (hooks live in workbench/capture.py) and the capture-off overhead benchmark."""
+"""Shape capture (hooks live in workbench/shapes/hooks.py) and the capture-off overhead benchmark."""
 from __future__ import annotations
 
 import statistics
 import time
 import timeit
 
-from workbench.capture import ShapeCapture, capture, hooks_installed
-from workbench.forward import ForwardMode
+from workbench.shapes.hooks import ShapeCapture, capture, hooks_installed
+from workbench.records.forward import ForwardMode
 
 __all__ = ["ShapeCapture", "bench", "capture", "hooks_installed"]
 
@@ -20,7 +20,7 @@ def bench(engine=None, policy=None, prompt: str = "def parse(line):", cycles: in
     cycle time.
     """
     import workbench as wb
-    from workbench.forward import _nullctx
+    from workbench.models.run import _nullctx
 
     engine = engine or wb.load()
     policy = policy or wb.DDTree(64)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.forward import ForwardRecord
+from workbench.records.forward import ForwardRecord
 from workbench.shapes.tables import CheckTable, _fmt_shape, _trace_of
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.capture import TARGET_MODULES, ShapeCapture
-from workbench.forward import ForwardMode
+from workbench.shapes.hooks import TARGET_MODULES, ShapeCapture
+from workbench.records.forward import ForwardMode
 from workbench.shapes import families
 from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, fmt_bytes, sglang_view, table
 
@@ -190,8 +190,8 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
     """
     from transformers import DynamicCache, Qwen3Config
 
-    from workbench.forward import run_draft, run_target
-    from workbench.loading import resolve_dtype
+    from workbench.models.run import run_draft, run_target
+    from workbench.engine.loading import resolve_dtype
 
     for name, v in (("batch", batch), ("prompt_len", prompt_len), ("budget", budget)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from workbench.forward import ForwardMode, ForwardRecord
+from workbench.records.forward import ForwardMode, ForwardRecord
 
 # --------------------------------------------------------------------------------------------- formatting
 def fmt_bytes(n: int | None) -> str:

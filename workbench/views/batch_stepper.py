@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.engine import SessionFinished
+from workbench.engine.core import SessionFinished
 from workbench.views.figures import empty_figure, tree_figure
 from workbench.views.stepper import StatusLine, Stepper
 

@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.cycle import STAGES, Cycle, Trace
+from workbench.records.cycle import STAGES, Cycle, Trace
 
 # Colours by node outcome (colour-blind friendly: blue / orange / grey / green).
 OUTCOME_COLORS = {
@@ -526,7 +526,7 @@ def budget_sweep_figure(summary: Mapping[str, Mapping]) -> go.Figure:
 
     Left: tau per budget (DFlash as a dashed reference); right: the measured decode speedup over AR
     (cycles only) beside its ceiling, the speedup if only the model forwards cost time; measured /
-    ceiling is the share of the cycle spent in the forwards (<= 1; see workbench.bench).
+    ceiling is the share of the cycle spent in the forwards (<= 1; see workbench.bench.runs).
     """
     import re
 

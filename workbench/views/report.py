@@ -5,7 +5,7 @@ import html
 from collections.abc import Mapping
 from pathlib import Path
 
-from workbench.cycle import Trace
+from workbench.records.cycle import Trace
 from workbench.views.export import atomic_write_text, page
 from workbench.views.figures import (
     acceptance_figure, draft_heatmap, stage_times_figure, token_stream, tree_figure,
@@ -35,7 +35,7 @@ def _load_traces(src) -> dict[str, Trace]:
 def tokenizer_for(trace: Trace, target=None):
     """The tokenizer of ``target`` (a model directory), else of the trace's own target model: found
     relative to the package for the embedded pair, else at its stored path (None when missing: ids)."""
-    from workbench.loading import resolve_model_ref
+    from workbench.engine.loading import resolve_model_ref
 
     target = Path(target) if target else resolve_model_ref(trace.meta.get("target"))
     if target is None or not Path(target, "tokenizer.json").exists():

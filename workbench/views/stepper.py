@@ -11,8 +11,8 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.engine import SessionFinished
-from workbench.policies import AR, DDTree, DFlash
+from workbench.engine.core import SessionFinished
+from workbench.engine.policies import AR, DDTree, DFlash
 from workbench.views.figures import empty_figure, token_stream, tree_figure
 
 

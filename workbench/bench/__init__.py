@@ -1,0 +1,1 @@
+"""Benchmarks: policy runs, the reference decoder, op counts, profiling, prompts."""

@@ -1,0 +1,1 @@
+"""The cycle: engine, sessions, rows, policies, sampling, prompts, loading, stages."""

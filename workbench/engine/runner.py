@@ -1,0 +1,198 @@
+"""The one cycle implementation: B >= 1 requests stepped together, draft -> tree build -> compile ->
+verify -> accept -> commit -> records.
+
+``Rows`` holds the two model states (target and drafter, each one object for every row) and runs the
+stages in order over whatever requests it is given; a ``Session`` is one row, a ``BatchSession`` many.
+The requests (``workbench.engine.session.Session``) keep their own settings, outputs and traces; ``Rows`` keeps
+no reference to them between calls.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workbench.engine import stages
+from workbench.records.forward import ForwardMode, ForwardRecord
+from workbench.models.base import new_draft_state, new_target_state
+from workbench.engine.policies import AR
+from workbench.engine.sampling import target_choice
+
+
+def clock(device: torch.device) -> float:
+    """Seconds, after the device's queued work is done (a CUDA kernel launch returns before it runs)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+class Stopwatch:
+    """Times the consecutive stages of one cycle: ``start("draft")`` ... ``start("verify")`` ... ``stop()``.
+
+    Each start closes the previous stage. While a torch profiler records, every stage is also a
+    named range in its trace (``bench --profile``), so a slow cycle can be read stage by stage.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.times: dict[str, float] = {}
+        self._name: str | None = None
+        self._t = 0.0
+        self._range = None
+        self._profiling = torch.autograd._profiler_enabled()
+
+    def start(self, name: str) -> None:
+        now = self.stop()
+        self._name, self._t = name, now
+        if self._profiling:
+            self._range = torch.profiler.record_function(name)
+            self._range.__enter__()
+
+    def stop(self) -> float:
+        now = clock(self.device)
+        if self._name is not None:
+            self.times[self._name] = self.times.get(self._name, 0.0) + now - self._t
+            if self._range is not None:
+                self._range.__exit__(None, None, None)
+                self._range = None
+            self._name = None
+        return now
+
+
+def static_nodes(policy, block_size: int) -> int:
+    """Nodes (root included) every verify of ``policy`` is padded to under static shapes: its largest tree."""
+    from workbench.engine.policies import DFlash, EagleTree
+
+    if isinstance(policy, AR):
+        return 1
+    if isinstance(policy, DFlash):
+        return block_size
+    if isinstance(policy, EagleTree):
+        return policy.num_draft_tokens
+    return policy.budget + 1  # DDTree, TreePolicy
+
+
+class SessionFinished(RuntimeError):
+    """``step()`` was called on a session that has already ended."""
+
+
+class Rows:
+    """The model states of B >= 1 requests and the cycle over them.
+
+    ``prefill(reqs)`` starts every request; ``step(reqs)`` runs one cycle for the requests given (the
+    live ones, in row order) and returns (their Cycle records, the cycle's TreeLayout, the batched
+    forwards' records, the stopwatch still running in "record" so the caller's bookkeeping is timed);
+    ``select(rows)`` retires rows. Rows are the requests' order at prefill, less the retired ones.
+    """
+
+    def __init__(self, models, static_shapes: bool = False, graphs=None):
+        """``static_shapes``: every draft and verify forward of a fixed policy has the same shapes and
+        storage (trees padded to the policy's node count, buffers preallocated to the requests' limit, no
+        host read between the draft and the verify forward); ``graphs``: a ``workbench.engine.graphs.Graphs``
+        that captures and replays those forwards (CUDA; implies static shapes)."""
+        self.models = models
+        self.target = new_target_state(models)
+        self.draft = new_draft_state(models)
+        self.prefill_record: ForwardRecord | None = None
+        self.static_shapes = static_shapes or graphs is not None
+        self.graphs = graphs
+        self.capacity = 0
+        if self.static_shapes:
+            for st in (self.target, self.draft):
+                if not hasattr(st, "preallocate"):
+                    raise ValueError(f"static_shapes=True: {type(st).__name__} has no preallocate(); "
+                                     "this model's state runs with dynamic shapes only")
+
+    def _preallocate(self, reqs: list, nodes: int) -> None:
+        """Buffers for the requests' whole limit (prompt + max_new_tokens + a tree or two draft blocks),
+        rounded up to a length bucket of 256; a larger limit later moves to the next bucket."""
+        m = self.models
+        need = max(len(s.prompt_ids) + s.max_new_tokens for s in reqs) + max(nodes, 2 * m.block_size)
+        if need <= self.capacity:
+            return
+        self.capacity = max(-(-need // 256) * 256, self.capacity)
+        for st in (self.target, self.draft):
+            st.preallocate(len(reqs), self.capacity)
+            st.graphs = self.graphs
+
+    def _capture(self, reqs: list) -> None:
+        """A one-row batch records its forwards' module shapes while its session's capture is on
+        (``wb.shapes.capture(s)`` sets it between cycles)."""
+        self.target.capture = self.draft.capture = reqs[0].capture if len(reqs) == 1 else None
+
+    def prefill(self, reqs: list) -> None:
+        m = self.models
+        t0 = clock(m.device)
+        self._capture(reqs)
+        if self.static_shapes:
+            self._preallocate(reqs, max(static_nodes(s.policy, m.block_size) for s in reqs))
+        out = self.target.prefill([s.prompt_ids for s in reqs])
+        self.draft.start([out.features[b : b + 1, : len(s.prompt_ids)] for b, s in enumerate(reqs)])
+        self.prefill_record = out.record
+        top2 = out.logits[:, -1].topk(2)  # each first token's runner-up, for wb.first_divergence
+        chosen = []
+        for b, s in enumerate(reqs):
+            choice, _ = target_choice(out.logits[b : b + 1], s.sampling, s.generator)
+            s.trace.meta["prefill_top2"] = {"tokens": top2.indices[b].tolist(),
+                                            "logits": top2.values[b].float().tolist()}
+            chosen.append(int(choice[0, 0]))
+        seconds = clock(m.device) - t0
+        for s, t in zip(reqs, chosen):
+            s.trace.prefill, s.trace.prefill_seconds = out.record, seconds
+            s._append([t])
+
+    def select(self, rows: list[int]) -> None:
+        self.target.select(rows)
+        self.draft.select(rows)
+
+    def step(self, reqs: list) -> tuple[list, tuple, Stopwatch]:
+        m = self.models
+        sw = Stopwatch(m.device)
+        sw.start("other")  # checks and bookkeeping between the named stages
+        self._capture(reqs)
+        starts, roots, policies = [s.start for s in reqs], [s.bonus for s in reqs], [s.policy for s in reqs]
+        # Never draft past a request's token limit or the model's positions.
+        depths = [min(m.block_size - 1, s.max_new_tokens - len(s.generated) - 1, m.max_positions - 1 - s.start)
+                  for s in reqs]
+        uses = [not isinstance(p, AR) and d > 0 for p, d in zip(policies, depths)]
+        max_depths = [d if u else 0 for d, u in zip(depths, uses)]  # a root-only tree needs no ancestry work
+
+        nodes = None
+        if self.static_shapes:  # one node count per policy mix: the forwards' shapes do not change
+            nodes = max(static_nodes(p, m.block_size) for p in policies)
+            self._preallocate(reqs, nodes)
+
+        sw.start("draft")
+        drafted = [None] * len(reqs)
+        if any(uses):
+            drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
+        sw.start("tree_build")
+        trees = [stages.tree_build(p, d, r, m.device, sync_free=self.static_shapes)
+                 for p, d, r in zip(policies, drafted, roots)]
+        sw.start("tree_compile")
+        layout = stages.tree_compile(trees, starts, max_depths, nodes)
+        sw.start("verify")
+        # A state that runs kernels inside its forward (a hybrid's GatedDeltaNet layers) takes the backend here.
+        self.target.kernel_backend = reqs[0].kernel_backend
+        mode = ForwardMode.DECODE if all(isinstance(p, AR) for p in policies) else ForwardMode.TARGET_VERIFY
+        verified = stages.verify(self.target, layout, mode, [s.sampling for s in reqs],
+                                 [s.generator for s in reqs], sync_free=self.static_shapes)
+        sw.start("accept")
+        accepted = stages.accept(reqs[0].kernel_backend, layout, verified)
+        sw.start("commit")
+        committed = stages.commit(self.target, layout, accepted, verified.features)
+        self.draft.add_context([c.context for c in committed])
+        kept = [s._append(c.tokens) for s, c in zip(reqs, committed)]
+        sw.start("record")
+        times = sw.times  # every Cycle holds this dict: "record" and the rest of "other" land in it later
+        cycles = []
+        state_from = getattr(self.target, "state_from", None)  # [B, N]: recurrent targets only
+        for b, s in enumerate(reqs):
+            cyc = s._record(policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
+                            verified.row(b, layout.n[b]), committed[b], kept[b], times,
+                            None if state_from is None else state_from[b, : layout.n[b]])
+            s.trace.append(cyc)
+            cycles.append(cyc)
+        draft_rec = next((d.record for d in drafted if d is not None), None)
+        forwards = tuple(r for r in (draft_rec, verified.record) if r is not None)
+        return cycles, layout, forwards, sw

@@ -1,0 +1,39 @@
+"""Draft: one drafter forward over every row's block [root, MASK x (B-1)] -> per-slot log-probs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ddtree_kernels.tree_build import top_slots
+from workbench.records.forward import ForwardRecord
+
+
+@dataclass
+class Draft:
+    logprobs: Tensor  # float32 [1, depth, V]: slot d predicts the token at start + d + 1
+    record: ForwardRecord
+    _top: tuple | None = field(default=None, repr=False)
+
+    def top(self, k: int) -> tuple[Tensor, Tensor]:
+        """The k best tokens per slot in the tree build's order: (log-probs, ids), each [1, depth, k].
+
+        Computed once for the largest k asked, so the tree build and the record share one top-k.
+        """
+        k = min(k, self.logprobs.shape[-1])
+        if self._top is None or self._top[0].shape[-1] < k:
+            self._top = top_slots(self.logprobs, k)
+        v, i = self._top
+        return v[..., :k], i[..., :k]
+
+
+def draft(drafter, roots: list[int], starts: list[int], depths: list[int | None]) -> list[Draft | None]:
+    """Run the drafter once for every row (``drafter``: its state, holding each row's pending context).
+    ``depths[b]``: slots row b keeps, or None where the row drafts nothing this cycle."""
+    logits, rec = drafter.draft(roots, starts)  # [B, block - 1, V]
+    if len(roots) == 1:  # log-softmax only the kept slots
+        return [Draft(torch.log_softmax(logits[:, : depths[0]].float(), dim=-1), rec)]
+    deepest = max(d for d in depths if d is not None)
+    lp = torch.log_softmax(logits[:, :deepest].float(), dim=-1)
+    return [None if d is None else Draft(lp[b : b + 1, :d], rec) for b, d in enumerate(depths)]

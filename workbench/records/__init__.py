@@ -1,0 +1,1 @@
+"""What a run leaves: Cycle and Trace, forward records, divergences, text tables."""

@@ -1,0 +1,209 @@
+"""The wire format between ``python -m workbench serve`` and ``wb.connect``: versioned JSON (docs/wire-format.md).
+
+Shared by the server and the client, so it imports neither. A cycle travels as its
+``Cycle.to_dict()`` record with every tensor packed (``pack_tensor``: raw little-endian
+bytes in the narrowest integer type that holds the values, zlib, base64) and without its
+``visibility`` when that is the tree's ancestor-or-self matrix, which the receiver rebuilds
+from ``parents`` (a DDTree(1024) cycle: ~40 KiB instead of ~7 MB of JSON booleans). Fields
+added to ``Cycle`` travel without a change here. Any change to what a message means bumps
+WIRE_VERSION.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import ipaddress
+import json
+import zlib
+
+import numpy as np
+import torch
+
+from workbench.records.cycle import Cycle, Trace
+from workbench.records.forward import ForwardRecord
+from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, parse_policy
+
+WIRE_VERSION = 2  # the one place the wire version lives; 2: packed tensors, visibility from parents, pages
+VERSION_HEADER = "X-Workbench-Wire"
+POLICIES = {cls.name: cls for cls in (AR, DFlash, DDTree, EagleTree)}
+ECHO_CHARS = 80  # how much of a client's value an error message quotes
+
+
+class WireVersionError(RuntimeError):
+    """The client and the server speak different wire versions."""
+
+
+def version_mismatch(client: object, server: object) -> str:
+    return (f"wire version mismatch: the client speaks version {str(client)[:40]}, the server speaks version "
+            f"{str(server)[:40]}; install the same workbench version on both sides")
+
+
+def short(value, limit: int = ECHO_CHARS) -> str:
+    """repr(value), cut to ``limit`` characters: error messages never echo unbounded client input."""
+    r = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else str(value)
+    if len(r) > limit:  # a 5000-digit integer or a megabyte prompt: say how long it was instead
+        r = f"{r[:limit - 20]}...({len(r)} chars)"
+    return r
+
+
+# ------------------------------------------------------------------------------------------ JSON
+def dumps(obj) -> bytes:
+    # allow_nan: log-probs can be -inf; Python's json reads these tokens back (documented in the format).
+    return json.dumps(obj, allow_nan=True, separators=(",", ":")).encode()
+
+
+def loads(raw: bytes):
+    return json.loads(raw)
+
+
+# ------------------------------------------------------------------------------------------ policies
+def policy_to_wire(p) -> dict:
+    """AR() -> {"name": "ar"}; DDTree(32) -> {"name": "ddtree", "budget": 32, "width": None}.
+    A policy the wire cannot carry (a TreePolicy holds a Python function) is refused here."""
+    if POLICIES.get(getattr(p, "name", None)) is not type(p):
+        raise ValueError(f"policy {short(p)} cannot be served: the wire carries {', '.join(POLICIES)} "
+                         "(a TreePolicy's function runs only in-process; use a local engine)")
+    return {"name": p.name, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}}
+
+
+def policy_from_wire(w):
+    """The inverse of policy_to_wire; a string such as "ddtree:32" is accepted too (handy with curl)."""
+    if isinstance(w, str):
+        return parse_policy(w[:200])  # parse_policy quotes its input in errors
+    if not isinstance(w, dict) or not isinstance(w.get("name"), str):
+        raise ValueError(f"policy {short(w)} must be a string like 'ddtree:32' or an object with a 'name'")
+    cls = POLICIES.get(w["name"].lower())
+    if cls is None:
+        raise ValueError(f"unknown policy name {short(w['name'])}; use one of {', '.join(POLICIES)}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    extra = set(w) - known - {"name"}
+    if extra:
+        raise ValueError(f"policy {w['name']!r} has no field(s) {short(', '.join(sorted(map(str, extra))))}")
+    return cls(**{k: v for k, v in w.items() if k != "name"})
+
+
+# ------------------------------------------------------------------------------------------ tensors
+_INTS = (np.int8, np.int16, np.int32, np.int64)
+
+
+def pack_tensor(t: torch.Tensor) -> dict:
+    """A CPU tensor -> {"dtype", "shape", "as", "z"}: its values as raw little-endian bytes of numpy type
+    ``as`` (integers in the narrowest type that holds them, exactly), zlib-compressed, base64 text."""
+    a = t.detach().cpu().contiguous().numpy()
+    if a.dtype == np.bool_:
+        a, kind = np.packbits(a.reshape(-1)), "bits"  # 8 booleans a byte
+    elif a.dtype.kind in "iu" and a.size:
+        lo, hi = int(a.min()), int(a.max())
+        narrow = next(n for n in _INTS if np.iinfo(n).min <= lo and hi <= np.iinfo(n).max)
+        a, kind = a.astype(np.dtype(narrow).newbyteorder("<")), np.dtype(narrow).str
+    else:
+        a = a.astype(a.dtype.newbyteorder("<"))
+        kind = a.dtype.str
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "as": kind,
+            "z": base64.b64encode(zlib.compress(a.tobytes(), 6)).decode("ascii")}
+
+
+def unpack_tensor(d: dict) -> torch.Tensor:
+    """The inverse of ``pack_tensor``; also reads version 1's ``{"dtype", "shape", "data": nested lists}``."""
+    dtype = getattr(torch, str(d.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {short(d.get('dtype'))}")
+    shape = [int(s) for s in d["shape"]]
+    if "data" in d:  # wire version 1 / trace-file form
+        return torch.tensor(d["data"], dtype=dtype).reshape(shape)
+    raw = zlib.decompress(base64.b64decode(d["z"], validate=True))
+    count = int(np.prod(shape)) if shape else 1
+    if d["as"] == "bits":
+        a = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count).astype(np.bool_)
+    else:
+        a = np.frombuffer(raw, dtype=np.dtype(str(d["as"])), count=count)
+    # a native-order copy (frombuffer's array is read-only), then the exact widening to the recorded dtype
+    return torch.from_numpy(a.astype(a.dtype.newbyteorder("="))).to(dtype).reshape(shape)
+
+
+def tree_visibility(parents: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """parents/depth int64 [n] -> bool [n, n] ancestor-or-self: what tree compile gives for a tree."""
+    from ddtree_kernels.tree_compile import ancestor_matrix
+
+    max_depth = int(depth.max()) if depth.numel() else 0
+    return ancestor_matrix(parents[None], max_depth)[0]
+
+
+# ------------------------------------------------------------------------------------------ cycles
+def cycle_to_wire(c: Cycle) -> dict:
+    """``c.to_dict()`` with packed tensors; ``visibility`` left out when ``parents`` implies it."""
+    out = {}
+    for f in dataclasses.fields(c):
+        v = getattr(c, f.name)
+        if isinstance(v, torch.Tensor):
+            if f.name == "visibility" and torch.equal(v, tree_visibility(c.parents, c.depth)):
+                continue  # the receiver rebuilds it; only a mask that is not the tree's travels
+            out[f.name] = pack_tensor(v)
+        elif f.name == "forwards":
+            out[f.name] = [r.to_dict() for r in v]
+        else:
+            out[f.name] = v
+    return out
+
+
+def cycle_from_wire(d: dict) -> Cycle:
+    """The inverse of ``cycle_to_wire``; a version 1 record (``Cycle.to_dict()``) reads too."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a cycle record is a JSON object, not {type(d).__name__}")
+    d = {k: unpack_tensor(v) if isinstance(v, dict) and "dtype" in v and ("z" in v or "data" in v) else v
+         for k, v in d.items()}
+    if "visibility" not in d and "parents" in d and "depth" in d:
+        d["visibility"] = tree_visibility(d["parents"], d["depth"])
+    return Cycle.from_dict(d)
+
+
+def cycles_to_wire(cycles) -> list[dict]:
+    return [cycle_to_wire(c) for c in cycles]
+
+
+def cycles_from_wire(items) -> list[Cycle]:
+    return [cycle_from_wire(d) for d in items]
+
+
+# ------------------------------------------------------------------------------------------ traces
+def _head_fields() -> list:
+    return [f for f in dataclasses.fields(Trace) if f.name != "cycles"]
+
+
+def _is_record(f) -> bool:
+    return "ForwardRecord" in str(f.type)
+
+
+def trace_head_to_wire(trace: Trace) -> dict:
+    """A trace without its cycles (they travel separately, from an index on). Every other Trace
+    field travels, so one added to Trace needs no change here."""
+    out = {}
+    for f in _head_fields():
+        v = getattr(trace, f.name)
+        out[f.name] = v.to_dict() if _is_record(f) and v is not None else v
+    return out
+
+
+def trace_from_wire(head: dict, cycles=()) -> Trace:
+    kw = {}
+    for f in _head_fields():
+        if f.name in head:
+            v = head[f.name]
+            kw[f.name] = ForwardRecord.from_dict(v) if _is_record(f) and v is not None else v
+    return Trace(cycles=list(cycles), **kw)
+
+
+def copy_trace_head(src: Trace, dst: Trace) -> None:
+    """Update ``dst`` in place (its cycles list untouched) to ``src``'s head fields."""
+    for f in _head_fields():
+        setattr(dst, f.name, getattr(src, f.name))
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

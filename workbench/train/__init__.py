@@ -1,0 +1,1 @@
+"""Training the embedded pairs (python -m workbench.train.pipeline)."""

@@ -1,0 +1,5 @@
+"""``python -m workbench.train.pipeline``: see workbench.train.pipeline."""
+from workbench.train.pipeline import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
