@@ -9,6 +9,7 @@ Cells starting with ``# NBVAL_IGNORE_OUTPUT`` hold figures, widgets and timings.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -472,7 +473,8 @@ print(f"greedy accept calls {name} ({when}): no shape checks on that path")
     md("""
 **What we learned from SGLang's checks.** A ragged batch of trees does not pass SGLang's DFlash verify
 as it stands: flattened, it fails `candidates.ndim != 2` (and cannot be unpacked into `bs,
-draft_token_num`); padded, it passes the dimension, device and sample-shape checks but fails
+draft_token_num`); padded, it passes the dimension and sample-shape checks (the device checks pass by construction here: the
+stand-in tensors carry real shapes but are all placed on `cuda:0`, so they say nothing about devices) but fails
 `next_token_logits.shape[0] != bs * draft_token_num`, because its logits have `sum(nodes)` rows, not
 `bs * block_size`; `apply_dflash_verify_logits_adjustments` fails the same row count against the
 block size. Those checks guard only the sampling path (non-greedy requests) and the logit
@@ -495,14 +497,14 @@ them. All measured side by side, interleaved prompt by prompt, three repeats per
 order is stated only where it holds across the repeats' spread (`wb.analysis.order_verdict`). The
 prompt sets and sizes of every figure are listed in `docs/figures.md`. Then: what sampling does to tau.
 """),
-    code("""
+    code(IGNORE + """
 import workbench as wb
 from workbench.bench.runs import bench
 from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=48, repeats=3, progress=False)
+results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=48, repeats=3, progress=True)
            for split in ("long", "short")}
 result, prompts = results["long"], eval_prompts("long")
 """),
@@ -673,7 +675,9 @@ rounding on a CPU depends on its instruction set; the cell still fails if a dive
 # NBVAL_IGNORE_OUTPUT
 cpu16 = wb.load(dtype="bfloat16")
 found = None
-for i, item in enumerate(eval_prompts()[:12]):
+from tqdm.auto import tqdm
+
+for i, item in enumerate(tqdm(eval_prompts()[:12], desc="prompts", leave=False)):
     ref = cpu32.session(item["prompt"], policy=wb.AR(), max_new_tokens=64); ref.run()
     low = cpu16.session(item["prompt"], policy=wb.DDTree(32), max_new_tokens=64); low.run()
     found = wb.first_divergence(low, ref, tokenizer=cpu32.tokenizer)
@@ -876,14 +880,16 @@ except ValueError as e:
 verifies its whole block (16). `EagleTree(topk, steps, n)` uses SGLang's `speculative_eagle_topk`,
 `speculative_num_steps` and `speculative_num_draft_tokens`.
 """),
-    code("""
+    code(IGNORE + """
 policies = [wb.AR(), wb.DFlash(), custom,
             wb.DDTree(15), wb.EagleTree(topk=4, steps=8, num_draft_tokens=16),
             wb.DDTree(31), wb.EagleTree(topk=4, steps=8, num_draft_tokens=32)]
 verified = {"DFlash": 16}
 for p in policies[2:]:
     verified[str(p)] = p.budget + 1
-result = bench(engine, policies, prompts, max_new_tokens=48, repeats=3, progress=False)
+result = bench(engine, policies, prompts, max_new_tokens=48, repeats=3, progress=True)
+"""),
+    code("""
 print("lossless (greedy == AR for every prompt and policy):", result.lossless)
 print(f"{'policy':22s} {'verified':>8s} {'tau':>6s} {'tau/verified':>12s}")
 for name, n in verified.items():
@@ -1108,9 +1114,10 @@ verify grows faster than tau. At batch 8 decode already reads half the experts a
     md("""
 ## CUDA graph readiness checklist
 
-A CUDA graph records a forward's kernels once and replays them with one launch: the embedded pair's
-12.5 ms AR step on an H200 is kernel launches, not compute, so this is where a small model's time
-goes. A replay reads the same addresses with the same shapes, so a capturable forward needs: the
+A CUDA graph records a forward's kernels once and replays them with one launch. A model as small as the
+embedded pair does little work per kernel, so on a GPU its step is expected to be bound by kernel launches
+rather than compute (an expectation: this repository stores no GPU timing of it), which is where graphs
+help. A replay reads the same addresses with the same shapes, so a capturable forward needs: the
 same input shapes every cycle (trees padded to one node count), the same storage (inputs copied into
 kept buffers, K/V and mask preallocated, never regrown), and no host read between the draft and the
 verify forward (the host must not wait for the device mid-cycle). `workbench.engine.graphs.readiness` checks
@@ -1354,7 +1361,7 @@ checks this against transformers' own `generate` too). Four long and four short 
 new tokens, the policies interleaved prompt by prompt, three repeats: a speed order is stated only
 where it holds across the repeats' spread (`wb.analysis.order_verdict`).
 """),
-    code("""
+    code(IGNORE + """
 from workbench.bench.runs import bench
 
 policies = [wb.AR(), wb.DFlash(), wb.DDTree(4), wb.DDTree(8), wb.DDTree(16)]
@@ -1362,7 +1369,9 @@ if PAIR == "hybrid":
     prompts = eval_prompts("long")[:4] + eval_prompts("short")[:4]
 else:
     prompts = [{"id": str(i), "prompt": p} for i, p in enumerate(["t3 t1 t4 t1 t5 t9", "t7 t7 t2", "t10 t11 t12"])]
-result = bench(engine, policies, prompts, max_new_tokens=48, repeats=3, progress=False)
+result = bench(engine, policies, prompts, max_new_tokens=48, repeats=3, progress=True)
+"""),
+    code("""
 print("lossless (greedy == AR for every prompt):", result.lossless)
 for name, row in result.summary.items():
     print(f"{name:<11} tau {row['tau']:.2f}")
@@ -1379,7 +1388,7 @@ targets 6 layers, hidden 256; the dense one is all attention), DDTree(8) on the 
 milliseconds per steady cycle, p50 / p90.
 """),
     code(IGNORE + """
-dense = bench(wb.load(), [wb.DDTree(8)], prompts, max_new_tokens=48, repeats=3, progress=False, warmup=True)
+dense = bench(wb.load(), [wb.DDTree(8)], prompts, max_new_tokens=48, repeats=3, progress=True, warmup=True)
 stages = ["draft", "tree_build", "tree_compile", "verify", "accept", "commit", "record", "cycle"]
 print(f"{'stage':<13}{'hybrid p50/p90':>16}{'dense p50/p90':>16}")
 for st in stages:
@@ -1409,6 +1418,43 @@ def drop_widget_state(nb) -> None:
     nb.metadata.pop("widgets", None)
 
 
+RUN_TIME_MARK = "<!-- run time -->"  # the note at the top of every notebook: how long its cells took
+
+
+def cell_seconds(cell) -> float:
+    """Seconds one executed cell took, from the timings nbclient stores in its metadata (0 if none)."""
+    from datetime import datetime
+
+    ex = (cell.get("metadata") or {}).get("execution") or {}
+    start, end = ex.get("iopub.execute_input"), ex.get("shell.execute_reply")
+    if not (start and end):
+        return 0.0
+    parse = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00"))  # noqa: E731
+    return max((parse(end) - parse(start)).total_seconds(), 0.0)
+
+
+def run_time_note(nb, cores: int | None = None) -> str:
+    total = sum(cell_seconds(c) for c in nb["cells"] if c.get("cell_type") == "code")
+    longest = max((cell_seconds(c) for c in nb["cells"] if c.get("cell_type") == "code"), default=0.0)
+    say = lambda t: f"{t:.0f} s" if t < 90 else f"{t / 60:.1f} min"  # noqa: E731
+    cores = cores or os.cpu_count() or 1
+    return (f"{RUN_TIME_MARK}\n*Run time: about {say(total)} for all cells (the longest {say(longest)}), from the cell "
+            f"timings stored at its last build, on a {cores}-core CPU machine. On a machine shared with other work (a "
+            "training run, other notebooks) expect several times that; the long cells show a progress bar.*")
+
+
+def stamp_run_time(nb, cores: int | None = None) -> None:
+    """Put (or update) the run-time note right after the title cell, from the stored cell timings."""
+    text = run_time_note(nb, cores)
+    cells = nb["cells"]
+    at = next((i for i, c in enumerate(cells) if c.get("cell_type") == "markdown" and RUN_TIME_MARK in
+               "".join(c.get("source", ""))), None)
+    if at is not None:
+        cells[at]["source"] = text
+    else:
+        cells.insert(1 if cells and cells[0].get("cell_type") == "markdown" else 0, nbformat.v4.new_markdown_cell(text))
+
+
 def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE, static: bool = True) -> Path:
     """Write (and execute) one notebook. ``static``: give every stored figure a PNG and every widget a
     run-the-cell sentence (``workbench.views.static``), so they show on GitHub, nbviewer and in an
@@ -1420,8 +1466,12 @@ def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE, st
     nb.metadata["language_info"] = {"name": "python"}
     path = Path(out_dir) / f"{name}.ipynb"
     if execute:
+        # one browser start for all figures (add_static_fallbacks below), not one per figure at display time
+        os.environ["WORKBENCH_STATIC_FIGURES"] = "0"
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     drop_widget_state(nb)
+    if execute:
+        stamp_run_time(nb)
     if execute and static:
         from workbench.views.static import add_static_fallbacks
 
@@ -1440,7 +1490,16 @@ def build(name: str, cells: list, execute: bool = True, out_dir: Path = HERE, st
 
 
 if __name__ == "__main__":
-    wanted = sys.argv[1:]
+    # --stamp: only (re)write the run-time note of the committed notebooks, from their stored cell timings
+    stamp_only = "--stamp" in sys.argv[1:]
+    wanted = [a for a in sys.argv[1:] if a != "--stamp"]
     for name, cells in NOTEBOOKS.items():
         if not wanted or any(name.startswith(w) for w in wanted):
-            print("building", build(name, cells))
+            if stamp_only:
+                path = HERE / f"{name}.ipynb"
+                nb = nbformat.read(path, as_version=4)
+                stamp_run_time(nb)
+                nbformat.write(nb, path)
+                print("stamped", path)
+            else:
+                print("building", build(name, cells))

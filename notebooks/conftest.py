@@ -1,6 +1,11 @@
 """nbval: compare stable text outputs only; figures, widgets, HTML and scripts carry random ids."""
 from __future__ import annotations
 
+import os
+
+# nbval ignores image/png, so its kernels skip the per-figure PNG a user's kernel stores (workbench.views.static)
+os.environ.setdefault("WORKBENCH_STATIC_FIGURES", "0")
+
 SKIP_MIME = (
     "text/html",
     "application/javascript",

@@ -317,3 +317,139 @@ def test_report_from_trace_and_from_bench(capsys, pair_args, prompts_file, tmp_p
     page = html2.read_text()
     assert page.startswith("<!DOCTYPE html>") and "DDTree(8)" in page
     assert "<script src=" not in page  # self-contained: nothing fetched from a CDN
+
+
+# ------------------------------------------------------------------------------------------------ check before work
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: what is checked here must be refused before it."""
+    import workbench.cli as cli
+
+    def refuse(_args):
+        raise AssertionError("the models were loaded before the bad input was refused")
+
+    monkeypatch.setattr(cli, "_load_engine", refuse)
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["run", "--prompt", "x", "--max-new-tokens", "200", "--trace", "/proc/version"], ["--trace", "/proc/version"]),
+    (["run", "--prompt", "x", "--trace", "/dev/null"], ["--trace '/dev/null' exists and is not a regular file"]),
+    (["bench", "--count-ops", "--policies", "ar,dflash"],
+     ["--count-ops counts DDTree budgets; --policies 'ar,dflash' has none"]),
+    (["bench", "--reference", "--policies", "ar"], ["--reference compares DDTree budgets"]),
+    (["bench", "--batch-size", "2", "--out", "/tmp/x.jsonl"], ["--batch-size runs the batched bench only; --out"]),
+], ids=["trace-in-proc", "trace-dev-null", "count-ops-without-ddtree", "reference-without-ddtree",
+        "batch-size-ignores-out"])
+def test_outputs_and_option_combinations_are_refused_before_any_model_loads(capsys, no_model_load, argv, needles):
+    assert_usage_error(capsys, argv, *needles)
+
+
+def test_serve_refuses_a_port_in_use_before_loading_the_models(capsys, no_model_load, tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        token = tmp_path / "token"
+        line = assert_usage_error(capsys, ["serve", "--port", str(port), "--token-file", str(token)],
+                                  f"cannot listen on 127.0.0.1:{port}", "pick another --port")
+    assert "in use" in line and not token.exists()  # nothing written for a server that never started
+
+
+@pytest.mark.parametrize("row, needle", [
+    ({"policy": "AR", "accept_lengths": "many", "stage_seconds": {}}, "accept_lengths='many' is not a list"),
+    ({"policy": "AR", "accept_lengths": [1, 2], "stage_seconds": {"draft": "slow"}}, "stage_seconds="),
+    ({"policy": "AR", "accept_lengths": [1], "stage_seconds": {}, "wall_time": None}, "wall_time=None"),
+    ({"policy": 3, "accept_lengths": [1], "stage_seconds": {}}, "policy=3 is not a label"),
+])
+def test_report_on_a_malformed_bench_row_is_one_line(capsys, tmp_path, row, needle):
+    p = tmp_path / "bench.jsonl"
+    p.write_text(json.dumps({"policy": "AR", "accept_lengths": [1], "stage_seconds": {}}) + "\n" + json.dumps(row) + "\n")
+    out = tmp_path / "r.html"
+    assert_usage_error(capsys, ["report", str(p), "--out", str(out)], "bench.jsonl:2: damaged bench row", needle)
+    assert not out.exists()
+
+
+def test_kernels_refuses_a_budget_given_twice(capsys):
+    assert_usage_error(capsys, ["kernels", "--budgets", "16,16"], "budget 16 is given twice")
+    with pytest.raises(ValueError, match="budget 16 is given twice"):
+        bench_mod.kernel_bench([16, 32, 16])
+
+
+def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
+    """On a CPU build_tree is a host heap: a heap 60x faster than it (or a build+compile below the build
+    alone) is a busy machine, and the row says so instead of printing 'heap/ours 0.0'."""
+    import itertools
+
+    fake = itertools.cycle([6.748e-3, 0.1e-3, 11.975e-3])  # build_tree, heap, build+compile (the issue's numbers)
+
+    def timed(row, name, fn, repeats, dev):
+        row[f"{name}_s"] = v = next(fake) if name in ("vectorized", "heap", "build_compile") else 1e-4
+        row[f"{name}_range_s"] = [v, v]
+        return v
+
+    monkeypatch.setattr(bench_mod, "_timed", timed)
+    res = bench_mod.kernel_bench([32], repeats=1, progress=False)
+    row = res["tree_build"][0]
+    assert "run the same host heap on a CPU yet differ 67.5x" in row["contradiction"]
+    table = bench_mod.kernel_table(res)
+    assert "0.015" in table and "! budget 32:" in table
+
+
+def test_bench_samples_with_temperature_and_seed(capsys, pair_args, prompts_file, tmp_path):
+    argv = ["bench", *pair_args, "--prompts", str(prompts_file), "--policies", "ddtree:8", "--max-new-tokens", "12",
+            "--repeats", "1", "--no-warmup", "--json", "--no-progress", "--temperature", "1.5"]
+    texts = []
+    for seed in ("1", "1", "2"):
+        rows = tmp_path / f"rows{len(texts)}.jsonl"
+        rc, out, err = call(capsys, argv + ["--seed", seed, "--out", str(rows)])
+        assert rc == 0, err
+        res = json.loads(out)
+        assert res["settings"]["temperature"] == 1.5 and res["settings"]["seeds"] == [int(seed)]
+        texts.append([json.loads(line)["text"] for line in rows.read_text().splitlines()])
+    assert texts[0] == texts[1] != texts[2]  # the seed decides the samples
+    assert_usage_error(capsys, ["bench", "--temperature", "0.5", "--check-lossless"], "--check-lossless compares greedy")
+
+
+def test_no_summary_figure_contradicts_its_own_range(monkeypatch):
+    """Notebook 08 once printed 'DDTree(4) ... vs AR 0.74x [0.86-1.11 over repeats]': per-prompt medians,
+    summed, fall outside every repeat's own figure when slow passes hit different prompts. With repeats,
+    tokens_per_s and speedup_vs_ar are the medians over repeats: inside their ranges, and the very
+    figures the order verdict ranks by."""
+    import itertools
+
+    from workbench.analysis.spread import order_verdict
+    from workbench.bench.runs import Run
+
+    # wall time per (policy, prompt) over the three repeats: each prompt is slow in a different pass
+    walls = {"AR": [[1, 1, 1], [1, 1, 1], [1, 1, 1]], "DFlash": [[0.2, 2, 2], [2, 0.2, 2], [2, 2, 0.2]]}
+    calls = {k: itertools.count() for k in walls}
+    prompts = [{"id": str(i), "prompt": f"t{i}"} for i in range(3)]
+
+    def fake_run(engine, policy, prompt, max_new_tokens, temperature=0.0, seed=0):
+        i = next(calls[str(policy)])
+        w = walls[str(policy)][int(prompt[1:])][i % 3]  # prompts outer, then repeats (bench interleaves)
+        return Run(str(policy), [1] * 10, "", w, 0.0, [1] * 9, 9, 9, {}, None, [{}] * 9)
+
+    class Engine:
+        device, kernel_backend = "cpu", "torch"
+
+        class models:
+            max_positions, dtype = 1024, "float32"
+
+        @staticmethod
+        def tokenizer(text, add_special_tokens=False):
+            return {"input_ids": [1]}
+
+    monkeypatch.setattr(bench_mod, "run_one", fake_run)
+    res = bench_mod.bench(Engine, ["ar", "dflash"], prompts, max_new_tokens=10, repeats=3, warmup=False, progress=False)
+    for label, s in res.summary.items():
+        lo, hi = s["tokens_per_s_range"]
+        assert lo <= s["tokens_per_s"] <= hi, (label, s["tokens_per_s"], lo, hi)
+        lo, hi = s["speedup_vs_ar_range"]
+        assert lo <= s["speedup_vs_ar"] <= hi, (label, s["speedup_vs_ar"], lo, hi)
+    verdict = order_verdict(res.summary)
+    assert verdict.order[0] == max(res.summary, key=lambda k: res.summary[k]["speedup_vs_ar"])
+    # the summed per-prompt medians (the old figure) would have been outside: this case tests something
+    old = 30 / sum(sorted(w)[1] for w in walls["DFlash"])
+    lo, hi = res.summary["DFlash"]["tokens_per_s_range"]
+    assert not lo <= old <= hi

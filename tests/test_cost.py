@@ -358,3 +358,51 @@ def test_structure_defaults_follow_transformers():
     with pytest.raises(ValueError, match="moe_layer_freq=2: only 1 is modelled"):
         arch(dict(DEEPSEEK_V3, moe_layer_freq=2))
     assert families.facts(dict(TINY, **LINEAR, model_type="qwen3_5_text")).linear.conv_kernel == 4
+
+
+# ------------------------------------------------------------------------------- bad configs and inputs (issue 33)
+def _one_line(call, match):
+    with pytest.raises(ValueError, match=match) as e:
+        call()
+    assert "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", "4096"), ("num_attention_heads", 0),
+                                          ("num_key_value_heads", 2.0), ("num_hidden_layers", True),
+                                          ("decoder_sparse_step", 0)])
+def test_a_bad_config_field_is_named_in_one_line_by_cost_and_plan(field, value):
+    """A string width (once a TypeError deep in cost), a zero head count (once accepted by cost, a crash in
+    plan), a float or bool count, a zero stride (a ZeroDivisionError): refused before anything is built."""
+    cfg = {**arch_cfg("qwen3-coder-30b-a3b"), field: value}
+    for call in (wb.shapes.cost, wb.shapes.plan):
+        _one_line(lambda: call(cfg), rf"target config field {field}={value!r} must be an? (positive )?integer")
+
+
+def test_a_bad_drafter_block_size_is_named():
+    dcfg = arch_cfg("qwen3-8b-dflash-b16")
+    dcfg = {**dcfg, "block_size": 0, "dflash_config": {**(dcfg.get("dflash_config") or {}), "block_size": 0}}
+    for call in (wb.shapes.cost, wb.shapes.plan):
+        _one_line(lambda: call("qwen3-8b", draft_config=dcfg), "draft config field block_size=0 must be an integer >= 2")
+
+
+@pytest.mark.parametrize("block_size", [0, 1, -4, 8.0, "16"])
+def test_plan_refuses_a_bad_block_size_instead_of_taking_16(block_size):
+    _one_line(lambda: wb.shapes.plan("qwen3-8b", block_size=block_size),
+              rf"block_size={block_size!r} must be an integer >= 2")
+
+
+def test_plan_keeps_a_given_block_size_and_defaults_to_the_drafters():
+    p = wb.shapes.plan("qwen3-8b", batch=1, prompt_len=8, budget=2, block_size=4)
+    assert any("(4 tokens)" in label for label, _ in p.forwards), [label for label, _ in p.forwards]
+
+
+@pytest.mark.parametrize("taus, match", [({16: float("inf")}, "tau inf at budget 16 must be a finite number"),
+                                         ({16: float("nan")}, "tau nan at budget 16 must be a finite number"),
+                                         ({16: "4"}, "tau '4' at budget 16 must be a finite number"),
+                                         ({4: 6.0}, "tau 6.0 at budget 4 is above 5"),
+                                         ({16.5: 4.0}, "acceptance budget 16.5 must be a non-negative integer")])
+def test_speedup_refuses_impossible_taus_in_one_line(taus, match):
+    t = wb.shapes.cost("qwen3-8b", budgets=[4, 16])
+    _one_line(lambda: t.speedup(taus), match)
+    _one_line(lambda: t.speedup({16: 4.0}, overhead_s=float("inf")), "overhead_s=inf must be a finite number")
+    assert "infx" not in repr(t.speedup({4: 5.0, 16: 17.0}))  # the largest possible taus still print numbers

@@ -231,10 +231,23 @@ def test_state_describes_its_recurrent_tensors_refuses_crop_and_counts_its_bytes
         state.crop([s.start - 1])
 
 
+def test_a_hybrid_declares_its_capabilities_and_refuses_static_shapes_in_one_line(engines):
+    from workbench.models import DenseKV, TargetState
+
+    engine = engines["qwen3_5"]
+    s = engine.session("t1 t2 t3", policy=wb.DDTree(4), max_new_tokens=4)
+    state = s._rows.target
+    assert isinstance(state, TargetState) and isinstance(state.attention, DenseKV)  # the dense part, composed
+    assert state.supports_static_shapes is False and state.attention.cache is state.cache.kv
+    with pytest.raises(ValueError, match="static_shapes=True: HybridGDN runs with dynamic shapes only") as e:
+        engine.session("t1 t2 t3", policy=wb.DDTree(4), max_new_tokens=4, static_shapes=True)
+    assert "\n" not in str(e.value)
+
+
 def test_an_unsupported_hybrid_is_refused_in_one_line(engines):
     import copy
 
-    from workbench.models.hybrid import check_supported
+    from workbench.models.registry import check_supported
 
     cfg = copy.deepcopy(engines["qwen3_5"].models.target.config)
     cfg.model_type = "falcon_h1"

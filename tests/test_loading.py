@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -117,3 +118,66 @@ def test_dflash_generate_is_an_independent_oracle_for_linear_dflash(engine, eval
         ar.run()
         assert ours.tokens == ar.tokens
         assert official[: len(ar.tokens)] == ar.tokens
+
+
+# ------------------------------------------------------------------------------ damaged checkpoints: one line each
+def _cut(path, keep: float):
+    f = path / "model.safetensors"
+    raw = f.read_bytes()
+    f.write_bytes(raw[: int(len(raw) * keep)] if keep >= 0.01 else raw[:20])
+
+
+DAMAGE = [  # (which, how, what the one line says: the file and the field or tensor)
+    ("t", lambda p: edit(p, lambda c: c.__setitem__("intermediate_size", 100)),
+     r"target checkpoint '.*/t' does not match Qwen3ForCausalLM: \d+ with the wrong shape: "
+     r"model\.layers\.0\.mlp\.down_proj\.weight \(checkpoint \[256, 768\], config\.json wants \[256, 100\]\)"),
+    ("d", lambda p: edit(p, lambda c: c.__setitem__("intermediate_size", 100)),
+     r"draft checkpoint '.*/d' does not match DFlashDraftModel: 6 with the wrong shape: layers\.0\.mlp\.down_proj"),
+    ("d", lambda p: edit(p, lambda c: c["dflash_config"].__setitem__("target_layer_ids", [])),
+     r"draft config .*/d/config\.json has target_layer_ids=\[\]; it must be a non-empty list"),
+    ("t", lambda p: _cut(p, 0.5), r"target weights .*/t/model\.safetensors: not a readable safetensors file "
+     r"\(.*incomplete metadata.*\); it is cut short or damaged"),
+    ("d", lambda p: _cut(p, 0), r"draft weights .*/d/model\.safetensors: not a readable safetensors file"),
+    ("t", lambda p: edit(p, lambda c: c.__setitem__("num_hidden_layers", "four")),
+     r".*/t/config\.json: num_hidden_layers='four' must be a positive integer"),
+    ("d", lambda p: edit(p, lambda c: c.__setitem__("hidden_size", "big")),
+     r".*/d/config\.json: hidden_size='big' must be a positive integer"),
+    ("t", lambda p: edit(p, lambda c: c.__setitem__("rms_norm_eps", "tiny")),
+     r"target config .*/t/config\.json: .*rms_norm_eps"),
+    ("t", lambda p: (p / "model.safetensors.index.json").write_text("{'weight_map': 1}"),
+     r"target weight index .*/t/model\.safetensors\.index\.json is not valid JSON \(Expecting property name"),
+    ("t", lambda p: (p / "model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.safetensors"}}'),
+     r"names shard\(s\) that are not there: gone\.safetensors"),
+    ("d", lambda p: edit(p, lambda c: c["dflash_config"].__setitem__("block_size", 100000)),
+     r"draft config .*/d/config\.json has block_size=100000 but the target has 1024 positions"),
+]
+
+
+@pytest.mark.parametrize("which,damage,match", DAMAGE, ids=[
+    "config-contradicts-target-weights", "config-contradicts-draft-weights", "empty-target-layer-ids",
+    "target-cut-in-half", "draft-header-cut", "string-num-layers", "string-hidden-size", "string-eps",
+    "index-not-json", "index-names-missing-shard", "block-size-past-positions"])
+def test_damaged_checkpoints_are_one_line_naming_file_and_field(tmp_path, which, damage, match, capsys):
+    from workbench.cli import main
+
+    t, d = copy_pair(tmp_path)
+    damage(t if which == "t" else d)
+    with pytest.raises(wb.ModelPairError, match=match):
+        wb.load(target=t, draft=d)
+    code = main(["run", "--target", str(t), "--draft", str(d), "--prompt", "x", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("workbench: error: ") and re.search(match, err), err
+
+
+def test_a_large_drafter_block_is_warned_about_before_any_cycle(tmp_path):
+    t, d = copy_pair(tmp_path)
+    edit(d, lambda c: c["dflash_config"].__setitem__("block_size", 200))
+    with pytest.warns(UserWarning, match=r"draft block_size=200 is far above the 16 DFlash drafters are trained with"):
+        e = wb.load(target=t, draft=d)
+    assert "block_size=200" in repr(e)
+
+
+def test_embedded_pairs_say_which_they_are(engine):
+    assert repr(engine).startswith("Engine(target=target: ")
+    assert repr(wb.load("hybrid")).startswith("Engine(target=hybrid/target: ")

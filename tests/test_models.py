@@ -82,9 +82,9 @@ def test_a_registered_state_class_is_picked_by_its_detector(tiny_engines):
         assert new_target_state(m) == ("picked", m)
     finally:
         del m.target.config._wb_test_marker
-        from workbench.models import base
+        from workbench.models import registry
 
-        base._TARGET_STATES.pop(0)
+        registry._TARGET_STATES.pop(0)
 
 
 def test_crop_rolls_rows_back_and_refuses_growth(tiny_engines):

@@ -217,3 +217,30 @@ except ImportError as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.stdout.strip() == ("`workbench serve` needs the 'fastapi' package, which is not installed: "
                                 "pip install -e '.[serve]' (fastapi, uvicorn)"), r.stderr[-1000:]
+
+
+def test_docs_say_what_the_code_does():
+    """Issue 33's smaller items: no placeholder line, the notebook count, the served default, the 401 line,
+    and no notebook figure without a source."""
+    import json
+    import re
+
+    from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
+    from workbench.serve.app import Guard
+
+    readme = (ROOT / "README.md").read_text()
+    assert not re.search(r"^[A-Z][A-Z0-9]*_[A-Z0-9_]+$", readme, re.M), "a placeholder line in the README"
+    n = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    assert f"(01-{n:02d};" in readme
+    wire = (ROOT / "docs" / "wire-format.md").read_text()
+    assert f"means the engine default ({DEFAULT_MAX_NEW_TOKENS})" in wire
+    for field in ("top_p", "top_k", "seed", "max_new_tokens"):
+        assert re.search(rf"PATCH /sessions/\{{id\}}` *\| `\{{[^|]*\"{field}\"\?", wire), field
+    guard = Guard(None, type("S", (), {"limits": None})(), "t" * 40)
+    for auth in (b"", b"Bearer nope"):
+        msg = guard.check_headers({b"authorization": auth} if auth else {}).message
+        assert "--token-file" in msg and "printed at start" not in msg, msg
+    text = {p.stem: json.loads(p.read_text()) for p in (ROOT / "notebooks").glob("*.ipynb")}
+    md = {k: " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown") for k, nb in text.items()}
+    assert "12.5 ms" not in md["09_verify_cost"]  # a GPU timing this repository does not store
+    assert "pass by construction" in md["04_forward_mode_shapes"]  # the stand-ins all sit on cuda:0

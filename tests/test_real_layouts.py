@@ -311,3 +311,16 @@ def test_hybrids_load_only_for_families_with_tree_verify():
     why = unverifiable(SimpleNamespace(model_type="falcon_h1", layer_types=["linear_attention", "full_attention"]))
     assert why.startswith("a hybrid target") and "qwen3_next" in why and "\n" not in why
     assert unverifiable(SimpleNamespace(model_type="qwen3", layer_types=None)) is None
+
+
+@pytest.mark.parametrize("msgs, needle", [
+    ([{"role": "user", "content": None}], r"messages\[0\]\['content'\]=None is not text; give a str"),
+    ([{"role": "user", "content": "t1 \ud800"}], r"messages\[0\]\['content'\] has a character that is not valid text"),
+    ([{"role": "system", "content": "t2"}, {"role": "user", "content": 7}], r"messages\[1\]\['content'\]=7 is not text"),
+    ([{"role": "", "content": "t1"}], r"messages\[0\]\['role'\] is empty"),
+])
+def test_chat_message_content_is_checked_before_the_template(engines, msgs, needle):
+    """Through a real chat template, None would reach the model as the text 'None' and a lone surrogate
+    would be tokenizers' TypeError: both are one line naming the message instead."""
+    with pytest.raises(ValueError, match=needle):
+        engines("qwen3").session(messages=msgs, policy=wb.AR(), max_new_tokens=2)

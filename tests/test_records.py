@@ -519,3 +519,29 @@ def test_notebook_build_stores_no_widget_state_and_refuses_big_files(tmp_path):
     # the notebook sources say what their outputs now show
     src = (ROOT / "notebooks" / "build.py").read_text()
     assert "About the speed above" in src and "(0.0, 0.3, 0.6, 1.0)" in src and "tau falls as the temperature" in src
+
+
+# ------------------------------------------------------------------------------ a trace replays itself
+def test_a_reseed_is_recorded_with_its_cycle_and_the_trace_replays_itself(eng, tmp_path):
+    s = eng.session("t1 t2 t3", policy=wb.DDTree(8), temperature=0.9, seed=0, max_new_tokens=30)
+    s.step(), s.step()
+    s.seed = 7
+    s.step()
+    s.top_k, s.policy = 5, wb.DFlash()
+    s.step()
+    s.seed = 7  # the same seed again restarts the sampler: recorded too
+    s.run(max_new_tokens=24)
+    meta = s.trace.meta
+    assert meta["seed"] == [0, 7] and meta["max_new_tokens"] == 30
+    assert s.trace.changes() == [{"cycle": 2, "name": "seed", "value": 7}, {"cycle": 3, "name": "top_k", "value": 5},
+                                 {"cycle": 3, "name": "policy", "value": "DFlash"},
+                                 {"cycle": 4, "name": "seed", "value": 7},
+                                 {"cycle": 4, "name": "max_new_tokens", "value": 24}]
+    # from the file alone (a saved trace is all a later reader has), the same tokens cycle for cycle
+    saved = wb.Trace.load(s.trace.save(tmp_path / "run.trace.jsonl"))
+    again = eng.replay(saved)
+    assert again.generated == s.generated and [c.setting for c in again.cycles] == [c.setting for c in s.cycles]
+    assert [c.accepted_tokens.tolist() for c in again.cycles] == [c.accepted_tokens.tolist() for c in s.cycles]
+    # without the re-seeds the same script draws other tokens: their record is what makes the replay exact
+    saved.meta["changes"] = [c for c in saved.meta["changes"] if c["name"] != "seed"]
+    assert eng.replay(saved).generated != s.generated

@@ -538,3 +538,62 @@ def test_token_files_others_can_read_or_plant_are_refused(tmp_path, monkeypatch,
     for bad in ("short-token", " " + TOKEN, 12345):  # the Python API checks a token it is given the same way
         with pytest.raises(ValueError, match="at least 32 characters"):
             EngineServer(engine, token=bad)
+
+
+# ------------------------------------------------------------------------------ the remote engine is the Engine
+def _settings_script(eng):
+    """Every setter of a session, between cycles, at temperature > 0 (so the seed matters)."""
+    s = eng.session(PROMPT, policy=wb.DDTree(8), temperature=0.9, top_p=0.95, top_k=20, seed=5, max_new_tokens=10)
+    s.step()
+    s.top_k, s.top_p, s.seed = 1, 0.5, 3
+    s.step()
+    s.temperature, s.policy, s.top_k = 0.7, wb.DFlash(), 0
+    s.seed = 3  # the same seed again: the sampler starts over
+    s.step()
+    s.max_new_tokens = 14
+    s.run()
+    return s
+
+
+def test_one_script_of_settings_gives_the_same_records_locally_and_remotely(engine, remote, server):
+    import torch
+
+    mine = torch.get_num_threads()
+    torch.set_num_threads(server.store.threads)  # the server computes with its own; so does this thread, here
+    try:
+        local, rs = _settings_script(engine), _settings_script(remote)
+    finally:
+        torch.set_num_threads(mine)
+    got = lambda s: (s.temperature, s.top_p, s.top_k, s.seed, s.max_new_tokens, str(s.policy))  # noqa: E731
+    assert got(rs) == got(local) == (0.7, 0.5, 0, 3, 14, "DFlash")
+    assert_same_trace(local.trace, rs.trace)  # every cycle field by field (not the timings), and the whole header
+    assert [c.setting for c in rs.trace] == [c.setting for c in local.trace]
+    assert rs.trace.changes() == local.trace.changes() and {"cycle": 1, "name": "top_k", "value": 1} in rs.trace.changes()
+    # prompt_ids= and static_shapes= travel; a trace replays itself on either side
+    for kw in (dict(prompt_ids=local.prompt_ids), dict(prompt=PROMPT, static_shapes=True)):
+        a = engine.session(**kw, policy=wb.DDTree(8), max_new_tokens=6)
+        b = remote.session(**kw, policy=wb.DDTree(8), max_new_tokens=6)
+        a.run(), b.run()
+        assert_same_trace(a.trace, b.trace)
+        b.close()
+    assert engine.replay(rs.trace).generated == rs.generated
+    again = remote.replay(local.trace)
+    assert again.generated == local.generated and again.trace.changes() == local.trace.changes()
+    # messages= too: the same checks and the same one line (this tokenizer has no chat template)
+    for bad, why in (([{"role": "user", "content": None}], r"messages\[0\]\['content'\]=None is not text"),
+                     ([{"role": "user", "content": "hi"}], "needs a chat template")):
+        for eng in (engine, remote):
+            with pytest.raises(ValueError, match=why):
+                eng.session(messages=bad)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]=1.5 is not a token id"):
+        remote.session(prompt_ids=[3, 1.5])
+    # what a served session cannot change is refused in one line, not silently kept on this side
+    with pytest.raises(AttributeError, match="fixed when a remote session starts"):
+        rs.kernel_backend = "sglang"
+    with pytest.raises(AttributeError, match="RemoteEngine.batch_session is not served"):
+        remote.batch_session(["a", "b"])
+    with pytest.raises(ValueError, match="top_k"):
+        rs.top_k = -1
+    for s in (rs, again):
+        s.close()
+

@@ -83,3 +83,56 @@ def test_every_committed_notebook_stores_its_figures_as_images(notebook):
         if "application/vnd.jupyter.widget-view+json" in data:
             text = data.get("text/plain", "")
             assert ("".join(text) if isinstance(text, list) else text) == RUN_THE_CELL, f"{notebook}: a bare widget repr"
+
+
+def test_a_notebook_the_user_executes_stores_each_figure_as_an_image(tmp_path, monkeypatch):
+    """Not only the build script: a plain `jupyter nbconvert --execute` (here nbclient, as nbconvert runs it)
+    of a notebook that imports workbench.views stores a PNG with every figure, so its HTML export shows them."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    assert chromium() is not None, "this machine needs a headless Chromium (make test installs Debian's)"
+    monkeypatch.setenv("WORKBENCH_STATIC_FIGURES", "1")  # as a user's kernel has it (nbval's kernels turn it off)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import plotly.graph_objects as go\nimport workbench.views"),
+                nbformat.v4.new_code_cell("go.Figure(go.Bar(y=[3, 1, 2]), layout=dict(width=320, height=240))")]
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    data = nb.cells[1].outputs[0]["data"]
+    png = base64.b64decode(data["image/png"])
+    assert "application/vnd.plotly.v1+json" in data and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(png[16:20], "big") == 320
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    assert "data:image/png;base64," + data["image/png"][:200] in page
+
+
+NOTEBOOK_NAMES = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
+def test_every_notebook_states_its_run_time_at_the_top_and_is_the_builders(name):
+    """The note right after the title gives the run time its own stored cell timings add up to; apart from that
+    note the committed notebook is what notebooks/build.py writes (a source edited in one place only fails)."""
+    import re
+
+    mod = _build_module()
+    nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    top = "".join(nb["cells"][1]["source"])
+    assert nb["cells"][0]["cell_type"] == "markdown" and top.startswith(mod.RUN_TIME_MARK), f"{name}: no run-time note"
+    cores = int(re.search(r"on a (\d+)-core CPU machine", top).group(1))
+    assert top == mod.run_time_note(nb, cores), f"{name}: the note does not match the stored timings"
+    assert re.search(r"about \d+(\.\d)? (s|min) for all cells", top)
+    stored = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"] if mod.RUN_TIME_MARK not in "".join(c["source"])]
+    assert stored == [(c.cell_type, c.source) for c in mod.NOTEBOOKS[name]], f"{name}: differs from notebooks/build.py"
+
+
+def test_long_cells_show_progress():
+    """Every benchmark and every loop over prompts in the notebooks shows a progress bar (a 19-minute cell
+    once ran with none), and those cells' outputs are not compared by nbval (a bar carries timings)."""
+    mod = _build_module()
+    long_cells = [(name, c.source) for name, cells in mod.NOTEBOOKS.items() for c in cells
+                  if c.cell_type == "code" and ("bench(" in c.source or "eval_prompts()[:12]" in c.source)]
+    assert len(long_cells) >= 5
+    for name, src in long_cells:
+        assert "progress=False" not in src and ("progress=True" in src or "tqdm(" in src), (name, src[:120])
+        assert src.startswith(mod.IGNORE.strip()), (name, src[:120])

@@ -180,3 +180,50 @@ def test_readiness_checklist_holds_for_static_and_names_the_dynamic_paths_reads(
     dynamic = readiness(engine, eval_prompts[0]["prompt"], wb.DDTree(16), max_new_tokens=24, static_shapes=False)
     ok, evidence = dynamic["no host read between draft and verify"]
     assert not ok and "tolist" in evidence and "__bool__" not in evidence, evidence
+
+
+# ------------------------------------------------------------------------------------------- MLA (DeepSeek-V3)
+@pytest.fixture(scope="module")
+def mla_engine(tmp_path_factory):
+    """The tiny DeepSeek-V3 layout of tests/real_layouts.py: MLA, whose cache holds the latent (c_kv of
+    kv_lora_rank 16 in the keys' place, k_pe of qk_rope_head_dim 8 in the values'): two widths."""
+    import real_layouts as rl
+
+    root = tmp_path_factory.mktemp("mla")
+    return wb.load(target=rl.write_deepseek_v3(root / "target"), draft=rl.write_draft(root / "draft"), threads=1,
+                   dtype="float32")
+
+
+def test_mla_static_shapes_are_graph_ready_and_decode_as_dynamic_and_generate(mla_engine):
+    """static_shapes=True on MLA: fixed shapes and storage, no host read between draft and verify (what
+    cuda_graphs=True needs, checked as far as a CPU goes), the dynamic path's tokens and transformers' own
+    greedy generate's, solo and batched over ragged prompts."""
+    from test_real_layouts import hf_greedy
+
+    from workbench.engine.graphs import readiness
+    from workbench.models.registry import kv_layout
+
+    e, n = mla_engine, 12
+    lay = kv_layout(e.models.target.config)
+    assert (lay.heads, lay.key_dim, lay.value_dim, lay.names) == (1, 16, 8, ("c_kv", "k_pe"))
+    prompts = ["t1 t2 t3 t4", "t7 t5"]
+    checks = readiness(e, prompts[0], wb.DDTree(8), max_new_tokens=n, static_shapes=True)
+    assert all(ok for ok, _ in checks.values()), checks
+    for policy in (wb.DDTree(8), wb.DFlash(), wb.AR()):
+        solo = [e.session(p, policy, max_new_tokens=n, static_shapes=True) for p in prompts]
+        for s in solo:
+            s.run()
+            assert s._rows.target.cache.static is not None  # the static path ran
+        batch = e.batch_session(prompts, policy, max_new_tokens=n, static_shapes=True)
+        batch.run()
+        for p, s, b in zip(prompts, solo, batch.sessions):
+            dyn = e.session(p, policy, max_new_tokens=n)
+            dyn.run()
+            assert s.tokens == b.tokens == dyn.tokens == hf_greedy(e, s.prompt_ids, n), (policy, p)
+    # The store holds each layer's latent once: bytes as described, keys and values of their own widths.
+    s = e.session(prompts[0], wb.DDTree(8), max_new_tokens=n, static_shapes=True)
+    s.run()
+    state = s._rows.target
+    specs = state.describe()
+    assert [(x.name, x.shape[1], x.shape[3]) for x in specs] == [("c_kv", 1, 16), ("k_pe", 1, 8)]
+    assert sum(x.bytes for x in specs) == state.nbytes() == sum(t.nbytes for kv in state.view(0) for t in kv)

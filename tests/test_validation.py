@@ -254,3 +254,14 @@ def test_bench_shows_progress_on_a_non_terminal_stderr_unless_quiet(capsys, pair
     assert "bench" in err and "warm-up" in err
     assert main([*argv, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("ids, needle", [
+    ([1.7, 2.2], "prompt_ids[0]=1.7 is not a token id; give integers"),  # not silently [1, 2]
+    ([3, True], "prompt_ids[1]=True is not a token id"),
+    ([], "prompt_ids=[] is empty; give at least one token id"),  # not 'prompt_ids=None'
+    (torch.tensor([2.5, 3.0]), "prompt_ids[0]=tensor(2.5000) is not a token id"),
+])
+def test_prompt_ids_must_be_integers(eng, ids, needle):
+    one_line_value_error(lambda: eng.session(prompt_ids=ids, max_new_tokens=2), needle)
+    assert eng.session(prompt_ids=torch.tensor([3, 5]), max_new_tokens=2).prompt_ids == [3, 5]  # integer tensors do

@@ -15,11 +15,16 @@ from workbench.engine.loading import ModelPairError, load_models
 from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, TreePolicy, parse_policy
 from workbench import analysis, shapes  # after the engine: they read its records
 from workbench.serve.client import RemoteEngine, RemoteSession, connect
+from workbench.serve import client as remote  # wb.remote.UnknownSession, ... (docs/wire-format.md)
 
 
 def __getattr__(name: str):
     """``wb.views`` and ``wb.Stepper`` import plotly / ipywidgets on first use, so the engine, the CLI's
     run/bench and tests/gpu/check_cuda.py run without the notebook stack."""
+    if name == "compare":  # the conformance report against a production engine (vLLM is optional)
+        from workbench.engines.conformance import compare
+
+        return compare
     if name in ("views", "Stepper"):
         import importlib
 
@@ -29,7 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AR", "Cycle", "DDTree", "DFlash", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
+    "AR", "Cycle", "compare", "DDTree", "DFlash", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
     "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",

@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs per prompt and policy: medians are kept and the tok/s range over repeats is "
                         "shown (default 3; 1 shows no spread)")
     p.add_argument("--out", metavar="FILE.jsonl", help="write one JSON line per prompt and policy")
+    p.add_argument("--temperature", type=as_arg(validate.temperature), default=0.0,
+                   help="0 = greedy (default); > 0 samples (every run from --seed)")
+    p.add_argument("--seed", type=as_arg(validate.seed), default=0, help="sampling seed, 0 to 2**64-1 (default 0)")
     p.add_argument("--check-lossless", action="store_true",
                    help="exit 1 if any greedy output differs from AR's (AR is added when missing)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -156,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "vs the plain reference decoder, in a separate untimed pass (always on with --reference)")
     p.add_argument("--profile", metavar="DIR", help="after the bench, profile one generation per policy with "
                                                     "the torch profiler; write DIR/<policy>.trace.json")
+    p.add_argument("--engine", choices=["workbench", "vllm"], default="workbench",
+                   help="vllm: the conformance report, the same pair and prompts on the workbench's engine and "
+                        "on vLLM in this process (tokens, drafts, tau, per-position acceptance, tokens/s, and "
+                        "where drafts first differ); --served URL: against a running server instead")
+    p.add_argument("--workarounds", action="store_true",
+                   help="with --engine vllm: apply workbench.engines.vllm_workarounds (vLLM 0.32.0) first")
+    p.add_argument("--served", metavar="URL", help="with --engine vllm: a running OpenAI-compatible server "
+                                                   "(vllm serve) to compare against; acceptance from its /metrics")
+    p.add_argument("--api-key", metavar="KEY", help="the served engine's API key (--served)")
     _add_model_args(p)
 
     p = sub.add_parser("report", help="a self-contained HTML page from a trace or a bench JSONL file")
@@ -262,11 +274,18 @@ def cmd_bench(args, out, err) -> int:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
     if args.profile:
         validate.output_dir(args.profile, "--profile")
+    if args.engine != "workbench" or args.workarounds or args.served:
+        return _bench_production(args, [p["prompt"] for p in prompts], out, err)
+    _check_bench_options(args, policies)  # option combinations too, before the models load and the bench runs
+    if args.check_lossless and args.temperature:
+        raise UsageError(f"--check-lossless compares greedy outputs; --temperature {args.temperature:g} samples: "
+                         "drop one of them")
     engine = _load_engine(args)
     if args.batch_size:
         return _bench_batch(args, engine, policies, prompts, out)
     res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                check_lossless=args.check_lossless, progress=_progress(args), warmup=not args.no_warmup)
+                check_lossless=args.check_lossless, progress=_progress(args), warmup=not args.no_warmup,
+                temperature=args.temperature, seed=args.seed)
     if args.out:
         from workbench.views.export import atomic_write_text
 
@@ -278,7 +297,8 @@ def cmd_bench(args, out, err) -> int:
         summary = bench_json(res)
     else:
         st = res.settings
-        print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), greedy, "
+        mode = "greedy" if not st["temperature"] else f"temperature {st['temperature']:g}, seed {st['seeds'][0]}"
+        print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), {mode}, "
               f"{st['device']}, {st['threads']} threads", file=out)
         print(summary_table(res.summary), file=out)
         print(percentile_table(res.summary), file=out)
@@ -322,6 +342,66 @@ def cmd_bench(args, out, err) -> int:
     return 0
 
 
+def _ddtree_budgets(policies) -> list[int]:
+    from workbench.engine.policies import DDTree
+
+    return [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+
+
+def _check_bench_options(args, policies) -> None:
+    """Refuse option combinations that could only fail after the bench: one line, before any work."""
+    for flag, on in (("--reference", args.reference), ("--count-ops", args.count_ops)):
+        if on and not _ddtree_budgets(policies):
+            raise UsageError(f"{flag} {'compares' if flag == '--reference' else 'counts'} DDTree budgets; "
+                             f"--policies {args.policies!r} has none: add one, e.g. --policies {args.policies},ddtree:32")
+    used = [f for f, on in (("--reference", args.reference), ("--count-ops", args.count_ops),
+                            ("--profile", args.profile), ("--out", args.out), ("--check-lossless", args.check_lossless),
+                            ("--temperature", args.temperature), ("--seed", args.seed)) if on]
+    if args.batch_size and used:
+        raise UsageError(f"--batch-size runs the batched bench only; {', '.join(used)} would be ignored: "
+                         "drop them or drop --batch-size")
+
+
+def _bench_production(args, prompts: list[str], out, err) -> int:
+    """``bench --engine vllm``: the conformance report (``workbench.engines``), checked before any load."""
+    import json
+
+    if args.engine != "vllm":
+        raise UsageError(f"{'--workarounds' if args.workarounds else '--served'} compares against a production "
+                         "engine: add --engine vllm")
+    given = [f for f, on in (("--reference", args.reference), ("--count-ops", args.count_ops),
+                             ("--batch-size", args.batch_size), ("--profile", args.profile),
+                             ("--check-lossless", args.check_lossless), ("--temperature", args.temperature))
+             if on]
+    if given:
+        raise UsageError(f"{given[0]} is a bench of the workbench's own engine; --engine vllm reports tokens "
+                         "equality itself and runs greedy: drop it")
+    if args.served and args.workarounds:
+        raise UsageError("--workarounds patches vLLM in this process; a --served engine runs its own: drop one")
+    target, draft = getattr(args, "target", None), getattr(args, "draft", None)
+    say = (lambda m: print(f"bench: {m}", file=err, flush=True)) if _progress(args) else None
+    if args.served:
+        from workbench.engines.served import compare_served
+
+        report = compare_served(args.served, prompts, api_key=args.api_key, target=target, draft=draft,
+                                max_new_tokens=args.max_new_tokens)
+        data = {"url": report.url, "model": report.model, "drafts": report.drafts, "tau": report.tau,
+                "per_position": report.per_position(),
+                "requests": [vars(r) | {"tau": r.tau} for r in report.requests]}
+    else:
+        from workbench.engines.conformance import compare
+
+        report = compare(target, draft, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         workarounds=args.workarounds, progress=say)
+        data = report.to_dict()
+    if args.out:
+        from workbench.engine.validate import write_text_atomic
+
+        write_text_atomic(args.out, json.dumps(data) + "\n")
+    print(json.dumps(data) if args.json else str(report), file=out)
+    return 0
+
+
 def _bench_ops(args, engine, policies, prompts) -> dict:
     """Ops per cycle (``workbench.bench.opcount``) on the first 2 prompts, after the timed runs."""
     from workbench.bench.opcount import count_ops
@@ -357,6 +437,9 @@ def cmd_kernels(args, out, err) -> int:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer") from None
         if not budgets or min(budgets) < 1:
             raise UsageError(f"--budgets {args.budgets!r}: each budget must be a positive integer")
+        twice = sorted({b for b in budgets if budgets.count(b) > 1})
+        if twice:
+            raise UsageError(f"--budgets {args.budgets!r}: budget {twice[0]} is given twice; give each budget once")
         from workbench.engine.policies import MAX_BUDGET
 
         if max(budgets) > MAX_BUDGET:
@@ -402,10 +485,32 @@ def read_bench_rows(path: Path) -> list[dict]:
         if not isinstance(row, dict) or not {"policy", "accept_lengths", "stage_seconds"} <= row.keys():
             raise ValueError(f"{path}:{no}: not a bench row (needs policy, accept_lengths, stage_seconds); "
                              "expected a trace or a bench --out file")
+        problem = _bench_row_problem(row)
+        if problem:
+            raise ValueError(f"{path}:{no}: damaged bench row: {problem}; expected a bench --out file")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} is empty; expected a trace or a bench --out file")
     return rows
+
+
+def _bench_row_problem(row: dict) -> str | None:
+    """What is wrong with one bench row's fields (the ones the page reads), in words, or None."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    if not isinstance(row["policy"], str):
+        return f"policy={row['policy']!r:.40} is not a label"
+    al = row["accept_lengths"]
+    if not isinstance(al, list) or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 1 for a in al):
+        return f"accept_lengths={al!r:.40} is not a list of positive integers"
+    st = row["stage_seconds"]
+    if not isinstance(st, dict) or not all(isinstance(k, str) and number(v) for k, v in st.items()):
+        return f"stage_seconds={st!r:.40} is not an object of stage -> seconds"
+    for key in ("new_tokens", "wall_time"):
+        if key in row and not number(row[key]):
+            return f"{key}={row[key]!r:.40} is not a number >= 0"
+    return None
 
 
 def bench_page(rows: list[dict], source: str) -> str:

@@ -11,8 +11,11 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
 * ``tau``: mean accepted length per cycle, counting the bonus token (AR = 1); pooled over
   every cycle of every prompt (= committed tokens / verify forwards, SGLang's ``spec_accept_length``).
 * ``tokens_per_s``: new tokens / wall time of the whole generation (prefill included, as
-  Spec-Bench's ``wall_time``), summed over prompts; each prompt's wall time is the median
-  over repeats. ``speedup_vs_ar`` is the ratio of these, measured in the same run.
+  Spec-Bench's ``wall_time``), summed over prompts. With repeats, the median over repeats of
+  that pooled figure (so it lies inside ``tokens_per_s_range``). ``speedup_vs_ar``: the ratio to
+  AR's, measured in the same run; with repeats, the median of the within-repeat ratios
+  (``speedup_vs_ar_per_repeat``), inside ``speedup_vs_ar_range`` and the figure the order verdict
+  ranks by. ``wall_time`` sums each prompt's median wall time over repeats.
 * ``decode_tokens_per_s``: tokens committed by cycles / time in cycles (prefill excluded);
   ``decode_speedup_vs_ar`` is its ratio to AR's.
 * ``accept_rate``: accepted drafted tokens / proposed drafted tokens. A tree proposes many
@@ -146,12 +149,13 @@ def _median_run(runs: list[Run]) -> dict:
 
 
 def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1, check_lossless: bool = False,
-          progress=None, warmup: bool = True, temperature: float = 0.0) -> BenchResult:
+          progress=None, warmup: bool = True, temperature: float = 0.0, seed: int = 0) -> BenchResult:
     """Run every policy on every prompt, interleaved prompt by prompt (A B C A B C ...), after a warm-up.
 
     policies: Policy objects or strings ('ar', 'ddtree:32'); prompts: [{id, prompt}] (see
     workbench.bench.prompts). With ``check_lossless`` AR is added when missing (it is the reference).
     progress: True / False, or None for a tqdm bar on stderr only when stderr is a terminal.
+    ``temperature`` > 0 samples, every run from ``seed`` (repeats draw the same tokens, so their times compare).
     """
     pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
     if not pols:
@@ -163,6 +167,9 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     prompts = list(prompts)
     if not prompts:
         raise ValueError("bench needs at least one prompt")
+    from workbench.engine import validate
+
+    validate.temperature(temperature), validate.seed(seed)
     if check_lossless and temperature != 0.0:
         raise ValueError("the lossless check compares greedy outputs; use temperature=0")
     for item in prompts:  # fail before the run, not in the middle of it
@@ -184,13 +191,13 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
         if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
             for p in pols:
                 bar.set_postfix_str(f"warm-up {p}", refresh=True)
-                run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature)
+                run_one(engine, p, prompts[0]["prompt"], min(max_new_tokens, 16), temperature, seed)
                 bar.update(1)
         for i, item in enumerate(prompts):
             for _ in range(repeats):
                 for p in pols:
                     bar.set_postfix_str(f"{item['id']} {p}", refresh=False)
-                    r = run_one(engine, p, item["prompt"], max_new_tokens, temperature)
+                    r = run_one(engine, p, item["prompt"], max_new_tokens, temperature, seed)
                     runs.setdefault((i, str(p)), []).append(r)
                     bar.update(1)
     finally:
@@ -232,7 +239,7 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     summary = summarize(med, prompts, labels, failures if can_check else None)
     settings = {"policies": labels, "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
                 "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
-                "temperature": temperature, "seeds": [0], "device": str(engine.device),
+                "temperature": temperature, "seeds": [seed], "device": str(engine.device),
                 "dtype": str(engine.models.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
                 "kernel_backend": engine.kernel_backend, "versions": versions()}
     return BenchResult(rows, summary, failures, settings)
@@ -282,7 +289,9 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
                       for r in range(n_rep)]
         out[label] = {
             "tau": sum(sum(f.accept_lengths) for f in firsts) / cycles if cycles else 0.0,
-            "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+            # with repeats, the median over them: a point inside its own range (per-prompt medians summed
+            # can fall outside every repeat's figure) and the one the order verdict ranks by
+            "tokens_per_s": (statistics.median(per_repeat) if n_rep > 1 else new_tokens / wall if wall > 0 else 0.0),
             "decode_tokens_per_s": committed / decode_s if decode_s > 0 else 0.0,
             "accept_rate": (accepted / proposed if proposed else 0.0) if label != "AR" else None,
             "lossless": None if failures is None else not any(x.policy == label for x in failures),
@@ -299,10 +308,13 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
     dflash = out.get(str(DFlash()))
     ar_decode = ar["decode_tokens_per_s"] if ar else None
     for label, s in out.items():
-        s["speedup_vs_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
         # within each repeat (interleaved: the same pass over the prompts), so a slow pass cancels
         s["speedup_vs_ar_per_repeat"] = ([a / b for a, b in zip(s["tokens_per_s_per_repeat"],
                                                                ar["tokens_per_s_per_repeat"])] if ar else None)
+        per = s["speedup_vs_ar_per_repeat"]
+        s["speedup_vs_ar"] = (statistics.median(per) if per and len(per) > 1 else
+                              s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None)
+        s["speedup_vs_ar_range"] = [min(per), max(per)] if per and len(per) > 1 else None
         s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
                                      if ar and ar["decode_tokens_per_s"] else None)
         s["speedup_vs_dflash"] = (s["tokens_per_s"] / dflash["tokens_per_s"]
@@ -452,6 +464,9 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
 
     dev = resolve_device(device)
     budgets = [int(b) for b in budgets]
+    twice = sorted({b for b in budgets if budgets.count(b) > 1})
+    if twice:
+        raise ValueError(f"budget {twice[0]} is given twice; give each budget once")
     for b in budgets:
         if b < 1:
             raise ValueError(f"budget {b} must be a positive integer")
@@ -485,9 +500,15 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
         both = _timed(row, "build_compile", lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
         row["heap_over_vectorized"] = heap / vec
         # build + compile runs the build, so it cannot truly be faster: a busy machine measured one of them
+        why = []
         if both < vec:
-            row["contradiction"] = (f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us): "
-                                    "the machine was busy during one of them; rerun on an idle machine")
+            why.append(f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us)")
+        # On a CPU build_tree *is* a host heap: the two medians cannot truly differ several times over.
+        if dev.type == "cpu" and not 0.5 <= heap / vec <= 2:
+            why.append(f"heap ({1e6 * heap:.0f} us) and build_tree ({1e6 * vec:.0f} us) run the same host heap on a "
+                       f"CPU yet differ {max(heap / vec, vec / heap):.1f}x")
+        if why:
+            row["contradiction"] = "; ".join(why) + ": the machine was busy during one of them; rerun on an idle machine"
         if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
             try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
                 torch.cuda.set_sync_debug_mode("error")
@@ -543,7 +564,7 @@ def kernel_table(res: dict) -> str:
     head = ["tree build", "budget", "build_tree", "range", "heap", "range", "heap/ours", "build+compile", "range",
             *(["sync-free"] if sync else []), "flag"]
     rows = [["", str(r["budget"]), us(r["vectorized_s"]), rng(r, "vectorized"), us(r["heap_s"]), rng(r, "heap"),
-             f"{r['heap_over_vectorized']:.1f}", us(r["build_compile_s"]), rng(r, "build_compile"),
+             f"{r['heap_over_vectorized']:.2g}", us(r["build_compile_s"]), rng(r, "build_compile"),
              *([str(r["host_sync_free"])] if sync else []), "!" if "contradiction" in r else ""] for r in tb]
     lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}; "
              f"microseconds: median of {res['repeats']} calls, range = min-max over them", "",

@@ -9,18 +9,24 @@ from ddtree_kernels import check_backend
 from workbench.engine import validate
 from workbench.engine.batch import BatchSession
 from workbench.records.cycle import Trace
-from workbench.engine.loading import Models, load_models
+from workbench.engine.loading import PACKAGE_PREFIX, Models, load_models, model_ref
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.prompting import Prompt, encode_prompt
 from workbench.engine.runner import SessionFinished, Stopwatch, clock  # noqa: F401  (re-exported: wb.SessionFinished)
 from workbench.engine.sampling import Sampling
 from workbench.engine.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_host  # noqa: F401
 
+EMBEDDED = PACKAGE_PREFIX + "assets/"  # how model_ref names the embedded pairs ('workbench/assets/hybrid/target')
+
 
 def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
          threads: int | None = None, device_map=None, trust_remote_code: bool = False,
-         cuda_graphs: bool = False) -> "Engine":
+         cuda_graphs: bool = False, engine: str = "workbench", **engine_options) -> "Engine":
     """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
+
+    ``engine="vllm"``: the same pair in vLLM's own engine, in this process, with vLLM's DFlash method
+    (``workbench.engines.vllm_engine.VllmEngine``: sessions step one vLLM engine step = one cycle and
+    record Cycles; ``engine_options`` go to it, e.g. ``workarounds=True``). vLLM is optional.
 
     ``wb.load(target=DIR, draft=DIR, device="cuda")`` for real checkpoints: ``dtype="auto"`` keeps the
     checkpoint's own dtype; ``device_map`` (e.g. "auto") spreads a large target over devices;
@@ -28,6 +34,16 @@ def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_back
     ``cuda_graphs=True`` (CUDA only): every session runs with static shapes, and its draft and verify
     forwards are captured once per (batch, nodes, length bucket) and replayed (``workbench.engine.graphs``).
     """
+    if engine == "vllm":
+        if device != "cpu" and device != "cuda":
+            raise ValueError(f"device={device!r}: vLLM picks its own device (its CPU build or CUDA); leave device out")
+        from workbench.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(target, draft, dtype=str(dtype).replace("torch.", ""), **engine_options)
+    if engine != "workbench":
+        raise ValueError(f"engine={engine!r} is not known: 'workbench' (the default) or 'vllm'")
+    if engine_options:
+        raise TypeError(f"load() got unexpected arguments {sorted(engine_options)} (they are engine='vllm' options)")
     validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
     check_backend(kernel_backend)
     if cuda_graphs and torch.device(device).type != "cuda":
@@ -65,7 +81,10 @@ class Engine:
 
     def __repr__(self) -> str:
         t = self.models.target.config
-        return (f"Engine(target={self.models.target_dir.name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
+        # An embedded pair by its place in the assets ('hybrid/target'), so wb.load("hybrid") says which it is.
+        ref = model_ref(self.models.target_dir)
+        name = ref[len(EMBEDDED):] if ref.startswith(EMBEDDED) else self.models.target_dir.name
+        return (f"Engine(target={name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
                 f"draft block {self.models.block_size}, layers {self.models.target_layer_ids}; "
                 f"device={self.device}, dtype={str(self.models.dtype).replace('torch.', '')}, "
                 f"kernel_backend={self.kernel_backend!r})"
@@ -88,7 +107,11 @@ class Engine:
         if static_shapes is False and self.graphs is not None:
             raise ValueError("static_shapes=False on an engine loaded with cuda_graphs=True: graphs replay "
                              "static shapes only; drop static_shapes or load without cuda_graphs")
-        return Session(self, self.encode(prompt, messages=messages, prompt_ids=prompt_ids), as_policy(policy),
+        if isinstance(prompt, Prompt) and messages is None and prompt_ids is None:
+            encoded = prompt  # encoded already (the server encodes outside its model lock)
+        else:
+            encoded = self.encode(prompt, messages=messages, prompt_ids=prompt_ids)
+        return Session(self, encoded, as_policy(policy),
                        Sampling(temperature, top_p, top_k), seed, max_new_tokens,
                        kernel_backend or self.kernel_backend, record_topk, capture,
                        static_shapes=bool(static_shapes) or self.graphs is not None)
@@ -106,6 +129,13 @@ class Engine:
                 raise ValueError(f"{name}= must be a non-empty list with one entry per request")
             prompts = [self.encode(**{name: x}) for x in items]
         return BatchSession(self, prompts, policy, **kw)
+
+    def replay(self, trace: Trace, **kw) -> Session:
+        """A new session that re-runs ``trace``: its prompt ids, its settings and every change it records
+        (seed included) before the cycle it applied from (``workbench.engine.session.replay``)."""
+        from workbench.engine.session import replay
+
+        return replay(self, trace, **kw)
 
     def generate(self, prompt: str | None = None, policy: Policy = DDTree(32),
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **kw) -> Trace:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.models.registry import refusal
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # workbench/assets
 DEFAULT_TARGET = ASSETS / "target"
 DEFAULT_DRAFT = ASSETS / "draft"
@@ -131,11 +133,64 @@ def model_dir(path, role: str) -> Path:
     return p
 
 
+# Config fields that must be positive integers wherever a config has them: a damaged or hand-edited value
+# ("four") is refused here, naming file and field, before transformers' own 50-line validation error.
+INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "max_position_embeddings", "head_dim")
+
+
 def read_config(p: Path) -> dict:
+    where = p / "config.json"
     try:
-        return json.loads((p / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise ModelPairError(f"{p / 'config.json'} is not valid JSON: {e}") from None
+        cfg = json.loads(where.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelPairError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ModelPairError(f"{where} holds a JSON {type(cfg).__name__}, not an object of config fields")
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for name in INT_FIELDS:
+            v = section.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                inner = "text_config." if section is not cfg else ""
+                raise ModelPairError(f"{where}: {inner}{name}={v!r} must be a positive integer; the config is "
+                                     "damaged or hand-edited (restore it from the checkpoint's source)")
+    return cfg
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def check_weight_files(directory: Path, role: str) -> None:
+    """Refuse, naming the file, a weight index that is not JSON or names missing shards, and a safetensors
+    file whose header cannot be read (cut short, damaged): before transformers' traceback that names none.
+    Reads headers only (safetensors maps the file; nothing is loaded)."""
+    index = directory / "model.safetensors.index.json"
+    files = sorted(directory.glob("*.safetensors"))
+    if index.is_file():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelPairError(f"{role} weight index {index} is not valid JSON ({_one_line(e)}); the file is "
+                                 "damaged: copy it again from the checkpoint") from None
+        wm = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise ModelPairError(f"{role} weight index {index} has no 'weight_map' of tensor name -> file; the "
+                                 "file is damaged: copy it again from the checkpoint")
+        missing = sorted({v for v in wm.values() if not (directory / v).is_file()})
+        if missing:
+            raise ModelPairError(f"{role} weight index {index} names shard(s) that are not there: "
+                                 f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    from safetensors import safe_open
+
+    for f in files:
+        try:
+            with safe_open(f, "pt") as st:
+                st.keys()
+        except Exception as e:  # noqa: BLE001 - SafetensorError and OSError alike: the file cannot be read
+            raise ModelPairError(f"{role} weights {f}: not a readable safetensors file ({_one_line(e, 160)}); it "
+                                 "is cut short or damaged: copy it again from the checkpoint") from None
 
 
 # ------------------------------------------------------------------------------------------ the drafter
@@ -171,7 +226,13 @@ def draft_settings(dcfg: dict, draft_dir: Path) -> DraftSettings:
     if isinstance(block, bool) or not isinstance(block, int) or block < 2:
         raise ModelPairError(f"draft config {where} has block_size={block!r}; a drafter block holds at least 2 tokens")
     ntl = draft_value(dcfg, "num_target_layers")
+    if ntl is not None and (isinstance(ntl, bool) or not isinstance(ntl, int) or ntl < 1):
+        raise ModelPairError(f"draft config {where} has num_target_layers={ntl!r}; it must be a positive integer")
     ids = draft_value(dcfg, "target_layer_ids")
+    if ids is not None and (not isinstance(ids, list) or not ids
+                            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise ModelPairError(f"draft config {where} has target_layer_ids={ids!r:.80}; it must be a non-empty list "
+                             "of target layer indices (the layers whose hidden states the drafter reads)")
     if ids is None:
         from dflash.model import build_target_layer_ids
 
@@ -204,6 +265,22 @@ def check_pair(tcfg, ds: DraftSettings, dcfg: dict, target_dir: Path, draft_dir:
     if not 0 <= ds.mask_token_id < tv:
         raise ModelPairError(f"draft mask_token_id {ds.mask_token_id} is outside the target's embedding of {tv} rows "
                              f"({target_dir})")
+    positions = getattr(tcfg, "max_position_embeddings", None)
+    if isinstance(positions, int) and ds.block_size >= positions:
+        raise ModelPairError(f"draft config {draft_dir / 'config.json'} has block_size={ds.block_size} but the target "
+                             f"has {positions} positions ({target_dir}): a block cannot be longer than the context, "
+                             f"and every cycle would draft {ds.block_size} slots; the config is damaged (DFlash "
+                             f"drafters use {DEFAULT_BLOCK_SIZE})")
+
+
+MAX_PLAIN_BLOCK = 64  # past this a block size is far from what DFlash drafters are trained with: warned about
+
+
+def block_note(ds: DraftSettings) -> str | None:
+    if ds.block_size <= MAX_PLAIN_BLOCK:
+        return None
+    return (f"draft block_size={ds.block_size} is far above the {DEFAULT_BLOCK_SIZE} DFlash drafters are trained "
+            f"with: every cycle drafts {ds.block_size} slots; check the drafter's config.json")
 
 
 def mask_note(tokenizer, mask_id: int) -> str | None:
@@ -215,22 +292,8 @@ def mask_note(tokenizer, mask_id: int) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ the target
-# Targets the engine cannot verify losslessly yet, and why. Hybrid verify (linear-attention state per tree
-# node) is separate work: lifting this refusal is deleting these lines.
-HYBRID_MODEL_TYPES = {"qwen3_next"}
-
-
-def unverifiable(text_config) -> str | None:
-    """Why the engine cannot verify a target with this (text) config losslessly, or None. Hybrids verify
-    through ``workbench.models.hybrid`` (tree verify over recurrent state) for the families it knows."""
-    layer_types = getattr(text_config, "layer_types", None) or ()
-    if text_config.model_type in HYBRID_MODEL_TYPES or "linear_attention" in layer_types:
-        from workbench.models.hybrid import SUPPORTED
-
-        if text_config.model_type not in SUPPORTED:
-            return (f"a hybrid target (linear-attention layers) of a family whose tree verify is not built "
-                    f"(supported: {', '.join(SUPPORTED)})")
-    return None
+# Which targets a state verifies, and why not, is the registry's (workbench.models.registry): one place.
+unverifiable = refusal
 
 
 def remote_code_refusal(role: str, directory: Path, what: str) -> ModelPairError:
@@ -238,7 +301,7 @@ def remote_code_refusal(role: str, directory: Path, what: str) -> ModelPairError
                           "(CLI --trust-remote-code) if you trust that code")
 
 
-def target_config(tdir: Path, trust_remote_code: bool):
+def read_target_config(tdir: Path, trust_remote_code: bool):
     """The target's transformers config, refusing remote code unless it is trusted explicitly."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -254,13 +317,17 @@ def target_config(tdir: Path, trust_remote_code: bool):
 
             raise ModelPairError(f"target config {tdir / 'config.json'} has model_type {model_type!r}, which "
                                  f"transformers {transformers.__version__} does not know")
-    return AutoConfig.from_pretrained(tdir, local_files_only=True, trust_remote_code=trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(tdir, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - transformers' config validation (StrictDataclassFieldValidationError, ...)
+        raise ModelPairError(f"target config {tdir / 'config.json'}: {_one_line(e)}") from None
 
 
 def checkpoint_keys(directory: Path) -> list[str]:
     """Tensor names stored in a safetensors checkpoint (index file or single file); [] for other formats."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
+        check_weight_files(directory, "target")  # one line naming the file, not a JSONDecodeError
         return list(json.loads(index.read_text())["weight_map"])
     from safetensors import safe_open
 
@@ -293,13 +360,19 @@ def check_loading_info(info: dict, role: str, directory: Path, cls_name: str, al
         keys = sorted(keys)
         return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
 
+    def shaped(k) -> str:  # transformers gives (name, checkpoint shape, the config's shape)
+        if isinstance(k, str) or len(k) < 3:
+            return k if isinstance(k, str) else k[0]
+        return f"{k[0]} (checkpoint {list(k[1])}, config.json wants {list(k[2])})"
+
     unexpected = sorted(set(info.get("unexpected_keys", ())) - set(allowed_unexpected))
     missing = sorted(info.get("missing_keys", ()))
-    mismatched = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", ())]
+    mismatched = sorted(shaped(k) for k in info.get("mismatched_keys", ()))
     problems = [f"{len(v)} {what}: {names(v)}" for what, v in
                 (("missing", missing), ("unexpected", unexpected), ("with the wrong shape", mismatched)) if v]
     if problems:
         raise ModelPairError(f"{role} checkpoint '{directory}' does not match {cls_name}: " + "; ".join(problems)
+                             + (" (its config.json contradicts its weights)" if mismatched else "")
                              + " (nothing is dropped or left random)")
 
 
@@ -324,7 +397,9 @@ def load_target(tdir: Path, config, dtype: torch.dtype, device: torch.device, de
 
     text = config.get_text_config(decoder=True)
     placement, moved = _placement(device, device_map)
-    kw = dict(local_files_only=True, dtype=dtype, output_loading_info=True, **placement)
+    # ignore_mismatched_sizes: transformers reports the misshapen tensors instead of raising a bare error whose
+    # report went to a silenced log; check_loading_info then refuses them, naming each (nothing stays random).
+    kw = dict(local_files_only=True, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **placement)
     notes: list[str] = [f"target: {moved}"] if moved else []
     if text is config:
         model, info = AutoModelForCausalLM.from_pretrained(tdir, config=config, trust_remote_code=trust_remote_code,
@@ -365,14 +440,17 @@ def load_draft(ddir: Path, ds: DraftSettings, dtype: torch.dtype, device: torch.
     import dflash.model
 
     cls = getattr(dflash.model, ds.cls_name)
-    config = cls.config_class.from_pretrained(ddir, local_files_only=True)
+    try:
+        config = cls.config_class.from_pretrained(ddir, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers' config validation (StrictDataclassFieldValidationError, ...)
+        raise ModelPairError(f"draft config {ddir / 'config.json'}: {_one_line(e)}") from None
     notes = [] if ds.cls_name == "DFlashDraftModel" else [f"draft: {ds.cls_name}"]
     if ds.num_target_layers is None:  # dflash's constructor reads it even when target_layer_ids are given
         config.num_target_layers = target_depth
         notes.append(f"draft config has no num_target_layers: the target's {target_depth} layers assumed")
     placement, moved = _placement(device, None)
     model, info = cls.from_pretrained(ddir, config=config, local_files_only=True, dtype=dtype,
-                                      output_loading_info=True, **placement)
+                                      output_loading_info=True, ignore_mismatched_sizes=True, **placement)
     check_loading_info(info, "draft", ddir, cls.__name__)
     if moved:
         model = model.to(device)
@@ -405,7 +483,7 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     if not isinstance(trust_remote_code, bool):
         raise ValueError(f"trust_remote_code={trust_remote_code!r} must be True or False")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    config = target_config(tdir, trust_remote_code)
+    config = read_target_config(tdir, trust_remote_code)
     text = config.get_text_config(decoder=True)
     why = unverifiable(text)
     if why:
@@ -413,6 +491,13 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     dcfg = read_config(ddir)
     ds = draft_settings(dcfg, ddir)
     check_pair(text, ds, dcfg, tdir, ddir)
+    check_weight_files(tdir, "target")
+    check_weight_files(ddir, "draft")
+    big = block_note(ds)
+    if big:  # before any weight loads or any cycle runs
+        import warnings
+
+        warnings.warn(big, UserWarning, stacklevel=3)
     own = getattr(text, "dtype", None) or getattr(config, "dtype", None)
     dt = resolve_dtype("auto" if dtype is None else dtype, resolve_dtype(own) if own is not None else None)
     tokenizer = load_tokenizer(tdir, trust_remote_code)
@@ -436,5 +521,5 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
         if bars:
             hf_logging.enable_progress_bar()
     note = mask_note(tokenizer, ds.mask_token_id)
-    notes = tuple(notes + dnotes + ([note] if note else []))
+    notes = tuple(notes + dnotes + ([note] if note else []) + ([big] if big else []))
     return Models(tmodel.eval(), dmodel.eval(), tokenizer, tdir, ddir, emb_dev, dt, notes)

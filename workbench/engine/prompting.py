@@ -11,6 +11,7 @@ Three forms, one of them per session:
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from workbench.engine import validate
@@ -35,6 +36,14 @@ def _check_messages(messages) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ValueError(f"messages[{i}]={m!r:.80} is not a {{'role': str, 'content': ...}} dict")
+        if not m["role"]:
+            raise ValueError(f"messages[{i}]['role'] is empty; give 'system', 'user' or 'assistant'")
+        validate.text(m["role"], f"messages[{i}]['role']")
+        content = m["content"]
+        if not isinstance(content, str):  # None would reach the model as the text "None"
+            raise ValueError(f"messages[{i}]['content']={content!r:.80} is not text; give a str")
+        if content:  # an empty content is a valid turn (an empty system prompt)
+            validate.text(content, f"messages[{i}]['content']")
     return [dict(m) for m in messages]
 
 
@@ -74,7 +83,14 @@ def encode_prompt(tokenizer, prompt: str | None = None, *, messages=None, prompt
     else:
         if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
             raise ValueError(f"prompt_ids={prompt_ids!r:.80} must be a list of token ids")
-        ids = [int(i) for i in prompt_ids]
+        ids = []
+        for n, i in enumerate(prompt_ids):
+            try:
+                if isinstance(i, bool):
+                    raise TypeError
+                ids.append(operator.index(i))  # an int, a numpy or 0-d tensor integer; 1.7 must not become 1
+            except TypeError:
+                raise ValueError(f"prompt_ids[{n}]={i!r:.40} is not a token id; give integers") from None
         vocab = len(tokenizer)
         bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
         if bad:
@@ -82,7 +98,9 @@ def encode_prompt(tokenizer, prompt: str | None = None, *, messages=None, prompt
                              f"[0, {vocab_size if vocab_size is not None else 'V'})")
         out = Prompt(ids, tokenizer.decode([i for i in ids if i < vocab]), "ids")
     if not out.ids:
-        raise ValueError(f"{given[0]}={(prompt if prompt is not None else messages)!r:.80} encodes to no tokens")
+        value = {"prompt": prompt, "messages": messages, "prompt_ids": prompt_ids}[given[0]]
+        raise ValueError(f"{given[0]}={value!r:.80} " + ("is empty; give at least one token id" if given[0] ==
+                         "prompt_ids" else "encodes to no tokens"))
     if max_positions is not None and len(out.ids) >= max_positions:
         raise ValueError(f"prompt is {len(out.ids)} tokens but the target has {max_positions} positions; "
                          "shorten the prompt")

@@ -14,7 +14,7 @@ import torch
 
 from workbench.engine import stages
 from workbench.records.forward import ForwardMode, ForwardRecord
-from workbench.models.base import new_draft_state, new_target_state
+from workbench.models.registry import new_draft_state, new_target_state
 from workbench.engine.policies import AR
 from workbench.engine.sampling import target_choice
 
@@ -99,9 +99,9 @@ class Rows:
         self.capacity = 0
         if self.static_shapes:
             for st in (self.target, self.draft):
-                if not hasattr(st, "preallocate"):
-                    raise ValueError(f"static_shapes=True: {type(st).__name__} has no preallocate(); "
-                                     "this model's state runs with dynamic shapes only")
+                if not st.supports_static_shapes:
+                    raise ValueError(f"static_shapes=True: {type(st).__name__} runs with dynamic shapes only "
+                                     "(it declares no static-shape path); drop static_shapes for this model")
 
     def _preallocate(self, reqs: list, nodes: int) -> None:
         """Buffers for the requests' whole limit (prompt + max_new_tokens + a tree or two draft blocks),
@@ -186,7 +186,7 @@ class Rows:
         sw.start("record")
         times = sw.times  # every Cycle holds this dict: "record" and the rest of "other" land in it later
         cycles = []
-        state_from = getattr(self.target, "state_from", None)  # [B, N]: recurrent targets only
+        state_from = self.target.state_from  # [B, N]: recurrent targets only (None: no recurrent state)
         for b, s in enumerate(reqs):
             cyc = s._record(policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
                             verified.row(b, layout.n[b]), committed[b], kept[b], times,

@@ -75,12 +75,16 @@ class Session(SessionState):
         self.prompt = prompt.text  # the raw text, the rendered chat, or the decoded ids
         self.prompt_ids: list[int] = list(prompt.ids)
         self.generator = torch.Generator(device=m.device)
+        self.trace = None  # (a setting changed before the trace exists is not a change)
         self.seed = seed  # validated and applied to the generator by the setter
         self.generated: list[int] = []
         self.finish_reason: str | None = None
+        # Every setting that changes results, as the session starts; a later change is appended to
+        # meta["changes"] with the cycle it applies from (``Trace.note_change``), so ``replay`` re-runs it.
         self.trace = Trace(meta={
             **prompt.trace_meta(), "policy": str(policy), "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "kernel_backend": kernel_backend,
+            "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "max_new_tokens": max_new_tokens,
+            "kernel_backend": kernel_backend, **({} if batch is not None else {"static_shapes": bool(static_shapes)}),
             "target": model_ref(m.target_dir), "draft": model_ref(m.draft_dir), "device": str(m.device),
             "dtype": str(m.dtype).replace("torch.", ""), "block_size": m.block_size,
         })
@@ -100,6 +104,12 @@ class Session(SessionState):
     @policy.setter
     def policy(self, p) -> None:
         self._policy = validate.policy_fits(as_policy(p), self.models.block_size - 1)
+        self._changed("policy", str(self._policy))
+
+    def _changed(self, name: str, value) -> None:
+        """A setting set between cycles: the trace records it with the cycle it applies from."""
+        if self.trace is not None:
+            self.trace.note_change(len(self.trace.cycles), name, value)
 
     @property
     def seed(self) -> int:
@@ -110,6 +120,7 @@ class Session(SessionState):
         """Re-seed the sampler: the next cycle's draws come from ``s`` (greedy decoding ignores it)."""
         self._seed = validate.seed(s)
         self.generator.manual_seed(s)
+        self._changed("seed", s)  # even the same seed again: the generator starts over
 
     @property
     def temperature(self) -> float:
@@ -117,7 +128,12 @@ class Session(SessionState):
 
     @temperature.setter
     def temperature(self, t: float) -> None:
-        self.sampling = Sampling(t, self.sampling.top_p, self.sampling.top_k)
+        self._set_sampling(Sampling(t, self.sampling.top_p, self.sampling.top_k), "temperature")
+
+    def _set_sampling(self, new: Sampling, name: str) -> None:
+        old, self.sampling = self.sampling, new
+        if getattr(new, name) != getattr(old, name):
+            self._changed(name, getattr(new, name))
 
     @property
     def top_p(self) -> float:
@@ -125,7 +141,7 @@ class Session(SessionState):
 
     @top_p.setter
     def top_p(self, p: float) -> None:
-        self.sampling = Sampling(self.sampling.temperature, p, self.sampling.top_k)
+        self._set_sampling(Sampling(self.sampling.temperature, p, self.sampling.top_k), "top_p")
 
     @property
     def top_k(self) -> int:
@@ -133,7 +149,7 @@ class Session(SessionState):
 
     @top_k.setter
     def top_k(self, k: int) -> None:
-        self.sampling = Sampling(self.sampling.temperature, self.sampling.top_p, k)
+        self._set_sampling(Sampling(self.sampling.temperature, self.sampling.top_p, k), "top_k")
 
     @property
     def max_new_tokens(self) -> int:
@@ -149,6 +165,8 @@ class Session(SessionState):
         if n < have:
             raise ValueError(f"max_new_tokens={n} is below the {have} new tokens this session already has; "
                              f"the limit counts all new tokens, so give at least {have}")
+        if n != self._max_new_tokens:
+            self._changed("max_new_tokens", n)
         self._max_new_tokens = n
         if self.finish_reason and self.finish_reason.startswith("reached max_new_tokens"):
             self.finish_reason = None
@@ -272,3 +290,49 @@ class Session(SessionState):
         while not self.finished:
             self.step()
         return self.trace
+
+
+REPLAYED = ("policy", "temperature", "top_p", "top_k", "seed", "max_new_tokens")  # what meta["changes"] holds
+
+
+def _initial(meta: dict, key: str, default):
+    """A setting as the session started: the header's value, or the first of the values it lists."""
+    v = meta.get(key, default)
+    return v[0] if isinstance(v, list) and v else v
+
+
+def replay(engine, trace: Trace, **kw) -> Session:
+    """Re-run ``trace`` on ``engine``: its prompt ids and starting settings, then each recorded change
+    (``trace.changes()``) before the cycle it applied from, for as many cycles as the trace has. With
+    the same models on the same device this gives the same tokens, cycle for cycle (sampling included:
+    the seed and every re-seed are in the trace). ``kw`` overrides session arguments (e.g.
+    ``kernel_backend``). Returns the new session."""
+    from workbench.engine.policies import parse_policy
+
+    m = trace.meta
+    if not isinstance(m.get("prompt_ids"), list):
+        raise ValueError("this trace has no prompt_ids in its header, so it cannot be replayed")
+    changes = [c for c in m.get("changes", []) if isinstance(c, dict) and c.get("name") in REPLAYED]
+    limit_changed = any(c["name"] == "max_new_tokens" for c in changes)
+    args = dict(policy=parse_policy(str(_initial(m, "policy", "ddtree:32"))),
+                temperature=_initial(m, "temperature", 0.0), top_p=_initial(m, "top_p", 1.0),
+                top_k=_initial(m, "top_k", 0), seed=_initial(m, "seed", 0),
+                # a trace written before max_new_tokens was recorded: its own length, when no change says otherwise
+                max_new_tokens=m.get("max_new_tokens") or (max(trace.new_tokens, 1) if not limit_changed
+                                                           else DEFAULT_MAX_NEW_TOKENS),
+                kernel_backend=m.get("kernel_backend"), static_shapes=True if m.get("static_shapes") else None)
+    args.update(kw)
+    s = engine.session(prompt_ids=m["prompt_ids"], **args)
+
+    def apply(i: int) -> None:
+        for c in changes:
+            if c.get("cycle") == i:
+                setattr(s, c["name"], parse_policy(c["value"]) if c["name"] == "policy" else c["value"])
+
+    for i in range(len(trace.cycles)):
+        apply(i)
+        if s.finished:
+            break
+        s.step()
+    apply(len(trace.cycles))
+    return s

@@ -148,7 +148,24 @@ def output_path(path, what: str = "output") -> Path:
         raise ValueError(f"{what} '{p}': the folder '{parent}' {why}; create it first or give another path")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"{what} '{p}' cannot be written (no permission)")
+    if p.exists() and not p.is_file():  # /dev/null, a fifo: an atomic write would replace it with a file
+        raise ValueError(f"{what} '{p}' exists and is not a regular file; give a file name")
+    _probe(parent, p, what)
     return p
+
+
+def _probe(parent: Path, p: Path, what: str) -> None:
+    """Create and remove a temporary file where ``p`` will be written (as the atomic write will): a folder
+    that only looks writable (/proc, a read-only mount, root's view of permissions) is refused now."""
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
+    except OSError as e:
+        raise ValueError(f"{what} '{p}' cannot be written: no file can be created in '{parent}' "
+                         f"({e.strerror or e}); give a path in a writable folder") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def output_dir(path, what: str = "output folder") -> Path:

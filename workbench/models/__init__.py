@@ -1,15 +1,18 @@
 """Per-architecture model states behind one interface (``base.TargetState``): the cycle hands them a
 ``TreeLayout`` and the accepted nodes; how each lays out its state is its own business.
 
+- ``registry``: which state serves which config (by family), and the per-family facts read from a config
+  (the K/V layout, the linear-attention state, ``StateSpec`` and its bytes) that loading and the shapes
+  tools read too.
 - ``dense``: attention K/V per token (``DenseKV`` for the target, ``DraftKV`` for DFlash drafters).
-- ``hybrid``: GatedDeltaNet + attention targets (``HybridGDN``: dense K/V for the attention layers, a conv
-  window and a recurrent state per request for the linear ones; registered for any target with
-  linear-attention layers).
+- ``hybrid``: GatedDeltaNet + attention targets (``HybridGDN``: a ``DenseKV`` for the attention layers, a
+  conv window and a recurrent state per request for the linear ones).
 """
-from workbench.models.base import (StateSpec, StepOut, TargetState, new_draft_state, new_target_state,
-                                   register_target_state)
+from workbench.models.base import StepOut, TargetState
 from workbench.models.dense import DenseKV, DraftKV, KVBuffers, PrefixMask
-from workbench.models.hybrid import HybridCache, HybridGDN, is_hybrid
+from workbench.models.hybrid import HybridCache, HybridGDN
+from workbench.models.registry import (StateSpec, family_of, new_draft_state, new_target_state,
+                                       register_target_state)
 
 __all__ = ["DenseKV", "DraftKV", "HybridCache", "HybridGDN", "KVBuffers", "PrefixMask", "StateSpec", "StepOut",
-           "TargetState", "is_hybrid", "new_draft_state", "new_target_state", "register_target_state"]
+           "TargetState", "family_of", "new_draft_state", "new_target_state", "register_target_state"]

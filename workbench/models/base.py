@@ -6,19 +6,20 @@ tells it which tree nodes each row accepted. How the state lays out its memory (
 recurrent state per request) and which mask or fork it needs is the state's business, as an SGLang
 attention backend owns its buffers and ``init_forward_metadata``.
 
-A new architecture plugs in by writing a class that satisfies ``TargetState`` and registering a detector
-with ``register_target_state`` (first match wins; the dense KV state is the fallback).
+A new architecture plugs in by writing a class that satisfies ``TargetState`` and either naming it for its
+family in ``workbench.models.registry`` (``STATES``) or registering a detector with
+``registry.register_target_state`` (tried first; the last registered first).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-import torch
 from torch import Tensor
 
 from workbench.records.forward import ForwardRecord
 from workbench.models.layout import TreeLayout
+from workbench.models.registry import StateSpec
 
 
 @dataclass
@@ -30,24 +31,6 @@ class StepOut:
     record: ForwardRecord
 
 
-@dataclass(frozen=True)
-class StateSpec:
-    """One buffer of a state, for the shapes tools: what it is per, its shape and its bytes."""
-
-    name: str  # "keys", "values", "conv", "ssm", ...
-    kind: str  # "per_token" (grows with the sequence), "per_request" (fixed per row), "scratch_per_node"
-    layers: int  # how many layers hold one such buffer
-    shape: tuple  # per layer, e.g. (batch, kv_heads, tokens, head_dim)
-    dtype: torch.dtype
-
-    @property
-    def bytes(self) -> int:
-        n = self.layers
-        for d in self.shape:
-            n *= int(d)
-        return n * torch.empty(0, dtype=self.dtype).element_size()
-
-
 @runtime_checkable
 class TargetState(Protocol):
     """The target model's state over B >= 1 rows (requests), row b of every buffer belonging to request b.
@@ -55,13 +38,22 @@ class TargetState(Protocol):
     Row lengths are host ints: ``lengths[b]`` tokens of request b are committed (= the position of its
     pending root). Every method keeps the rows' order; only ``select`` changes which rows exist.
 
-    Optional attributes the cycle uses when present: ``kernel_backend`` (set before each verify from the
-    session's setting, for states that run kernels inside their forward) and ``state_from`` (int64 [B, N]
-    after a verify: the node whose recurrent state each node continued, -1 = the committed state; recorded
-    as ``Cycle.state_from``).
+    Capabilities every state declares (the cycle reads them, never probes for them):
+    ``supports_static_shapes`` (``preallocate`` works: fixed shapes and storage from then on, no host reads
+    between forwards), ``kernel_backend`` (set before each verify from the session's setting; used by
+    states that run kernels inside their forward) and ``state_from`` (None, or int64 [B, N] after a verify:
+    the node whose recurrent state each node continued, -1 = the committed state; recorded as
+    ``Cycle.state_from``).
     """
 
     lengths: list[int]
+    supports_static_shapes: bool
+    kernel_backend: str
+    state_from: Tensor | None
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on: buffers for ``rows`` rows of ``capacity`` tokens, allocated once.
+        Only where ``supports_static_shapes``; refuses (ValueError) elsewhere."""
 
     def prefill(self, prompts: list[list[int]]) -> StepOut:
         """EXTEND over each row's prompt (rows start empty). Commits the prompts; logits [B, 1, V] at each
@@ -97,31 +89,3 @@ class TargetState(Protocol):
 
     def nbytes(self) -> int:
         """Bytes of committed state held for all rows now."""
-
-
-# ------------------------------------------------------------------------------------------- registry
-_TARGET_STATES: list[tuple[Callable, Callable]] = []  # (detect(config) -> bool, factory(models, capture))
-
-
-def register_target_state(detect: Callable, factory: Callable) -> None:
-    """Route targets whose config ``detect`` accepts to ``factory(models, capture) -> TargetState``."""
-    _TARGET_STATES.insert(0, (detect, factory))
-
-
-def new_target_state(models, capture=None) -> TargetState:
-    """The state class for ``models.target``: the first registered detector that accepts its config,
-    else dense attention K/V."""
-    config = models.target.config
-    for detect, factory in _TARGET_STATES:
-        if detect(config):
-            return factory(models, capture)
-    from workbench.models.dense import DenseKV
-
-    return DenseKV(models, capture)
-
-
-def new_draft_state(models, capture=None):
-    """The drafter's state: DFlash drafters are dense attention (full, causal or sliding per layer)."""
-    from workbench.models.dense import DraftKV
-
-    return DraftKV(models, capture)

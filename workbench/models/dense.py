@@ -21,7 +21,8 @@ from ddtree_kernels import compact_kv_
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.models.run import run_draft, run_target
 from workbench.models.layout import TreeLayout
-from workbench.models.base import StateSpec, StepOut
+from workbench.models.base import StepOut
+from workbench.models.registry import KVLayout, StateSpec, attention_layers, kv_layout
 
 
 def additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -148,12 +149,14 @@ class KVBuffers(Cache):
             new[:, :, :, :, :used].copy_(self.store[:, :, :, :, :used])
         self._point(new)
 
-    def preallocate(self, rows: int, capacity: int, heads: int, head_dim: int, dtype, device) -> None:
+    def preallocate(self, rows: int, capacity: int, layout: KVLayout, dtype, device) -> None:
         """Static mode: one store of ``capacity`` rows per request, allocated now; it grows only by another
-        ``preallocate`` (a new length bucket), which keeps the rows in use."""
+        ``preallocate`` (a new length bucket), which keeps the rows in use. ``layout``: what each layer caches
+        per token (``registry.kv_layout``); keys and values take their own widths (MLA's latent: 2 of them)."""
         old = self.store
-        self.dims = (head_dim, head_dim)  # static mode: keys and values of one width (not MLA's two)
-        self._point(torch.zeros(len(self.layers), 2, rows, heads, capacity, head_dim, dtype=dtype, device=device))
+        self.dims = (layout.key_dim, layout.value_dim)
+        self._point(torch.zeros(len(self.layers), 2, rows, layout.heads, capacity, max(self.dims), dtype=dtype,
+                                device=device))
         used = min(max(self.lengths, default=0), capacity)
         if old is not None and used and old.shape[2] == rows:
             self.store[:, :, :, :, :used].copy_(old[:, :, :, :, :used])
@@ -235,9 +238,9 @@ class KVBuffers(Cache):
         """Bytes of the committed rows (all rows, all layers)."""
         total = 0
         for layer in self.layers:
-            if layer.is_initialized:
-                per_row = layer._k[0, :, :1].numel() * layer._k.element_size()
-                total += 2 * per_row * sum(self.lengths)
+            if layer.is_initialized:  # keys and values per token (MLA: two widths)
+                per_row = (layer._k[0, :, :1].numel() + layer._v[0, :, :1].numel()) * layer._k.element_size()
+                total += per_row * sum(self.lengths)
         return total
 
 
@@ -353,29 +356,41 @@ class StaticInputs:
 
 
 # ------------------------------------------------------------------------------------------- the target
-def _kv_shape(config) -> tuple[int, int, int]:
-    c = config.get_text_config(decoder=True)
-    heads = c.num_key_value_heads
-    return c.num_hidden_layers, heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+def kv_specs(config, batch: int, length: int, dtype, prefix: str = "") -> list[StateSpec]:
+    """The K/V buffers of ``batch`` rows of ``length`` tokens in every attention layer of ``config``, as
+    ``KVBuffers`` holds them (keys and values [batch, heads, length, width]; MLA: c_kv and k_pe)."""
+    lay = kv_layout(config)
+    layers = attention_layers(config)
+    return [StateSpec(prefix + name, "per_token", layers, (batch, lay.heads, length, dim), dtype)
+            for name, dim in zip(lay.names, (lay.key_dim, lay.value_dim))]
 
 
 class DenseKV:
-    """``TargetState`` of a dense-attention target (Qwen3, Llama, ...): K/V per token in ``KVBuffers``."""
+    """``TargetState`` of a dense-attention target (Qwen3, Llama, DeepSeek-V3's MLA latent, ...): K/V per
+    token in ``KVBuffers``, the tree-verify mask in ``PrefixMask``.
 
-    def __init__(self, models, capture=None, rows: int = 0):
+    Also the attention part of a composite state (``hybrid.HybridGDN``): ``cache`` is then the composite's
+    attention buffers and ``run(ids, positions, mode, mask) -> StepOut`` its forward over every layer.
+    """
+
+    supports_static_shapes = True  # preallocate(): fixed shapes and storage, no host reads (graphs)
+
+    def __init__(self, models, capture=None, rows: int = 0, cache: KVBuffers | None = None, run=None):
         self.models, self.capture = models, capture
-        self.cache = KVBuffers(models.target.config, [0] * rows)
+        self.cache = KVBuffers(models.target.config, [0] * rows) if cache is None else cache
         self.masks = PrefixMask(models.dtype, models.device)
         self.static: StaticInputs | None = None  # set by preallocate: fixed shapes and storage
         self.graphs = None  # a workbench.engine.graphs.Graphs: the static verify captured and replayed
+        self.kernel_backend = "torch"  # set by the cycle before each verify; dense attention runs no kernel of its own
+        self.state_from: Tensor | None = None  # no recurrent state: nothing continues a node's state
+        self._run = run
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on: K/V and mask buffers of ``capacity`` columns per row allocated once,
         every verify's inputs copied into buffers kept per node count, attention over every column (the
         mask hides the unused), committed lengths also on the device (``static.lengths``)."""
-        _, heads, dim = _kv_shape(self.models.target.config)
         m = self.models
-        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.cache.preallocate(rows, capacity, kv_layout(m.target.config), m.dtype, m.device)
         self.masks.width = capacity
         self.masks.reset()
         self.static = StaticInputs(rows, m.device)
@@ -391,6 +406,8 @@ class DenseKV:
         return self.cache.rows
 
     def _forward(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None) -> StepOut:
+        if self._run is not None:
+            return self._run(ids, positions, mode, mask)
         m = self.models
         out = run_target(m.target, ids, positions, self.cache, mode, m.target_layer_ids, mask, self.capture)
         return StepOut(out.logits, out.features, out.record)
@@ -505,11 +522,9 @@ class DenseKV:
         return self.cache.nbytes()
 
     def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
-        layers, heads, dim = _kv_shape(self.models.target.config)
         batch = self.rows if batch is None else batch
         length = max(self.lengths, default=0) if length is None else length
-        shape = (batch, heads, length + nodes, dim)
-        return [StateSpec(name, "per_token", layers, shape, self.models.dtype) for name in ("keys", "values")]
+        return kv_specs(self.models.target.config, batch, length + nodes, self.models.dtype)
 
 
 # ------------------------------------------------------------------------------------------ the drafter
@@ -537,6 +552,8 @@ class DraftKV:
     kind from each key's and query's real position: the same rule dflash applies, per row.
     """
 
+    supports_static_shapes = True
+
     def __init__(self, models, capture=None, rows: int = 0):
         self.models, self.capture = models, capture
         self.cache = KVBuffers(models.draft.config, [0] * rows)
@@ -550,9 +567,8 @@ class DraftKV:
         """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context
         slots (a row's new context, padded; a longer one, as after the prefill, goes in block-sized
         chunks first) and ``capacity`` key columns, in buffers allocated once."""
-        _, heads, dim = _kv_shape(self.models.draft.config)
         m = self.models
-        self.cache.preallocate(rows, capacity, heads, dim, m.dtype, m.device)
+        self.cache.preallocate(rows, capacity, kv_layout(m.draft.config), m.dtype, m.device)
         self.static = StaticInputs(rows, m.device)
         self._static_bufs = {}
 
@@ -731,8 +747,6 @@ class DraftKV:
         return self.cache.nbytes()
 
     def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
-        layers, heads, dim = _kv_shape(self.models.draft.config)
         batch = self.cache.rows if batch is None else batch
         length = max(self.lengths, default=0) if length is None else length
-        shape = (batch, heads, length + nodes, dim)
-        return [StateSpec(f"draft {n}", "per_token", layers, shape, self.models.dtype) for n in ("keys", "values")]
+        return kv_specs(self.models.draft.config, batch, length + nodes, self.models.dtype, prefix="draft ")

@@ -36,30 +36,9 @@ from workbench.records.forward import ForwardMode, shape_of
 from workbench.models.run import run_target
 from workbench.models.gdn_layer import gdn_layer_tree_forward
 from workbench.models.layout import TreeLayout
-from workbench.models.base import StateSpec, StepOut, register_target_state
-from workbench.models.dense import KVBuffers, PrefixMask, additive
-
-# Text model types whose GatedDeltaNet layer ``gdn_layer_tree_forward`` knows (Qwen3-Next's interleaved
-# qkvz projection, Qwen3.5's split one). A nested Qwen3.5 / 3.6 checkpoint loads as its text model.
-SUPPORTED = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-
-
-def text_config(config):
-    return config.get_text_config(decoder=True)
-
-
-def is_hybrid(config) -> bool:
-    """Any target with linear-attention layers (the dense state would verify it wrongly)."""
-    return "linear_attention" in (getattr(text_config(config), "layer_types", None) or ())
-
-
-def check_supported(config) -> None:
-    """Raise a one-line ValueError for a hybrid this state cannot run."""
-    c = text_config(config)
-    if c.model_type not in SUPPORTED:
-        raise ValueError(f"target model_type {c.model_type!r} has linear-attention layers, but hybrid tree verify "
-                         f"supports only {', '.join(SUPPORTED)}")
-
+from workbench.models.base import StepOut
+from workbench.models.dense import DenseKV, KVBuffers
+from workbench.models.registry import StateSpec, check_supported, layer_types, linear_attention, text_fields
 
 # -------------------------------------------------------------------------------------------- the cache
 @dataclass
@@ -91,7 +70,7 @@ class HybridCache(Cache):
     layers, ``GDNSlot``s at the linear ones, and the route the swapped GatedDeltaNet forwards read."""
 
     def __init__(self, config, lengths: list[int]):
-        types = list(text_config(config).layer_types)
+        types = list(layer_types(text_fields(config)))
         self.attn_ids = [i for i, t in enumerate(types) if t != "linear_attention"]
         self.linear_ids = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.kv = KVBuffers(config, lengths, num_layers=len(self.attn_ids))
@@ -162,67 +141,51 @@ def install(model) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the state
-def _linear_dims(c) -> dict:
-    key_dim = c.linear_num_key_heads * c.linear_key_head_dim
-    return dict(conv_dim=2 * key_dim + c.linear_num_value_heads * c.linear_value_head_dim,
-                K=c.linear_conv_kernel_dim, HV=c.linear_num_value_heads, Dk=c.linear_key_head_dim,
-                Dv=c.linear_value_head_dim)
-
-
 class HybridGDN:
-    """``TargetState`` of a hybrid target: ``KVBuffers`` + ``PrefixMask`` for the attention layers, a conv
-    window and a recurrent state per request for each linear-attention layer.
+    """``TargetState`` of a hybrid target: its attention layers are a ``DenseKV`` (``attention``: K/V in
+    ``KVBuffers``, the ragged-prefill and tree-verify masks, the layout checks) over the composite cache's
+    attention buffers, and each linear-attention layer keeps a conv window and a recurrent state per
+    request (``GDNSlot``), forked per tree node in a verify and committed from the deepest accepted node.
 
     ``kernel_backend`` (set by the cycle from the session's setting before each verify): "torch" (level by
     level, kernels/gdn_tree_fast.py), "sglang" or "sglang-triton" (SGLang's Triton tree kernels) for the linear layers.
     """
 
+    # The attention part could preallocate; the linear layers' tree forward is not checked for fixed shapes
+    # and host reads, so a hybrid runs with dynamic shapes only (static_shapes=True is refused in one line).
+    supports_static_shapes = False
+
     def __init__(self, models, capture=None, rows: int = 0):
         check_supported(models.target.config)
         self.models, self.capture = models, capture
         self.cache = HybridCache(models.target.config, [0] * rows)
-        self.masks = PrefixMask(models.dtype, models.device)
+        self.attention = DenseKV(models, cache=self.cache.kv, run=self._run)
         self.kernel_backend = "torch"
         self.state_from: Tensor | None = None  # [B, N] of the last verify: the node each node's state continued
+        self._route: TreeRoute | None = None  # the tree forward's route while a verify runs
         install(models.target)
 
     @property
     def lengths(self) -> list[int]:
-        return self.cache.kv.lengths
+        return self.attention.lengths
 
     @property
     def rows(self) -> int:
-        return self.cache.kv.rows
+        return self.attention.rows
 
     # ---------------------------------------------------------------------------------------- forwards
     def prefill(self, prompts: list[list[int]]) -> StepOut:
-        m = self.models
-        dev = m.device
-        B, P = len(prompts), max(len(p) for p in prompts)
-        self.cache.kv.set_lengths([0] * B)
-        self.masks.reset()
-        ids = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, x in enumerate(prompts):
-            ids[b, : len(x)] = torch.tensor(x, device=dev)
-        mask = None
-        ragged = any(len(x) != P for x in prompts)
-        if ragged:  # attention: causal within each prompt (padding queries see their prompt: never an empty row)
-            lens = torch.tensor([len(x) for x in prompts], device=dev)
-            col = torch.arange(P, device=dev)
-            visible = (col[None, None] <= col[None, :, None]) & (col[None, None] < lens[:, None, None])
-            mask = additive(visible[:, None], m.dtype)  # [B, 1, P, P]
+        """The attention part's prefill (ragged prompts: its mask); the linear layers run each prompt alone."""
+        ragged = any(len(x) != len(prompts[0]) for x in prompts)
         self.cache.prompt_lengths = [len(x) for x in prompts] if ragged else None
         try:
-            out = self._forward(ids, torch.arange(P, device=dev).expand(B, P), ForwardMode.EXTEND, mask)
+            return self.attention.prefill(prompts)
         finally:
             self.cache.prompt_lengths = None
-        self.cache.kv.set_lengths([len(x) for x in prompts])
-        last = out.logits[torch.arange(B, device=dev), torch.tensor([len(x) - 1 for x in prompts], device=dev)]
-        return StepOut(last[:, None], out.features, out.record)
 
-    def _forward(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None,
-                 route: TreeRoute | None = None) -> StepOut:
-        m = self.models
+    def _run(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None) -> StepOut:
+        """One forward of every layer over the composite cache (the attention part's forward)."""
+        m, route = self.models, self._route
         self.cache.route = route
         try:
             out = run_target(m.target, ids, positions, self.cache, mode, m.target_layer_ids, mask, self.capture)
@@ -233,28 +196,26 @@ class HybridGDN:
             rec.inputs["retrieve_parent_token"] = shape_of(route.parents)
         return StepOut(out.logits, out.features, rec)
 
-    def _check(self, layout: TreeLayout) -> None:
-        if layout.starts != self.lengths:
-            raise ValueError(f"layout roots at {layout.starts} but the rows hold {self.lengths} tokens")
-
     def verify(self, layout: TreeLayout, mode: ForwardMode = ForwardMode.TARGET_VERIFY) -> StepOut:
-        self._check(layout)
-        mask = None
-        if layout.N > 1 or not self.cache.kv.uniform():
-            mask = self.masks.tree(layout.visibility, layout.starts)
+        """The attention part's verify, its linear layers routed over the layout's tree."""
         parents = layout.parents
         if layout.padded:  # inert padding nodes (parent -1) hang off the root: a valid tree, outputs unread
             idx = torch.arange(layout.N, device=parents.device)
             parents = torch.where(idx == 0, -1, parents.clamp(min=0))
         c = layout.compiled
-        route = TreeRoute(self.kernel_backend, parents, c.retrieve_next_token, c.retrieve_next_sibling)
+        self._route = TreeRoute(self.kernel_backend, parents, c.retrieve_next_token, c.retrieve_next_sibling)
+        try:
+            out = self.attention.verify(layout, mode)
+        finally:
+            self._route = None
         self.state_from = parents
-        return self._forward(layout.tokens, layout.positions, mode, mask, route)
+        return out
 
-    def decode(self, layout: TreeLayout) -> StepOut:
-        if layout.N != 1:
-            raise ValueError(f"decode takes one token per row, got a layout of {layout.N} nodes; use verify")
-        return self.verify(layout, ForwardMode.DECODE)
+    decode = DenseKV.decode  # the one-node check, then this state's verify
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        raise ValueError(f"static_shapes=True: {type(self).__name__} runs with dynamic shapes only (its "
+                         "linear-attention tree forward has no static-shape path)")
 
     # ---------------------------------------------------------------------------------------- commit
     def commit(self, layout: TreeLayout, nodes: list[Tensor]) -> None:
@@ -264,7 +225,7 @@ class HybridGDN:
         for slot in self.cache.slots:
             conv, slot.ssm = commit_nodes(*slot.scratch, last)  # scratch: [B, N, conv_dim, K-1], [B, N, HV, Dk, Dv]
             slot.conv, slot.scratch = conv.to(slot.conv.dtype), None
-        self.cache.kv.keep_rows(layout.starts, nodes)
+        self.attention.commit(layout, nodes)
 
     def can_crop(self, lengths: list[int]) -> bool:
         """Only to where the rows are now: a recurrent state keeps no checkpoint to roll back to."""
@@ -280,8 +241,7 @@ class HybridGDN:
         for slot in self.cache.slots:
             if slot.conv is not None:
                 slot.conv, slot.ssm = slot.conv.index_select(0, idx), slot.ssm.index_select(0, idx)
-        self.cache.kv.select(rows)
-        self.masks.select(rows)
+        self.attention.select(rows)
 
     # ---------------------------------------------------------------------------------------- views
     def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
@@ -299,19 +259,18 @@ class HybridGDN:
         return out
 
     def nbytes(self) -> int:
-        total = self.cache.kv.nbytes()
+        total = self.attention.nbytes()
         for slot in self.cache.slots:
             if slot.conv is not None:
                 total += slot.conv.nbytes + slot.ssm.nbytes
         return total
 
     def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
-        """Attention K/V per token; per linear layer the committed conv window and state per request, and
-        with ``nodes`` the per-node scratch a tree verify keeps (SGLang's intermediate buffers)."""
-        c = text_config(self.models.target.config)
+        """The attention part's K/V per token; per linear layer the committed conv window and state per
+        request, and with ``nodes`` the per-node scratch a tree verify keeps (SGLang's intermediate buffers)."""
         batch = self.rows if batch is None else batch
-        length = max(self.lengths, default=0) if length is None else length
-        return describe(c, batch, length, nodes, self.models.dtype)
+        return self.attention.describe(batch, length, nodes) + linear_specs(
+            self.models.target.config, batch, nodes, self.models.dtype)
 
     def _state_records(self, mode: ForwardMode, route: TreeRoute | None) -> tuple:
         """The recurrent tensors this forward read and wrote, per linear layer, as the shapes tables show them."""
@@ -327,24 +286,16 @@ class HybridGDN:
                      for name, io, t in rows)
 
 
-def describe(c, batch: int, length: int, nodes: int, dtype: torch.dtype) -> list[StateSpec]:
-    """A hybrid text config's state at ``batch`` rows of ``length`` tokens with ``nodes`` tree nodes per row."""
-    types = list(c.layer_types)
-    n_lin = types.count("linear_attention")
-    n_attn = len(types) - n_lin
-    d = _linear_dims(c)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv = (batch, c.num_key_value_heads, length + nodes, head_dim)
-    out = [StateSpec(name, "per_token", n_attn, kv, dtype) for name in ("keys", "values")]
-    out += [StateSpec("conv_window", "per_request", n_lin, (batch, d["conv_dim"], d["K"] - 1), dtype),
-            StateSpec("ssm_state", "per_request", n_lin, (batch, d["HV"], d["Dk"], d["Dv"]), torch.float32)]
+def linear_specs(config, batch: int, nodes: int, dtype: torch.dtype) -> list[StateSpec]:
+    """A hybrid config's linear-attention state at ``batch`` rows (conv windows in ``dtype``, recurrent states
+    in float32) and, with ``nodes`` tree nodes per row, a verify's per-node scratch and parent links."""
+    lin = linear_attention(config)
+    n_lin = layer_types(text_fields(config)).count("linear_attention")
+    conv, ssm = lin.conv_shape, (lin.value_heads, lin.key_dim, lin.value_dim)  # ours: [HV, Dk, Dv] (transformers')
+    out = [StateSpec("conv_window", "per_request", n_lin, (batch, *conv), dtype),
+           StateSpec("ssm_state", "per_request", n_lin, (batch, *ssm), torch.float32)]
     if nodes:
-        out += [StateSpec("intermediate_conv_window", "scratch_per_node", n_lin,
-                          (batch, nodes, d["conv_dim"], d["K"] - 1), dtype),
-                StateSpec("intermediate_ssm_state", "scratch_per_node", n_lin,
-                          (batch, nodes, d["HV"], d["Dk"], d["Dv"]), torch.float32),
+        out += [StateSpec("intermediate_conv_window", "scratch_per_node", n_lin, (batch, nodes, *conv), dtype),
+                StateSpec("intermediate_ssm_state", "scratch_per_node", n_lin, (batch, nodes, *ssm), torch.float32),
                 StateSpec("retrieve_parent_token", "scratch_per_node", 1, (batch, nodes), torch.int64)]
     return out
-
-
-register_target_state(is_hybrid, lambda models, capture: HybridGDN(models, capture))

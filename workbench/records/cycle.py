@@ -386,6 +386,21 @@ class Trace:
             if v not in seen:
                 self.meta[key] = [*seen, v]
 
+    def note_change(self, cycle: int, name: str, value) -> None:
+        """A setting changed between cycles: ``meta["changes"]`` gets ``{"cycle", "name", "value"}`` (it
+        applies from that cycle on), so the trace replays itself (``engine.replay(trace)``). A seed's
+        header entry becomes the list of seeds used, as policy and sampling entries do."""
+        self.meta.setdefault("changes", []).append({"cycle": int(cycle), "name": name, "value": value})
+        if name == "seed" and "seed" in self.meta:
+            cur = self.meta["seed"]
+            seen = cur if isinstance(cur, list) else [cur]
+            if value not in seen:
+                self.meta["seed"] = [*seen, value]
+
+    def changes(self) -> list[dict]:
+        """The settings changed between cycles, in order: ``[{"cycle", "name", "value"}, ...]``."""
+        return list(self.meta.get("changes", []))
+
     @property
     def accept_lengths(self) -> list[int]:
         return [c.accept_length for c in self.cycles]

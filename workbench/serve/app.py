@@ -97,9 +97,10 @@ class Guard:
         got = headers.get(b"authorization", b"")
         scheme, _, value = got.partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.want):
-            return ServeError(401, "unauthorized", "missing token: send 'Authorization: Bearer TOKEN' (the token "
-                              "the server printed at start, or its --token-file)" if not got else
-                              "wrong token: use the token the server printed at start (or its --token-file)")
+            return ServeError(401, "unauthorized", "missing token: send 'Authorization: Bearer TOKEN' (the token in "
+                              "the server's --token-file, or the one `serve` printed when it generated it)" if not got
+                              else "wrong token: use the one in the server's --token-file (or the one `serve` "
+                              "printed when it generated it)")
         theirs = headers.get(wire.VERSION_HEADER.lower().encode())
         if theirs is not None and theirs != str(wire.WIRE_VERSION).encode():
             return ServeError(400, "wire_version", wire.version_mismatch(theirs.decode("latin-1"), wire.WIRE_VERSION))
@@ -126,7 +127,10 @@ class _Body(BaseModel):
 
 
 class SessionRequest(_Body):
-    prompt: str
+    prompt: str | None = None  # exactly one of prompt, messages, prompt_ids (as engine.session)
+    messages: list[dict] | None = Field(None, max_length=4096)
+    prompt_ids: list[int] | None = Field(None, max_length=2**20)
+    static_shapes: bool | None = None
     policy: str | dict = "ddtree:32"
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
@@ -139,8 +143,13 @@ class SessionRequest(_Body):
 
 
 class SettingsRequest(_Body):
+    """Settings for the next cycle, applied in this order (as the same setters on a local session)."""
     policy: str | dict | None = None
     temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=INT32)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    max_new_tokens: int | None = Field(None, ge=1, le=INT32)
     capture: bool | None = None
 
 
@@ -187,7 +196,8 @@ def _policy(raw, store: SessionStore, field_: str = "policy"):
     return p
 
 
-_FIELD = re.compile(r"\b(prompt|max_new_tokens|temperature|top_p|top_k|kernel_backend|budget|width|seed)\b")
+_FIELD = re.compile(r"\b(prompt_ids|messages|prompt|max_new_tokens|temperature|top_p|top_k|kernel_backend|budget|"
+                    r"width|seed|static_shapes)\b")
 
 
 def _field_of(msg: str) -> str | None:
@@ -304,10 +314,11 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 check_backend(req.kernel_backend)
             except (ValueError, RuntimeError) as ex:
                 raise ServeError(422, "invalid", str(ex), "kernel_backend") from None
-        kw = req.model_dump(exclude={"prompt", "policy", "capture"})
+        kw = req.model_dump(exclude={"prompt", "policy", "capture", "messages", "prompt_ids"})
         if kw["max_new_tokens"] is None:
             kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, limits.max_new_tokens)
-        e = store.create(req.prompt, policy, capture=req.capture, **kw)
+        e = store.create(req.prompt, policy, capture=req.capture, messages=req.messages, prompt_ids=req.prompt_ids,
+                         **kw)
         with store.use(e.id):
             return state(e, status=201)
 
@@ -325,8 +336,12 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
             s = e.session
             if req.policy is not None:
                 s.policy = _policy(req.policy, store)
-            if req.temperature is not None:
-                s.temperature = req.temperature
+            if req.max_new_tokens is not None:
+                store.check_new_tokens(req.max_new_tokens)
+            for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens"):
+                v = getattr(req, name)
+                if v is not None:
+                    setattr(s, name, v)  # the session's own checks and messages, and its trace's record
             if req.capture is not None:
                 store.set_capture(e, req.capture)
             return state(e, len(s.cycles))

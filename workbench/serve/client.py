@@ -13,6 +13,7 @@ a proxy to a loopback server, and refuses plain http to another machine unless t
 """
 from __future__ import annotations
 
+import operator
 import os
 import tempfile
 import urllib.error
@@ -24,7 +25,8 @@ import torch
 
 from workbench.serve import wire
 from workbench.records.cycle import Cycle, Trace
-from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS, SessionFinished, SessionState
+from workbench.engine.core import SessionFinished, SessionState
+from workbench.engine import validate
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.sampling import Sampling
 from workbench.serve.wire import WIRE_VERSION, WireVersionError
@@ -189,21 +191,40 @@ class RemoteEngine:
         """The server's live sessions (id, prompt, policy, cycles, idle seconds), from every client."""
         return self._http("GET", "/sessions")["sessions"]
 
-    def session(self, prompt: str, policy: Policy = DDTree(32), temperature: float = 0.0, top_p: float = 1.0,
-                top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                kernel_backend: str | None = None, record_topk: int = 8, capture=None) -> "RemoteSession":
-        """Start a generation on the server (runs the prefill there). ``capture=True`` records module shapes."""
+    def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
+                top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int | None = None,
+                kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
+                prompt_ids=None, static_shapes: bool | None = None) -> "RemoteSession":
+        """Start a generation on the server (runs the prefill there), with engine.session's arguments: one of
+        ``prompt``, ``messages`` or ``prompt_ids``; ``static_shapes``. ``capture=True`` records module shapes.
+        ``max_new_tokens=None``: the engine's default (DEFAULT_MAX_NEW_TOKENS), capped by the server's limit."""
+        Sampling(temperature, top_p, top_k), validate.seed(seed)  # the local checks and messages first
         body = {"prompt": prompt, "policy": wire.policy_to_wire(as_policy(policy)), "temperature": temperature,
-                "top_p": top_p, "top_k": top_k, "seed": seed, "max_new_tokens": max_new_tokens,
-                "kernel_backend": kernel_backend, "record_topk": record_topk, "capture": bool(capture)}
+                "top_p": top_p, "top_k": top_k, "seed": seed,
+                **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}), "kernel_backend": kernel_backend, "record_topk": record_topk, "capture": bool(capture)}
+        if messages is not None:
+            body["messages"] = messages
+        if prompt_ids is not None:
+            body["prompt_ids"] = _ids(prompt_ids)
+        if static_shapes is not None:
+            body["static_shapes"] = static_shapes
         return RemoteSession(self, self._http("POST", "/sessions", body))
+
+    def replay(self, trace: Trace, **kw) -> "RemoteSession":
+        """A new session on the server that re-runs ``trace`` (its prompt ids, settings and recorded changes),
+        as ``Engine.replay`` does locally."""
+        from workbench.engine.session import replay
+
+        return replay(self, trace, **kw)
 
     def session_by_id(self, session_id: str) -> "RemoteSession":
         """Re-attach to a live session (after a kernel restart, or from another notebook). Its state comes now;
         its trace is fetched when first read (``s.trace``, ``s.cycles``, a step), in pages of bounded size."""
         return RemoteSession(self, self._http("GET", f"/sessions/{_sid(session_id)}?since=0&until=0"))
 
-    def generate(self, prompt: str, policy: Policy = DDTree(32), max_new_tokens: int = 64, **kw) -> Trace:
+    def generate(self, prompt: str | None = None, policy: Policy = DDTree(32),
+                 max_new_tokens: int | None = None, **kw) -> Trace:
+        """Run a whole session on the server and return its trace (as ``Engine.generate``)."""
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         try:
             return s.run()
@@ -212,6 +233,38 @@ class RemoteEngine:
 
     def __repr__(self) -> str:
         return f"RemoteEngine({self.url}: {self.info.get('engine', '?')})"
+
+    # What a local Engine has and a served one cannot give: refused in one line, not a bare AttributeError.
+    _LOCAL_ONLY = {
+        "batch_session": "the server runs one session per request; start several sessions, or use a local "
+                         "engine (wb.load) for a batch",
+        "encode": "encode with remote.tokenizer, or pass messages=/prompt_ids= to remote.session",
+        "models": "the models live in the server's process; remote.info['models'] describes them",
+        "graphs": "CUDA graphs are the server's (serve --cuda-graphs is not offered)",
+    }
+
+    def __getattr__(self, name: str):
+        why = RemoteEngine._LOCAL_ONLY.get(name)
+        if why is None:
+            raise AttributeError(f"'RemoteEngine' object has no attribute {name!r}")
+        raise AttributeError(f"RemoteEngine.{name} is not served: {why}")
+
+
+def _ids(prompt_ids) -> list:
+    """Token ids as JSON can carry them (a tensor or numpy array as a list of ints)."""
+    if hasattr(prompt_ids, "tolist") and not isinstance(prompt_ids, list):
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+        raise ValueError(f"prompt_ids={prompt_ids!r:.80} must be a list of token ids")
+    out = []
+    for n, i in enumerate(prompt_ids):
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            out.append(operator.index(i))
+        except TypeError:  # the local engine's line (1.5 is not truncated to 1)
+            raise ValueError(f"prompt_ids[{n}]={i!r:.40} is not a token id; give integers") from None
+    return out
 
 
 def _sid(session_id) -> str:
@@ -260,8 +313,8 @@ class RemoteSession(SessionState):
         self.prompt_ids: list[int] = list(st["prompt_ids"])
         self._policy = wire.policy_from_wire(st["policy"])
         self.sampling = Sampling(st["temperature"], st["top_p"], st["top_k"])
-        self.seed, self.max_new_tokens = st["seed"], st["max_new_tokens"]
-        self.kernel_backend, self.record_topk = st["kernel_backend"], st["record_topk"]
+        self._seed, self._max_new_tokens = st["seed"], st["max_new_tokens"]
+        self._kernel_backend, self._record_topk = st["kernel_backend"], st["record_topk"]
         self._capture = bool(st["capture"])
         self.generated: list[int] = list(st["generated"])
         self._text: str = st["text"]
@@ -302,6 +355,60 @@ class RemoteSession(SessionState):
         self._call("PATCH", "", {"temperature": float(t)})
 
     @property
+    def top_p(self) -> float:
+        return self.sampling.top_p
+
+    @top_p.setter
+    def top_p(self, p: float) -> None:
+        Sampling(self.sampling.temperature, p, self.sampling.top_k)
+        self._call("PATCH", "", {"top_p": float(p)})
+
+    @property
+    def top_k(self) -> int:
+        return self.sampling.top_k
+
+    @top_k.setter
+    def top_k(self, k: int) -> None:
+        Sampling(self.sampling.temperature, self.sampling.top_p, k)
+        self._call("PATCH", "", {"top_k": k})
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, s: int) -> None:
+        """Re-seed the server's sampler for this session: the next cycle's draws come from ``s``."""
+        self._call("PATCH", "", {"seed": validate.seed(s)})
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self._max_new_tokens
+
+    @max_new_tokens.setter
+    def max_new_tokens(self, n: int) -> None:
+        validate.positive_int(n, "max_new_tokens")
+        self._call("PATCH", "", {"max_new_tokens": n})
+
+    @property
+    def kernel_backend(self) -> str:
+        return self._kernel_backend
+
+    @kernel_backend.setter
+    def kernel_backend(self, _v) -> None:
+        raise AttributeError("kernel_backend is fixed when a remote session starts: give it to "
+                             "remote.session(..., kernel_backend=...)")
+
+    @property
+    def record_topk(self) -> int:
+        return self._record_topk
+
+    @record_topk.setter
+    def record_topk(self, _v) -> None:
+        raise AttributeError("record_topk is fixed when a remote session starts: give it to "
+                             "remote.session(..., record_topk=N)")
+
+    @property
     def capture(self):
         """True while the server records per-module shapes for each forward (None otherwise)."""
         return True if self._capture else None
@@ -318,6 +425,10 @@ class RemoteSession(SessionState):
     @property
     def full_text(self) -> str:
         return self.prompt + self._text
+
+    def cache_bytes(self):
+        raise NotImplementedError("cache_bytes() is not served per session; remote.health()['session_kv_bytes'] gives "
+                             "the server's total")
 
     def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The server's target cache as (keys, values) per layer: ``meta`` tensors of the right shapes."""

@@ -74,7 +74,14 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
                         header_timeout=args.header_timeout, body_timeout=args.body_timeout)
     except ValueError as e:
         raise usage_error(f"--{str(e).split('=')[0].replace('_', '-')}: {e}") from None
-    token, origin = read_or_make_token(args.token_file)
+    from workbench.serve.server import listen
+
+    sock = listen(args.host, args.port)  # a port in use is refused now: before a token file or a model load
+    try:
+        token, origin = read_or_make_token(args.token_file)
+    except BaseException:
+        sock.close()
+        raise
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter("workbench serve: %(message)s"))
     log = logging.getLogger("workbench.serve")
@@ -82,22 +89,27 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
     log.setLevel(args.log_level.upper())
     log.propagate = False
     try:
-        return _serve(args, out, err, load_engine, limits, token, origin, log)
+        return _serve(args, out, err, load_engine, limits, token, origin, log, sock)
     finally:
         log.removeHandler(handler)  # main() may be called again in-process (tests) with other streams
         log.propagate = True
 
 
-def _serve(args, out, err, load_engine, limits, token, origin, log) -> int:
+def _serve(args, out, err, load_engine, limits, token, origin, log, sock) -> int:
     from workbench.serve.server import EngineServer, is_loopback
 
     if not is_loopback(args.host):
         print(f"workbench serve: WARNING: binding {args.host} makes the engine reachable from other machines; "
               "anyone with the token can run it. Prefer 127.0.0.1 and an SSH tunnel.", file=err, flush=True)
-    engine = load_engine(args)
-    with warnings.catch_warnings():  # the warning above says it already, before the models load
-        warnings.simplefilter("ignore", UserWarning)
-        server = EngineServer(engine, host=args.host, port=args.port, token=token, limits=limits, log_level="warning")
+    try:
+        engine = load_engine(args)
+        with warnings.catch_warnings():  # the warning above says it already, before the models load
+            warnings.simplefilter("ignore", UserWarning)
+            server = EngineServer(engine, host=args.host, port=args.port, token=token, limits=limits,
+                                  log_level="warning", sock=sock)
+    except BaseException:
+        sock.close()
+        raise
     print(f"workbench serve: {engine!r}", file=out)
     print(f"workbench serve: listening on {server.url}", file=out)
     # A token that went to a file stays there: stdout ends up in logs and scrollback.

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import signal
+import errno
 import socket
 import threading
 import warnings
@@ -122,6 +123,18 @@ class _Uvicorn(uvicorn.Server):
         self.should_exit = True
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``; a port in use (or a host that is not this machine's) is one line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as e:
+        why = e.strerror or str(e)
+        fix = ("; another program (or server) uses it: stop it, or pick another --port (0 picks a free one)"
+               if e.errno == errno.EADDRINUSE else "")
+        raise OSError(f"cannot listen on {host}:{port}: {why}{fix}") from None
+
+
 class EngineServer:
     """An engine served on ``host:port`` (port 0: a free one) with a bearer token (generated if not given).
 
@@ -129,7 +142,9 @@ class EngineServer:
     and holds the token runs the engine, over plain HTTP."""
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 limits: Limits = Limits(), log_level: str = "warning"):
+                 limits: Limits = Limits(), log_level: str = "warning", sock: socket.socket | None = None):
+        """``sock``: a socket already listening on ``host:port`` (``listen()``), so that ``serve`` refuses a port
+        in use before it loads the models."""
         from workbench.engine.validate import port as check_port
 
         check_port(port)  # one line for 99999, as `serve --port 99999` gives
@@ -144,10 +159,7 @@ class EngineServer:
         self.guard = ConnectionGuard(connection_cap(limits.max_connections), limits.header_timeout,
                                      limits.body_timeout)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self.sock = socket.create_server((host, port), family=family)
-        except OSError as e:
-            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        self.sock = sock if sock is not None else listen(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.url = f"http://{shown}:{self.port}"

@@ -114,6 +114,13 @@ class SessionStore:
         self._gone: OrderedDict[str, str] = OrderedDict()  # recently dropped id -> why (for a clear 404)
         self._freed = threading.Event()  # sessions were dropped: the sweeper returns their memory
         self._max_prompt_chars: int | None = None
+        # CPU threads as loaded (wb.load(threads=N), serve --threads N), applied in the worker thread of every
+        # forward: a worker thread started before a later torch.set_num_threads keeps the old count (other float
+        # sums), so a served cycle would depend on when its thread was made
+        self.threads = torch.get_num_threads()
+
+    def _own_threads(self) -> None:
+        torch.set_num_threads(self.threads)  # always: get_num_threads() reads a global that need not be this thread's
 
     # ------------------------------------------------------------------ limits
     def check_policy(self, policy, field_: str = "policy") -> None:
@@ -153,11 +160,16 @@ class SessionStore:
                              "max_positions")
 
     # ------------------------------------------------------------------ sessions
-    def create(self, prompt: str, policy, capture: bool = False, **kw) -> Entry:
+    def create(self, prompt: str | None, policy, capture: bool = False, *, messages=None, prompt_ids=None,
+               **kw) -> Entry:
+        """A session from one of ``prompt`` (text), ``messages`` (chat) or ``prompt_ids``, as engine.session;
+        the prompt is checked and encoded here, outside the model lock."""
         self.check_policy(policy)
         self.check_new_tokens(kw.get("max_new_tokens", 1))
         self._check_running()
-        self.check_prompt(prompt)
+        if prompt is not None:
+            self.check_prompt(prompt)
+        prompt = self.engine.encode(prompt, messages=messages, prompt_ids=prompt_ids)  # one of them, or ValueError
         self.expire()
         with self._lock:
             live = len(self._entries) + self._pending
@@ -170,6 +182,7 @@ class SessionStore:
         try:
             with self.model_lock:
                 self._check_running()
+                self._own_threads()
                 cap = ShapeCapture(self.engine) if capture else None
                 s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
             s.step = self._locked(s)
@@ -192,6 +205,7 @@ class SessionStore:
         def step_locked():
             with self.model_lock:
                 self._check_running()
+                self._own_threads()
                 return step(ref())
 
         return step_locked

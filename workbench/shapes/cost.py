@@ -26,7 +26,9 @@ from __future__ import annotations
 import html
 import json
 import math
+import operator
 from collections.abc import Mapping, Sequence
+from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -339,8 +341,7 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts).
     """
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+        families.integer(v, name)
     e = families.dtype_bytes(dtype)
     budgets = list(budgets)
     bad = [B for B in budgets if isinstance(B, bool) or not isinstance(B, int) or B < 0]
@@ -355,6 +356,7 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
         raise ValueError(f"prompt_len + 1 + max budget = {top} exceeds max_position_embeddings {t.max_positions}")
     if draft_context is None:
         draft_context = d.draft["block_size"] if d else 0
+    families.integer(draft_context, "draft_context", least=0)
     settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": e,
                 "budgets": budgets, "draft_context": int(draft_context)}
     table = CostTable(t, g, settings, draft=d)
@@ -419,7 +421,20 @@ def _taus(acceptance, budgets) -> dict[int, float]:
             budgets = default_budgets(acceptance.max_budget)
         return {int(B): float(acceptance.tau_at(int(B))) for B in budgets}
     if isinstance(acceptance, Mapping):
-        taus = {int(B): float(t) for B, t in acceptance.items()}
+        taus = {}
+        for B, t in acceptance.items():
+            try:
+                B = operator.index(B)  # ints (numpy's too); not 16.5, "16" or True
+                if isinstance(B, bool) or B < 0:
+                    raise TypeError
+            except TypeError:
+                raise ValueError(f"acceptance budget {B!r} must be a non-negative integer") from None
+            if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t):
+                raise ValueError(f"acceptance tau {t!r} at budget {B} must be a finite number")
+            if t > B + 1:
+                raise ValueError(f"acceptance tau {t} at budget {B} is above {B + 1}: a cycle commits at most "
+                                 "its tree's nodes plus the bonus token")
+            taus[B] = float(t)
         if budgets is not None:
             missing = [B for B in budgets if B not in taus]
             if missing:
@@ -440,6 +455,8 @@ def speedup(table: CostTable, acceptance, budgets: Sequence[int] | None = None, 
     taus = _taus(acceptance, budgets)
     if not taus:
         raise ValueError("acceptance holds no budgets")
+    if isinstance(overhead_s, bool) or not isinstance(overhead_s, Real) or not 0 <= overhead_s < math.inf:
+        raise ValueError(f"overhead_s={overhead_s!r} must be a finite number of seconds >= 0")
     dec = table.decode["seconds"]
     draft_s = table.forward("DRAFT")["seconds"] if table.draft is not None else 0.0
     b = table.settings["batch"]

@@ -21,36 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.models.registry import (DTYPE_BYTES, FAMILIES, TEXT_OF, LinearAttention, StateSpec,  # noqa: F401
+                                       dtype_bytes, kv_layout, linear_attention, text_config)
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped config.json files, by model name
 
-# model_type (the text model's, after unwrapping text_config) -> (family, transformers config, causal LM)
-FAMILIES = {
-    "qwen3": ("dense", "Qwen3Config", "Qwen3ForCausalLM"),
-    "llama": ("dense", "LlamaConfig", "LlamaForCausalLM"),
-    "qwen3_moe": ("moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-    "deepseek_v3": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
-    # Kimi-K2 ships remote code for the DeepSeek-V3 architecture (its config names DeepseekV3ForCausalLM).
-    "kimi_k2": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
-    "qwen3_next": ("hybrid", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
-    "qwen3_5_text": ("hybrid", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
-    "qwen3_5_moe_text": ("hybrid", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
-}
-# A nested checkpoint's outer model_type -> its text model's (when text_config omits model_type).
-_TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "kimi_k25": "deepseek_v3"}
-# float8 / fp8: the roofline's shorthand for a one-byte weight format.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8": 1, "fp8": 1, "int8": 1}
+# The family table, the config readers and StateSpec are the registry's (workbench.models.registry), which
+# routes a config to its state class too: one place for loading, the shape plan and the cost model.
 # SGLang's MambaPool dtypes (configs/mamba_utils.py::mamba2_state_dtype): conv windows in bfloat16
 # (SGLANG_MAMBA_CONV_DTYPE, whatever the model dtype), recurrent states in float32 unless the config's
 # mamba_ssm_dtype says otherwise.
 SGLANG_CONV_DTYPE = "bfloat16"
 SGLANG_SSM_DTYPE = "float32"
-
-
-def dtype_bytes(dtype: str) -> int:
-    d = str(dtype).replace("torch.", "")
-    if d not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[d]
 
 
 # --------------------------------------------------------------------------------------------- config input
@@ -90,26 +72,12 @@ def config_name(config, cfg: dict) -> str:
     return p.name.removesuffix(".json")  # not .stem: "llama-3.1-8b-instruct" has no suffix to drop
 
 
-def text_config(cfg: dict) -> dict:
-    """The text model's config: ``text_config`` of a nested checkpoint (Qwen3.5/3.6, Kimi-K2.5), else ``cfg``."""
-    inner = cfg.get("text_config")
-    if not isinstance(inner, dict):
-        return dict(cfg)
-    out = dict(inner)
-    outer = cfg.get("model_type")
-    out.setdefault("model_type", _TEXT_OF.get(outer, outer))
-    for k in ("tie_word_embeddings", "architectures"):  # shipped at the top level of nested checkpoints
-        if k in cfg and k not in out:
-            out[k] = cfg[k]
-    return out
-
-
 def model_type(cfg: dict, what: str = "target", purpose: str = "shape plan") -> str:
     """The text model's model_type; a ValueError naming it when no family here covers it."""
     t = text_config(cfg)
     mt = t.get("model_type")
     if mt not in FAMILIES:
-        known = ", ".join(sorted({*FAMILIES, *_TEXT_OF}))  # nested checkpoints by their outer model_type too
+        known = ", ".join(sorted({*FAMILIES, *TEXT_OF}))  # nested checkpoints by their outer model_type too
         raise ValueError(f"{what} config model_type={mt!r} has no {purpose}; known: {known}")
     return mt
 
@@ -135,10 +103,32 @@ def _field(t: dict, name: str, what: str = "target"):
     return t[name]
 
 
+# Optional integer fields, read when present: at least 1 (a divisor, a stride, a kernel width) or at least 0.
+OPTIONAL_POSITIVE = ("full_attention_interval", "linear_conv_kernel_dim", "decoder_sparse_step", "moe_layer_freq")
+OPTIONAL_COUNTS = ("first_k_dense_replace", "q_lora_rank", "num_experts", "n_shared_experts", "n_routed_experts",
+                   "shared_expert_intermediate_size", "num_experts_per_tok", "intermediate_size",
+                   "moe_intermediate_size")
+
+
+def integer(value, name: str, least: int = 1):
+    """``value`` if it is an int (not a bool) of at least ``least``, else a one-line ValueError naming
+    ``name`` (e.g. "target config field hidden_size", "block_size")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ValueError(f"{name}={value!r} must be {kind}")
+    return value
+
+
 def require(cfg: dict, what: str = "target") -> None:
+    """Every field the family needs is there and a positive integer; optional integer fields that are set
+    are integers too (a string, a zero head count, a zero stride: one line naming the field)."""
     t = text_config(cfg)
     for f in REQUIRED[FAMILIES[model_type(cfg, what)][0]]:
-        _field(t, f, what)
+        integer(_field(t, f, what), f"{what} config field {f}")
+    for names, least in ((OPTIONAL_POSITIVE, 1), (OPTIONAL_COUNTS, 0)):
+        for f in names:
+            if t.get(f) is not None:
+                integer(t[f], f"{what} config field {f}", least)
 
 
 @dataclass(frozen=True)
@@ -159,7 +149,12 @@ def dflash(cfg: dict, what: str = "draft") -> DFlash | None:
     for k, v in got.items():
         if v is None:
             raise ValueError(f"{what} config lacks the field {k!r} (top level or in dflash_config)")
-    return DFlash(tuple(int(i) for i in got["target_layer_ids"]), int(got["block_size"]))
+    ids = got["target_layer_ids"]
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"{what} config field target_layer_ids={ids!r} must be a list of layer indices")
+    for i in ids:
+        integer(i, f"{what} config target_layer_ids entry", least=0)
+    return DFlash(tuple(ids), integer(got["block_size"], f"{what} config field block_size", least=2))
 
 
 # --------------------------------------------------------------------------------------------- structure
@@ -182,29 +177,6 @@ class Attention:
     @property
     def mla(self) -> bool:
         return self.kv_lora_rank > 0
-
-
-@dataclass(frozen=True)
-class LinearAttention:
-    """A GatedDeltaNet layer's per-request state, as SGLang's ``Mamba2StateShape`` lays it out."""
-
-    key_heads: int
-    value_heads: int  # HV
-    key_dim: int  # K per head
-    value_dim: int  # V per head
-    conv_kernel: int
-
-    @property
-    def conv_dim(self) -> int:  # conv over cat([q, k, v]): 2 x key heads x K + value heads x V
-        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
-
-    @property
-    def conv_shape(self) -> tuple:  # [conv_dim, K - 1]: the last K - 1 inputs
-        return (self.conv_dim, self.conv_kernel - 1)
-
-    @property
-    def state_shape(self) -> tuple:  # [HV, V, K]
-        return (self.value_heads, self.value_dim, self.key_dim)
 
 
 @dataclass(frozen=True)
@@ -323,7 +295,8 @@ def _attention(t: dict, mt: str, fam: str) -> Attention:
         return Attention(t["num_attention_heads"], bias=bias, q_lora_rank=int(t.get("q_lora_rank") or 0),
                          kv_lora_rank=t["kv_lora_rank"], rope_dim=t["qk_rope_head_dim"],
                          nope_dim=t["qk_nope_head_dim"], v_head_dim=t["v_head_dim"])
-    return Attention(t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"], gated=fam == "hybrid",
+    kv = kv_layout(t)  # the cached heads and width are the projections' (one description, the registry's)
+    return Attention(t["num_attention_heads"], kv.heads, kv.key_dim, gated=fam == "hybrid",
                      qk_norm=mt != "llama", bias=bias)
 
 
@@ -412,16 +385,11 @@ def facts(cfg: dict, what: str = "target", purpose: str = "shape plan") -> Model
     kinds = _layer_kinds(t, fam)
     moe = _moe_layers(t, mt, fam)
     draft = dflash(t, what)
-    lin = None
-    if fam == "hybrid":
-        lin = LinearAttention(t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
-                              t["linear_value_head_dim"], int(t.get("linear_conv_kernel_dim") or 4))
+    lin = linear_attention(t)
+    parts = kv_layout(t).parts  # what one attention layer caches per token, as the states hold it
     if fam == "mla":
-        parts = (("c_kv", t["kv_lora_rank"]), ("k_pe", t["qk_rope_head_dim"]))
         experts, shared = int(t["n_routed_experts"]), int(t.get("n_shared_experts") or 0)
     else:
-        kvw = t["num_key_value_heads"] * t["head_dim"]
-        parts = (("keys", kvw), ("values", kvw))
         experts = int(t.get("num_experts") or 0) if moe else 0
         shared = 1 if moe and t.get("shared_expert_intermediate_size") else 0
     att = _attention(t, mt, fam)
@@ -456,7 +424,7 @@ def check_pair(target: ModelFacts, draft: ModelFacts | None) -> None:
 # --------------------------------------------------------------------------------------------- state sizes
 def kv_bytes_per_token(f: ModelFacts, dtype: str = "bfloat16") -> int:
     """Cached bytes per token over all attention layers (dense: keys + values; MLA: the latent)."""
-    return f.attention_layers * f.kv_width * dtype_bytes(dtype)
+    return StateSpec("kv", "per_token", f.attention_layers, (f.kv_width,), dtype).bytes
 
 
 def linear_state_bytes_per_layer(f: ModelFacts, conv_dtype: str = SGLANG_CONV_DTYPE,
@@ -464,9 +432,8 @@ def linear_state_bytes_per_layer(f: ModelFacts, conv_dtype: str = SGLANG_CONV_DT
     """One linear layer's committed state per request: conv window + recurrent state (0 without any)."""
     if f.linear is None:
         return 0
-    conv = f.linear.conv_shape[0] * f.linear.conv_shape[1] * dtype_bytes(conv_dtype)
-    hv, v, k = f.linear.state_shape
-    return conv + hv * v * k * dtype_bytes(ssm_dtype or f.ssm_dtype)
+    return (StateSpec("conv", "per_request", 1, f.linear.conv_shape, conv_dtype).bytes
+            + StateSpec("ssm", "per_request", 1, f.linear.state_shape, ssm_dtype or f.ssm_dtype).bytes)
 
 
 def linear_state_bytes_per_request(f: ModelFacts, conv_dtype: str = SGLANG_CONV_DTYPE,
@@ -509,26 +476,6 @@ def experts_touched(f: ModelFacts, tokens: int) -> dict:
         return {"per_token": 0, "max": 0, "uniform": 0.0, "shared": 0}
     return {"per_token": k, "max": min(E, tokens * k), "uniform": uniform_experts(E, k, tokens),
             "shared": f.shared_experts}
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    """One kind of state a forward holds: ``per_token`` (KV / latent), ``per_request`` (conv window and
-    recurrent state) or ``scratch_per_node`` (SGLang's per-node verify copies). Shape is per layer."""
-
-    name: str
-    kind: str
-    layers: int
-    shape: tuple
-    dtype: str
-    sglang: str = ""  # the SGLang pool tensor that holds it
-
-    @property
-    def bytes(self) -> int:
-        n = self.layers
-        for d in self.shape:
-            n *= int(d)
-        return n * dtype_bytes(self.dtype)
 
 
 def state_specs(f: ModelFacts, batch: int, kv_len: int, nodes: int = 0, dtype: str = "bfloat16") -> list:

@@ -194,8 +194,9 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
     from workbench.engine.loading import resolve_dtype
 
     for name, v in (("batch", batch), ("prompt_len", prompt_len), ("budget", budget)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+        families.integer(v, name)
+    if block_size is not None:  # None: the drafter's, else 16; never a silent replacement of a bad one
+        families.integer(block_size, "block_size", least=2)
     tdt = resolve_dtype(dtype)
     raw = families.load_config(config, "target")
     tcfg = families.text_config(raw)
@@ -204,9 +205,8 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
     dfacts = families.facts(dcfg, "draft") if dcfg is not None else None
     families.check_pair(facts, dfacts)  # a drafter as target; a drafter that does not fit the target
     layer_ids = list(dfacts.draft.target_layer_ids) if dfacts else None
-    if dfacts:
-        block_size = block_size or dfacts.draft.block_size
-    block_size = block_size or 16
+    if block_size is None:
+        block_size = dfacts.draft.block_size if dfacts else 16
     n_tree = 1 + budget
     need = prompt_len + max(n_tree, block_size)
     if need > tcfg["max_position_embeddings"]:

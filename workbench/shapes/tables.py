@@ -9,6 +9,7 @@ import re
 
 import torch
 
+from workbench.models.registry import nbytes
 from workbench.records.forward import ForwardMode, ForwardRecord
 
 # --------------------------------------------------------------------------------------------- formatting
@@ -23,10 +24,7 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def _nbytes(shape, dtype: str) -> int:
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    return numel * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return nbytes(shape, getattr(torch, dtype))  # a torch dtype's name ("int64", "bool", ...)
 
 
 def _fmt_shape(shape) -> str:

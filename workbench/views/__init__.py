@@ -24,6 +24,10 @@ except ImportError as e:  # the engine runs without the notebook stack; only the
                           f"the engine and CLI run/bench work without it ({NOTEBOOK_STACK})", name=e.name) from e
     raise
 
+from workbench.views.static import install_png_renderer
+
+install_png_renderer()  # in a kernel: every figure a cell shows also stores its PNG (an HTML export shows it)
+
 __all__ = [
     "BatchStepper", "Stepper", "acceptance_figure", "budget_sweep_figure", "draft_heatmap", "mask_figure", "node_outcomes", "report_html", "save_html",
     "stage_times_figure", "to_html", "token_stream", "token_text", "tree_figure", "tree_layout", "tree_node_count",

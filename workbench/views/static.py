@@ -104,3 +104,51 @@ def add_static_fallbacks(nb) -> dict:
         if png:
             data["image/png"] = png
     return {"figures": len(plots), "rendered": sum(1 for p in pngs if p), "widgets": widgets}
+
+
+# ------------------------------------------------------------------------------------------ in a live kernel
+RENDERER = "workbench_png"
+ENV_SWITCH = "WORKBENCH_STATIC_FIGURES"  # "0": no PNG at display time (nbval, which ignores PNGs; the build)
+
+
+class _PngRenderer:
+    """A plotly mimetype renderer that adds the figure's PNG (headless Chromium) to what a cell stores, so a
+    notebook a user executes (``jupyter nbconvert --execute``, Run All then save) shows its figures in an
+    HTML export, on GitHub and in nbviewer, as a built one does. Without a browser: no PNG, said once."""
+
+    warned = False
+
+    def to_mimebundle(self, fig_dict):
+        try:
+            png = figure_pngs([dict(fig_dict)])[0]
+        except RuntimeError as e:
+            if not _PngRenderer.warned:
+                _PngRenderer.warned = True
+                import sys
+
+                print(f"workbench: figures are stored without a static image ({e})", file=sys.stderr)
+            return {}
+        return {"image/png": png} if png else {}
+
+
+def install_png_renderer() -> bool:
+    """In a Jupyter kernel, add ``workbench_png`` to plotly's default renderers (once); elsewhere, or with
+    $WORKBENCH_STATIC_FIGURES=0, do nothing. Returns whether it is on."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return False
+    import plotly.io as pio
+    from plotly.io._base_renderers import MimetypeRenderer
+
+    if RENDERER not in pio.renderers:
+        pio.renderers[RENDERER] = type("WorkbenchPngRenderer", (_PngRenderer, MimetypeRenderer), {})()
+    names = [n for n in (pio.renderers.default or "plotly_mimetype").split("+") if n]
+    if RENDERER not in names:
+        pio.renderers.default = "+".join([*names, RENDERER])
+    return True

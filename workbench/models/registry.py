@@ -1,0 +1,261 @@
+"""Which state serves which config, and the per-family facts every tool reads from a config: one place.
+
+    family_of(config)          # "dense" | "moe" | "mla" | "hybrid" (None: a model type no table here covers)
+    refusal(config)            # why no state here verifies it losslessly (None: one does)
+    state_class(config)        # the TargetState class that serves it (registered detectors first)
+    kv_layout(config)          # what one attention layer caches per token (MLA: its latent)
+    linear_attention(config)   # a GatedDeltaNet layer's per-request state (None without linear layers)
+    StateSpec(...).bytes       # one buffer of a state and its bytes
+
+Loading (``workbench.engine.loading``), the states (``workbench.models``), the shape plan and the cost
+model (``workbench.shapes``) all read these. ``config`` is a transformers config (its text config is
+used), a dict as config.json holds it (a nested ``text_config`` is unwrapped) or any object with the
+fields as attributes. No torch and no weights: the state classes are imported when one is built.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable
+
+# model_type (the text model's, after unwrapping text_config) -> (family, transformers config, causal LM)
+FAMILIES = {
+    "qwen3": ("dense", "Qwen3Config", "Qwen3ForCausalLM"),
+    "llama": ("dense", "LlamaConfig", "LlamaForCausalLM"),
+    "qwen3_moe": ("moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "deepseek_v3": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    # Kimi-K2 ships remote code for the DeepSeek-V3 architecture (its config names DeepseekV3ForCausalLM).
+    "kimi_k2": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "qwen3_next": ("hybrid", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "qwen3_5_text": ("hybrid", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe_text": ("hybrid", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+}
+# A nested checkpoint's outer model_type -> its text model's (when text_config omits model_type).
+TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "kimi_k25": "deepseek_v3"}
+# The state class of each family ("module:Class"); a model type outside FAMILIES without linear-attention
+# layers gets the dense one (any transformers causal LM whose cache is per-token K/V).
+STATES = {"dense": "workbench.models.dense:DenseKV", "moe": "workbench.models.dense:DenseKV",
+          "mla": "workbench.models.dense:DenseKV", "hybrid": "workbench.models.hybrid:HybridGDN"}
+DRAFT_STATE = "workbench.models.dense:DraftKV"  # DFlash drafters: dense attention (full, causal or sliding)
+
+
+# --------------------------------------------------------------------------------------------- config fields
+def text_config(cfg: Mapping) -> dict:
+    """The text model's config dict: ``text_config`` of a nested checkpoint (Qwen3.5/3.6, Kimi-K2.5), else ``cfg``."""
+    inner = cfg.get("text_config")
+    if not isinstance(inner, Mapping):
+        return dict(cfg)
+    out = dict(inner)
+    outer = cfg.get("model_type")
+    out.setdefault("model_type", TEXT_OF.get(outer, outer))
+    for k in ("tie_word_embeddings", "architectures"):  # shipped at the top level of nested checkpoints
+        if k in cfg and k not in out:
+            out[k] = cfg[k]
+    return out
+
+
+def text_fields(config) -> dict:
+    """The text model's fields as a dict, from a config dict, a transformers config or any object."""
+    if isinstance(config, Mapping):
+        return text_config(config)
+    get = getattr(config, "get_text_config", None)
+    c = get(decoder=True) if callable(get) else config
+    out = c.to_dict() if callable(getattr(c, "to_dict", None)) else dict(vars(c))
+    out["model_type"] = getattr(c, "model_type", out.get("model_type"))  # to_dict writes the class's
+    return out
+
+
+def layer_types(t: Mapping) -> tuple:
+    return tuple(t.get("layer_types") or ())
+
+
+def has_linear_attention(t: Mapping) -> bool:
+    """Any linear-attention layer (a dense state would verify such a target wrongly)."""
+    return "linear_attention" in layer_types(t)
+
+
+# --------------------------------------------------------------------------------------------- routing
+def family_of(config) -> str | None:
+    """The family of a config's text model: its model type's, "hybrid" for any model with linear-attention
+    layers, "dense" for another transformers model type (None only where a dict names no model type)."""
+    t = text_fields(config)
+    mt = t.get("model_type")
+    if mt in FAMILIES:
+        return FAMILIES[mt][0]
+    if has_linear_attention(t):
+        return "hybrid"
+    return "dense" if mt else None
+
+
+def _hybrid_types() -> tuple:
+    return tuple(mt for mt, (fam, *_) in FAMILIES.items() if fam == "hybrid")
+
+
+def refusal(config) -> str | None:
+    """Why no state here can verify a target with this config losslessly, or None."""
+    t = text_fields(config)
+    if (family_of(t) == "hybrid" or has_linear_attention(t)) and t.get("model_type") not in _hybrid_types():
+        return (f"a hybrid target (linear-attention layers) of a family whose tree verify is not built "
+                f"(supported: {', '.join(_hybrid_types())})")
+    return None
+
+
+def check_supported(config) -> None:
+    """Raise a one-line ValueError for a hybrid config the hybrid state cannot run."""
+    t = text_fields(config)
+    if refusal(t):
+        raise ValueError(f"target model_type {t.get('model_type')!r} has linear-attention layers, but hybrid tree "
+                         f"verify supports only {', '.join(_hybrid_types())}")
+
+
+def _load(ref: str):
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# (detect(config) -> bool, factory(models, capture)): states registered from outside, tried first.
+_TARGET_STATES: list[tuple[Callable, Callable]] = []
+
+
+def register_target_state(detect: Callable, factory: Callable) -> None:
+    """Route targets whose config ``detect`` accepts to ``factory(models, capture) -> TargetState``
+    (the last registered is tried first; then the families above)."""
+    _TARGET_STATES.insert(0, (detect, factory))
+
+
+def state_class(config):
+    """The TargetState class of the families above for this target config."""
+    return _load(STATES[family_of(config) or "dense"])
+
+
+def new_target_state(models, capture=None):
+    """The state for ``models.target``: the first registered detector that accepts its config, else its
+    family's class (dense attention K/V for any model without linear-attention layers)."""
+    config = models.target.config
+    for detect, factory in _TARGET_STATES:
+        if detect(config):
+            return factory(models, capture)
+    return state_class(config)(models, capture)
+
+
+def new_draft_state(models, capture=None):
+    """The drafter's state: DFlash drafters are dense attention (full, causal or sliding per layer)."""
+    return _load(DRAFT_STATE)(models, capture)
+
+
+# --------------------------------------------------------------------------------------------- state facts
+@dataclass(frozen=True)
+class KVLayout:
+    """What one attention layer caches per token, as transformers' forward hands it to the cache: keys
+    [B, heads, n, key_dim] and values [B, heads, n, value_dim].
+
+    MLA (DeepSeek-V3, Kimi-K2): transformers caches the latent before expanding it per head, the
+    normalised ``c_kv`` [B, 1, n, kv_lora_rank] in the keys' place and the rotated ``k_pe``
+    [B, 1, n, qk_rope_head_dim] in the values' (as SGLang's ``MLATokenToKVPool`` holds them, side by side).
+    """
+
+    heads: int
+    key_dim: int
+    value_dim: int
+    names: tuple = ("keys", "values")
+
+    @property
+    def parts(self) -> tuple:
+        """((name, elements per token), ...) for the two cached tensors."""
+        return ((self.names[0], self.heads * self.key_dim), (self.names[1], self.heads * self.value_dim))
+
+    @property
+    def width(self) -> int:
+        """Cached elements per token per layer."""
+        return sum(w for _, w in self.parts)
+
+
+def kv_layout(config) -> KVLayout:
+    t = text_fields(config)
+    if t.get("kv_lora_rank"):
+        return KVLayout(1, int(t["kv_lora_rank"]), int(t["qk_rope_head_dim"]), ("c_kv", "k_pe"))
+    heads = int(t.get("num_key_value_heads") or t["num_attention_heads"])
+    dim = int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"])
+    return KVLayout(heads, dim, dim)
+
+
+def attention_layers(config) -> int:
+    """How many layers hold per-token K/V: every layer but the linear-attention ones."""
+    t = text_fields(config)
+    kinds = layer_types(t)
+    return sum(k != "linear_attention" for k in kinds) if kinds else int(t["num_hidden_layers"])
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """A GatedDeltaNet layer's per-request state, as SGLang's ``Mamba2StateShape`` lays it out."""
+
+    key_heads: int
+    value_heads: int  # HV
+    key_dim: int  # K per head
+    value_dim: int  # V per head
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:  # conv over cat([q, k, v]): 2 x key heads x K + value heads x V
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    @property
+    def conv_shape(self) -> tuple:  # [conv_dim, K - 1]: the last K - 1 inputs
+        return (self.conv_dim, self.conv_kernel - 1)
+
+    @property
+    def state_shape(self) -> tuple:  # [HV, V, K]
+        return (self.value_heads, self.value_dim, self.key_dim)
+
+
+def linear_attention(config) -> LinearAttention | None:
+    """The GatedDeltaNet state of a hybrid config's linear layers (None for a model without any)."""
+    t = text_fields(config)
+    if family_of(t) != "hybrid":
+        return None
+    return LinearAttention(int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"]),
+                           int(t["linear_key_head_dim"]), int(t["linear_value_head_dim"]),
+                           int(t.get("linear_conv_kernel_dim") or 4))
+
+
+# float8 / fp8: the roofline's shorthand for a one-byte weight format.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8": 1, "fp8": 1, "int8": 1}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a dtype: a name above, or a torch dtype (any, by its ``itemsize``)."""
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, int) and not isinstance(dtype, str):
+        return size
+    d = str(dtype).replace("torch.", "")
+    if d not in DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[d]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One buffer of a state: what it is per, its shape per layer, its dtype and its bytes. ``kind``:
+    ``per_token`` (K/V or MLA latent, grows with the sequence), ``per_request`` (a conv window, a recurrent
+    state) or ``scratch_per_node`` (a tree verify's per-node copies). ``dtype``: a torch dtype or its name."""
+
+    name: str
+    kind: str
+    layers: int  # how many layers hold one such buffer
+    shape: tuple  # per layer, e.g. (batch, kv_heads, tokens, head_dim)
+    dtype: object
+    sglang: str = ""  # the SGLang pool tensor that holds it (the shape plan's specs)
+
+    @property
+    def bytes(self) -> int:
+        return nbytes(self.shape, self.dtype, self.layers)
+
+
+def nbytes(shape, dtype, copies: int = 1) -> int:
+    """Bytes of ``copies`` tensors of ``shape`` and ``dtype`` (a torch dtype, or a name ``dtype_bytes`` knows)."""
+    n = copies
+    for d in shape:
+        n *= int(d)
+    return n * dtype_bytes(dtype)
