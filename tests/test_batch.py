@@ -37,6 +37,7 @@ def check_cycle_accept(cycle):
     assert int(one.bonus[0]) == cycle.bonus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["l4-h32", "l3-h48-b5", "l6-h32-d2"])
 def test_batch_equals_each_request_alone_on_random_models(tiny_engines, shape):
     engine = tiny_engines[shape]
@@ -145,6 +146,7 @@ def test_ragged_layout_matches_sglang():
     assert ours["rows"] == ref.total_verify_tokens
 
 
+@pytest.mark.slow
 def test_batch_sampling_reproduces_each_seeded_session(tiny_engines):
     engine = tiny_engines["l4-h32"]
     prompts = tiny_prompts(engine, 3, seed=5)

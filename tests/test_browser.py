@@ -130,6 +130,7 @@ def chromium_exe():
     return exe
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_stepper_step_in_jupyterlab(chromium_exe, lab_server):  # chromium_exe first: skip before starting Lab
     from playwright.sync_api import sync_playwright

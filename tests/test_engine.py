@@ -42,6 +42,7 @@ def test_greedy_speculative_equals_ar_on_random_models(tiny_engines, shape):
             assert got == ref, f"{shape} {policy} prompt {prompt!r}"
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_ar_on_embedded_default(engine, eval_prompts):
     for item in eval_prompts[:6]:
         ref, _ = greedy_ids(engine, item["prompt"], wb.AR(), 48)
@@ -146,6 +147,7 @@ def sampling_engine(tmp_path_factory):
     (wb.DFlash(), dict(temperature=0.8, top_k=4)),
     (wb.DDTree(6), dict(temperature=1.2, top_p=0.9)),
 ])
+@pytest.mark.slow
 def test_sampling_is_lossless_first_three_tokens(sampling_engine, policy, sampling):
     """The joint law of the first three generated tokens equals the target's (chi-square, fixed seeds).
 

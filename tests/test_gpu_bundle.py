@@ -31,6 +31,7 @@ def test_gpu_extra_pins_what_sglang_pins():
     assert sb.TVM_FFI_PIN in sglang_reqs and "ninja" in sglang_reqs
 
 
+@pytest.mark.slow
 def test_sglang_subset_is_small_complete_and_self_sufficient(tmp_path):
     pytest.importorskip("sglang", reason="sglang kernels are installed by the README set-up")
     site, files = gb.sglang_files()

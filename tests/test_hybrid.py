@@ -256,6 +256,7 @@ def test_an_unsupported_hybrid_is_refused_in_one_line(engines):
 
 
 # ------------------------------------------------------------------------------------------ sampling
+@pytest.mark.slow
 def test_sampling_law_holds_on_a_hybrid_target(tmp_path):
     """The dense targets' chi-square test of the first three tokens' joint law (tests/test_engine.py), on a
     6-token two-layer Qwen3.5 hybrid (one GatedDeltaNet, one attention layer): a stochastic accept over trees whose

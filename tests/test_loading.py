@@ -103,6 +103,7 @@ def test_never_downloads(monkeypatch, tmp_path):
         wb.load(target="Qwen/Qwen3-8B")
 
 
+@pytest.mark.slow
 def test_dflash_generate_is_an_independent_oracle_for_linear_dflash(engine, eval_prompts):
     """The official dflash_generate and our DFlash policy both equal the target's greedy output."""
     import torch

@@ -135,6 +135,7 @@ def _changes_to_host(installs: dict) -> dict:
     return {**{n: installs[n] for n in HOST if n in installs}, **cuda}
 
 
+@pytest.mark.slow
 def test_gpu_host_install_keeps_its_torch_and_transformers(gpu_host):
     """The README's GPU-host install (every extra) changes none of the host's packages and adds no CUDA wheel."""
     reqs = pyproject_requirements_for(GPU_HOST_EXTRAS)
@@ -145,6 +146,7 @@ def test_gpu_host_install_keeps_its_torch_and_transformers(gpu_host):
     assert _would_install(_dry_run(gpu_host, ["dflash==0.1.0"], "--no-deps")) == {"dflash": "0.1.0"}
 
 
+@pytest.mark.slow
 def test_the_host_check_sees_a_pinned_install(gpu_host):
     """The check can fail: the old exact pins (torch==2.13.0, transformers==5.15.0, dflash==0.1.0 with its
     dependencies) would replace the host's torch, transformers, tokenizers, tqdm and requests."""

@@ -91,6 +91,21 @@ def test_vllm_refuses_what_it_does_not_run(vllm_engine):
     s.close()
 
 
+def test_a_pair_vllm_refuses_is_one_line_naming_the_pair(tmp_path):
+    """A target whose positions (256) are fewer than the engine's max_model_len (1024): vLLM's own refusal,
+    as one line that names the pair."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from vllm_pairs import last_layer_pair
+
+    t, d = last_layer_pair(tmp_path, max_positions=256)
+    with pytest.raises(vllm_hooks.VllmUnsupported) as e:
+        wb.load(str(t), str(d), engine="vllm")
+    msg = str(e.value)
+    assert "\n" not in msg and "refused the pair" in msg and str(t) in msg, msg
+    with pytest.raises(ValueError, match="num_speculative_tokens=16 must be between 1 and the drafter's block size - 1"):
+        wb.load(str(t), str(d), engine="vllm", num_speculative_tokens=16)
+
+
 def test_another_vllm_version_is_refused_in_one_line():
     with pytest.raises(vllm_hooks.VllmUnsupported) as e:
         vllm_hooks.check_version("0.33.0")

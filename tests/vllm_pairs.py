@@ -25,7 +25,7 @@ def _randomise_norms(model, gen: torch.Generator) -> None:
                 p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
 
 
-def last_layer_pair(root: Path, seed: int = 0, layer_ids=(1, 3, 5)) -> tuple[Path, Path]:
+def last_layer_pair(root: Path, seed: int = 0, layer_ids=(1, 3, 5), max_positions: int = 1024) -> tuple[Path, Path]:
     """(target dir, drafter dir): a 6-layer Qwen3 target (hidden 128, head_dim 64) and a 2-layer DFlash
     drafter reading ``layer_ids``, random weights with a spread wide enough that greedy choices are far
     from ties (vLLM's kernels and transformers' sum in different orders)."""
@@ -35,7 +35,7 @@ def last_layer_pair(root: Path, seed: int = 0, layer_ids=(1, 3, 5)) -> tuple[Pat
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     tcfg = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=max_positions,
                        tie_word_embeddings=True, initializer_range=0.2, bos_token_id=0, eos_token_id=0,
                        pad_token_id=0, architectures=["Qwen3ForCausalLM"])
     target = Qwen3ForCausalLM(tcfg).eval()
@@ -43,7 +43,7 @@ def last_layer_pair(root: Path, seed: int = 0, layer_ids=(1, 3, 5)) -> tuple[Pat
     tdir, ddir = root / "target", root / "draft"
     target.save_pretrained(tdir)
     dcfg = Qwen3Config(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=max_positions,
                        tie_word_embeddings=False, initializer_range=0.2, architectures=["DFlashDraftModel"])
     dcfg.num_target_layers = 6
     dcfg.block_size = 16

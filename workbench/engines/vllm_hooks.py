@@ -233,3 +233,4 @@ def in_process_env() -> None:
     process (so hooks reach the model runner) and a KV cache sized for small models unless one is set."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines per load drown a notebook cell
