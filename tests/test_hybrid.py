@@ -174,7 +174,9 @@ def test_every_node_equals_its_path_and_commit_equals_transformers_cache(engines
             nodes = []
             for b, (ctx, tree) in enumerate(zip(contexts, trees)):
                 ref, caches = path_logits(model, torch.tensor([ctx]), tree, return_caches=True)
-                torch.testing.assert_close(out.logits[b, : tree.n].float(), ref[0], atol=1e-4, rtol=1e-4,
+                # 5e-4: transformers 5.17's GatedDeltaNet reference sums in another order than 5.15's (1.6e-4 seen
+                # on the nested layout); a node continuing the wrong branch is off by whole units
+                torch.testing.assert_close(out.logits[b, : tree.n].float(), ref[0], atol=5e-4, rtol=1e-4,
                                            msg=lambda e: f"{layout} {backend} cycle {cycle} row {b}: {e}")
                 deepest = int(tree.depth[0].argmax())  # accept a whole branch (not the first: siblings count)
                 last = int(torch.randint(1, tree.n, (1,), generator=g)) if cycle else deepest

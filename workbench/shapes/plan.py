@@ -172,6 +172,21 @@ def _meta_model(tcfg: dict, dtype):
 
 def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_config=None,
          dtype="bfloat16", block_size: int | None = None, prompt_logprobs: bool = False) -> ShapePlan:
+    """See ``_plan``. transformers' notes that a kernel falls back to its PyTorch reference (Qwen3-Next's
+    GatedDeltaNet without causal_conv1d / flash-linear-attention) are about speed, and nothing runs on the
+    meta device: they are silenced here, and only here."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _plan(config, batch, prompt_len, budget, draft_config, dtype, block_size, prompt_logprobs)
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def _plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_config=None,
+          dtype="bfloat16", block_size: int | None = None, prompt_logprobs: bool = False) -> ShapePlan:
     """Shapes per forward mode for a model config alone, on the meta device: no weights, no compute.
 
     Builds the target's transformers model (Qwen3, Llama, Qwen3-MoE, DeepSeek-V3 / Kimi-K2, Qwen3-Next,
