@@ -480,6 +480,10 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     tdir = model_dir(target or DEFAULT_TARGET, "target")
     ddir = model_dir(draft or DEFAULT_DRAFT, "draft")
     dev = resolve_device(device)
+    if dev.type == "cpu":
+        from workbench.models.run import quiet_cpu_kernel_notes
+
+        quiet_cpu_kernel_notes()
     if not isinstance(trust_remote_code, bool):
         raise ValueError(f"trust_remote_code={trust_remote_code!r} must be True or False")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -37,7 +37,7 @@ from workbench.models.run import run_target
 from workbench.models.gdn_layer import gdn_layer_tree_forward
 from workbench.models.layout import TreeLayout
 from workbench.models.base import StepOut
-from workbench.models.dense import DenseKV, KVBuffers
+from workbench.models.dense import DenseKV, KVBuffers, kv_specs
 from workbench.models.registry import StateSpec, check_supported, layer_types, linear_attention, text_fields
 
 # -------------------------------------------------------------------------------------------- the cache
@@ -284,6 +284,12 @@ class HybridGDN:
             rows += [("intermediate_conv_window", "out", s.scratch[0]), ("intermediate_ssm_state", "out", s.scratch[1])]
         return tuple({"name": name, "io": io, "layers": list(self.cache.linear_ids), **shape_of(t)}
                      for name, io, t in rows)
+
+
+def describe(config, batch: int, length: int, nodes: int, dtype: torch.dtype) -> list[StateSpec]:
+    """A hybrid config's whole state without a model: its attention layers' K/V (``dense.kv_specs``) and its
+    linear layers' state (``linear_specs``), as ``HybridGDN.describe`` gives it for a loaded one."""
+    return kv_specs(config, batch, length, dtype) + linear_specs(config, batch, nodes, dtype)
 
 
 def linear_specs(config, batch: int, nodes: int, dtype: torch.dtype) -> list[StateSpec]:

@@ -12,6 +12,26 @@ from torch import Tensor
 
 from workbench.records.forward import ForwardMode, ForwardRecord, shape_of
 
+FALLBACK_NOTE = "is falling back to its reference PyTorch implementation"
+
+
+class _NoCpuFallbackNotes:
+    """Drops transformers' note that a GatedDeltaNet / conv kernel runs its PyTorch reference for want of
+    flash-linear-attention or causal_conv1d: those are CUDA kernels, so on a CPU the note is always true
+    and says nothing (and it lands in every notebook cell that first runs a hybrid layer)."""
+
+    def filter(self, record) -> bool:
+        return FALLBACK_NOTE not in record.getMessage()
+
+
+def quiet_cpu_kernel_notes() -> None:
+    """Install the filter on transformers' kernel logger once (``load_models`` does, for a CPU device)."""
+    import logging
+
+    log = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(f, _NoCpuFallbackNotes) for f in log.filters):
+        log.addFilter(_NoCpuFallbackNotes())
+
 
 @dataclass
 class TargetOutput:
