@@ -1,1 +1,1 @@
-"""Training the embedded pairs (python -m workbench.train.pipeline)."""
+"""Training the embedded pairs (python -m workbench.train)."""

@@ -1,4 +1,4 @@
-"""``python -m workbench.train.pipeline``: see workbench.train.pipeline."""
+"""``python -m workbench.train``: see workbench.train.pipeline."""
 from workbench.train.pipeline import main
 
 if __name__ == "__main__":

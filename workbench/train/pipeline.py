@@ -1,8 +1,8 @@
 """Train the embedded default: a byte-level BPE, a small Qwen3 target and a DFlash drafter.
 
-    python -m workbench.train.pipeline --out workbench/assets            # the shipped models (~47 min, 2 cores)
-    python -m workbench.train.pipeline --out /tmp/smoke --smoke          # seconds, used by the tests
-    python -m workbench.train.pipeline --arch hybrid --out workbench/assets/hybrid   # the hybrid pair
+    python -m workbench.train --out workbench/assets            # the shipped models (~47 min, 2 cores)
+    python -m workbench.train --out /tmp/smoke --smoke          # seconds, used by the tests
+    python -m workbench.train --arch hybrid --out workbench/assets/hybrid   # the hybrid pair
 
 Stages (each writes to ``--out`` and can be re-run alone with ``--stage``):
 tokenizer -> target (next-token training, then the loops phase) -> distill (the target's greedy
@@ -861,7 +861,7 @@ def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench.train.pipeline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for target/, draft/, eval_prompts.jsonl")
     ap.add_argument("--smoke", action="store_true", help="tiny models and a few steps (seconds; v2 recipe)")
     ap.add_argument("--arch", default="dense", choices=["dense", "hybrid"],
