@@ -46,3 +46,13 @@ def eval_prompts():
     from workbench.bench.prompts import eval_prompts
 
     return eval_prompts()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread: two threads spin against each other on a busy 2-core machine.
+    Module-scoped (``pytestmark = pytest.mark.usefixtures("one_thread")``); the old count is restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -16,12 +16,7 @@ import torch
 import workbench as wb
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models on one thread
 
 
 @pytest.fixture(scope="module")

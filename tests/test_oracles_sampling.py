@@ -17,13 +17,7 @@ import workbench as wb
 from workbench.engine.sampling import Sampling, target_choice, target_probs
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (two threads spin against each other on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models on one thread
 
 
 # ------------------------------------------------------------------------------------------ the oracles

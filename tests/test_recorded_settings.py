@@ -19,12 +19,7 @@ from workbench.serve import wire
 CHAT = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models on one thread
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,7 @@ from ddtree_kernels import accept_walk, compact_kv, compact_kv_, compile_tree
 from ddtree_kernels.tree_build import Tree
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (two threads spin against each other on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models on one thread
 
 
 def walk_stored_tree(tokens: list[int], parents: list[int], choice: list[int]) -> tuple[list[int], int]:
