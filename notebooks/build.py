@@ -1455,7 +1455,7 @@ from workbench.bench.prompts import eval_prompts
 
 vllm.close()
 PROMPTS = [p["prompt"] for p in eval_prompts()[:4]]      # the first 4 held-out long prompts
-report = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=2)
+report = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=2, progress=print)   # one line per step
 """),
     code("""
 for k, v in report.lossless.items():
@@ -1486,7 +1486,7 @@ With both worked around at runtime (`workbench.engines.vllm_workarounds`, vLLM 0
 exactly the reference's tokens, cycle for cycle:
 """),
     code(IGNORE + """
-fixed = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=1, workarounds=True)
+fixed = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=1, workarounds=True, progress=print)
 """),
     code("""
 print("workarounds:", ", ".join(fixed.workarounds))
