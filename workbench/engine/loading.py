@@ -464,6 +464,17 @@ def pair_name(target, draft) -> str | None:
     return None
 
 
+def pair_dirs(target, draft) -> tuple[Path, Path]:
+    """(target dir, drafter dir): an embedded pair by name (``"hybrid"``), the default pair, or local
+    directories; the one rule for every engine that loads a pair (ours, ``workbench.engines.vllm_engine``)."""
+    name = pair_name(target, draft)
+    if name is not None:
+        target, draft = PAIRS[name]
+        if not (target / "config.json").is_file():
+            raise ModelPairError(f"the embedded {name!r} pair is not in '{target.parent}'; train it: make train-{name}")
+    return model_dir(target or DEFAULT_TARGET, "target"), model_dir(draft or DEFAULT_DRAFT, "draft")
+
+
 def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=None,
                 trust_remote_code: bool = False) -> Models:
     """Load and validate a (target, drafter) pair from local directories (defaults: the embedded pair).
@@ -472,13 +483,7 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     goes to transformers for the target (e.g. ``"auto"`` for one larger than a GPU); the drafter goes on
     the device of the target's embedding. ``trust_remote_code``: run a checkpoint's own Python code.
     """
-    name = pair_name(target, draft)
-    if name is not None:
-        target, draft = PAIRS[name]
-        if not (target / "config.json").is_file():
-            raise ModelPairError(f"the embedded {name!r} pair is not in '{target.parent}'; train it: make train-{name}")
-    tdir = model_dir(target or DEFAULT_TARGET, "target")
-    ddir = model_dir(draft or DEFAULT_DRAFT, "draft")
+    tdir, ddir = pair_dirs(target, draft)
     dev = resolve_device(device)
     if dev.type == "cpu":
         from workbench.models.run import quiet_cpu_kernel_notes

@@ -129,8 +129,7 @@ class ConformanceReport:
             tps = r.tokens_per_s
             speed = (f"{statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}]" if tps else "-")
             pp = " / ".join(f"{p:.2f}" for p in r.per_position())
-            rows.append([name, str(r.drafts) if r.accepts and r.accepts[0] is not None else "-",
-                         f"{r.tau:.2f}" if r.drafts else "-", pp if r.drafts else "-", speed])
+            rows.append([name, r.drafts or "-", f"{r.tau:.2f}" if r.drafts else "-", pp if r.drafts else "-", speed])
         lines.append(text_table(["engine", "drafts", "committed tau", f"accepted at slot 1..{DEPTHS}",
                                  "tokens/s median [min-max]"], rows))
         same, total = self.same_drafts
@@ -208,9 +207,8 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     say(f"vLLM: loading the pair (workarounds {'on' if workarounds else 'off'})")
     vengine = VllmEngine(target, draft, workarounds=workarounds, layers=localise)
     try:
-        runs = {"workbench AR": EngineRun("workbench AR", [], [None] * 0, []),
-                "workbench DFlash": EngineRun("workbench DFlash", [], [], []),
-                f"vLLM {vengine.version} DFlash": EngineRun(f"vLLM {vengine.version} DFlash", [], [], [])}
+        runs = {n: EngineRun(n, [], [], []) for n in ("workbench AR", "workbench DFlash",
+                                                       f"vLLM {vengine.version} DFlash")}
         ar, df, vl = runs.values()
         sessions = []
         for r in range(repeats):
@@ -237,7 +235,6 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
                     sessions.append(s)
             for k in runs:
                 runs[k].tokens_per_s.append(new[k] / secs[k] if secs[k] else 0.0)
-        ar.accepts, ar.committed = [], []
         lossless = {f"{df.name} vs {ar.name}": _equal(df.tokens, ar.tokens),
                     f"{vl.name} vs {ar.name}": _equal(vl.tokens, ar.tokens)}
         same, total, divergence = (0, 0, None)

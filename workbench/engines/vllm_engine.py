@@ -272,8 +272,8 @@ class VllmSession:
             draft_s = self._pending[0].seconds if self._pending else 0.0
             if tap.layers:
                 self.proposals.append(self._pending)
-            c = _dflash_cycle(len(self.cycles), start, root, self._pending, verify, self.generated[before:],
-                              committed, {"draft": draft_s, "verify": seconds - (nxt[0].seconds if nxt else 0.0)})
+            c = _dflash_cycle(len(self.cycles), start, root, self._pending, verify, committed,
+                              {"draft": draft_s, "verify": seconds - (nxt[0].seconds if nxt else 0.0)})
             self._pending = nxt
         self.trace.cycles.append(c)
         self.trace.new_tokens = len(self.generated)
@@ -305,7 +305,7 @@ def _chain(n: int, start: int) -> dict:
                 retrieve_next_sibling=torch.full((n,), -1))
 
 
-def _dflash_cycle(index, start, root, pending, verify, new_tokens, committed, stage_seconds,
+def _dflash_cycle(index, start, root, pending, verify, committed, stage_seconds,
                   topk: int = 8) -> Cycle:
     if pending is None or verify is None:
         raise VllmUnsupported(
@@ -371,18 +371,11 @@ def checkpoint_dtype(target_dir) -> str:
 
 
 def pair_dirs(target, draft):
-    """(target dir, drafter dir, DraftSettings) by the workbench loader's own rules: the embedded pair by
-    default or by name (``"hybrid"``), local directories otherwise, the drafter's config checked."""
-    from workbench.engine.loading import (DEFAULT_DRAFT, DEFAULT_TARGET, PAIRS, ModelPairError, draft_settings,
-                                          model_dir, pair_name, read_config)
+    """(target dir, drafter dir, DraftSettings): the workbench loader's own rule for the directories, and
+    the drafter's config read as it reads it."""
+    from workbench.engine.loading import draft_settings, pair_dirs as dirs, read_config
 
-    name = pair_name(target, draft)
-    if name is not None:
-        target, draft = PAIRS[name]
-    elif target is not None and draft is None:
-        raise ModelPairError(f"target={target!r} needs its drafter: pass draft=<a DFlash drafter directory>")
-    tdir = model_dir(target or DEFAULT_TARGET, "target")
-    ddir = model_dir(draft or DEFAULT_DRAFT, "draft")
+    tdir, ddir = dirs(target, draft)
     return tdir, ddir, draft_settings(read_config(ddir), ddir)
 
 

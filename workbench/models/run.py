@@ -24,13 +24,29 @@ class _NoCpuFallbackNotes:
         return FALLBACK_NOTE not in record.getMessage()
 
 
-def quiet_cpu_kernel_notes() -> None:
-    """Install the filter on transformers' kernel logger once (``load_models`` does, for a CPU device)."""
+def _kernel_log():
     import logging
 
-    log = logging.getLogger("transformers.integrations.hub_kernels")
+    return logging.getLogger("transformers.integrations.hub_kernels")
+
+
+def quiet_cpu_kernel_notes() -> None:
+    """Install the filter on transformers' kernel logger once (``load_models`` does, for a CPU device)."""
+    log = _kernel_log()
     if not any(isinstance(f, _NoCpuFallbackNotes) for f in log.filters):
         log.addFilter(_NoCpuFallbackNotes())
+
+
+class no_kernel_notes:
+    """The same filter for the length of a ``with`` block (``shapes.plan``: nothing runs on the meta device)."""
+
+    def __enter__(self):
+        self._filter = _NoCpuFallbackNotes()
+        _kernel_log().addFilter(self._filter)
+
+    def __exit__(self, *exc) -> bool:
+        _kernel_log().removeFilter(self._filter)
+        return False
 
 
 @dataclass

@@ -174,15 +174,11 @@ def plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_
          dtype="bfloat16", block_size: int | None = None, prompt_logprobs: bool = False) -> ShapePlan:
     """See ``_plan``. transformers' notes that a kernel falls back to its PyTorch reference (Qwen3-Next's
     GatedDeltaNet without causal_conv1d / flash-linear-attention) are about speed, and nothing runs on the
-    meta device: they are silenced here, and only here."""
-    from transformers.utils import logging as hf_logging
+    meta device: they are filtered for the plan's length."""
+    from workbench.models.run import no_kernel_notes
 
-    before = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with no_kernel_notes():
         return _plan(config, batch, prompt_len, budget, draft_config, dtype, block_size, prompt_logprobs)
-    finally:
-        hf_logging.set_verbosity(before)
 
 
 def _plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft_config=None,
