@@ -63,7 +63,7 @@ browser:
 # The shipped pairs: dense (about 47 minutes on 2 idle cores; workbench/assets/training_report.json)
 # and hybrid, a Qwen3.5-text target (workbench/assets/hybrid/training_report.json).
 # Both end by rewriting tests/data/tau_regression.json (the per-cycle tau of the shipped pairs that
-# tests/test_tau_regression.py checks exactly): new weights need new expected values.
+# tests/engine/test_tau_regression.py checks exactly): new weights need new expected values.
 train: $(STAMP)
 	$(BIN)/python -m workbench.train --out workbench/assets
 	$(BIN)/python -m workbench.train --arch hybrid --out workbench/assets/hybrid

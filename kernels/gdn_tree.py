@@ -15,7 +15,7 @@ requests:
 The math is transformers 5.15's ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``
 (``causal_conv1d_update``, ``l2norm``, ``torch_recurrent_gated_delta_rule``, the gates in ``gdn_gates``),
 in float32; on a chain (one path) the outputs equal transformers' own conv and recurrent functions
-(``tests/test_gdn_kernels.py``). SGLang's Triton kernels for the same job are in
+(``tests/kernels/test_gdn_kernels.py``). SGLang's Triton kernels for the same job are in
 ``ddtree_kernels.sglang_gdn``; the same functions batched a tree depth at a time (what the "torch" backend
 runs) are in ``ddtree_kernels.gdn_tree_fast``; ``ddtree_kernels.dispatch`` chooses ("torch-oracle" = this file).
 

@@ -11,7 +11,7 @@ per node), with the node loop taken out:
   Python loop runs depth + 1 times, not n times. Outputs read the states afterwards, all nodes at once.
 
 ``ddtree_kernels.dispatch``'s "torch" backend runs these; "torch-oracle" runs the per-node reference, and
-``tests/test_gdn_kernels.py`` holds the two equal on random trees.
+``tests/kernels/test_gdn_kernels.py`` holds the two equal on random trees.
 """
 from __future__ import annotations
 

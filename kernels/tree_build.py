@@ -19,7 +19,7 @@ nodes at a tied budget boundary.
 
 Two builds give the same tree. On a GPU the build is vectorized over the batch and
 stays on the device: per-depth beams, every shape known from the arguments alone, no
-host synchronisation (``tests/test_sync_free.py``, ``tests/gpu/``). On a CPU, where a
+host synchronisation (``tests/kernels/test_sync_free.py``, ``tests/gpu/``). On a CPU, where a
 tensor call costs microseconds and nothing waits for a device, a best-first heap over
 the top-k per slot is cheaper at every budget (``workbench kernels`` measures both).
 """

@@ -1269,7 +1269,7 @@ for i, p in enumerate(tree.parents[0].tolist()):
     md("""
 Nodes on the leading chain (0, 1, 2, ... each the next one's parent) are right either way; every other
 node inherits the state of the branch before it and is off by whole units of logit. A dense target
-gives the same table with zeros in the naive column (`tests/test_hybrid_oracle.py`).
+gives the same table with zeros in the naive column (`tests/models/test_hybrid_oracle.py`).
 
 ## 2 · The parent-state rule
 
@@ -1356,7 +1356,7 @@ committed state instead (its ReplaySSM) avoids the dominant one.
 
 ## 5 · DDTree against DFlash on the hybrid pair
 
-Greedy, float32: every policy's output equals plain decoding token for token (`tests/test_hybrid.py`
+Greedy, float32: every policy's output equals plain decoding token for token (`tests/models/test_hybrid.py`
 checks this against transformers' own `generate` too). Four long and four short held-out prompts, 48
 new tokens, the policies interleaved prompt by prompt, three repeats: a speed order is stated only
 where it holds across the repeats' spread (`wb.analysis.order_verdict`).

@@ -4,7 +4,7 @@
     python tools/import_graph.py --dot      # Graphviz of the same, one node per package
 
 Only imports that run when a module is imported count (the module body, not function bodies): those are
-the ones that can make a circle. ``tests/test_import_graph.py`` asserts there is none.
+the ones that can make a circle. ``tests/packaging/test_import_graph.py`` asserts there is none.
 """
 from __future__ import annotations
 

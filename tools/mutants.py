@@ -35,14 +35,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The test files that cover each module (run for every mutant of that module).
 TESTS = {
-    "kernels": ["tests/test_records_walk.py", "tests/test_kernels.py"],
-    "models": ["tests/test_records_walk.py", "tests/test_drafter_context.py", "tests/test_models.py"],
-    "stages": ["tests/test_records_walk.py", "tests/test_drafter_context.py", "tests/test_oracles_sampling.py"],
-    "sampling": ["tests/test_oracles_sampling.py"],
-    "records": ["tests/test_records_walk.py", "tests/test_recorded_settings.py", "tests/test_records.py"],
-    "session": ["tests/test_recorded_settings.py", "tests/test_records_walk.py"],
-    "serve.store": ["tests/test_serve_isolation.py", "tests/test_recorded_settings.py"],
-    "serve.app": ["tests/test_serve_isolation.py", "tests/test_recorded_settings.py"],
+    "kernels": ["tests/records/test_records_walk.py", "tests/kernels/test_kernels.py"],
+    "models": ["tests/records/test_records_walk.py", "tests/engine/test_drafter_context.py",
+               "tests/models/test_models.py"],
+    "stages": ["tests/records/test_records_walk.py", "tests/engine/test_drafter_context.py",
+               "tests/engine/test_oracles_sampling.py"],
+    "sampling": ["tests/engine/test_oracles_sampling.py"],
+    "records": ["tests/records/test_records_walk.py", "tests/records/test_recorded_settings.py",
+                "tests/records/test_records.py"],
+    "session": ["tests/records/test_recorded_settings.py", "tests/records/test_records_walk.py"],
+    "serve.store": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
+    "serve.app": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
 }
 
 
@@ -133,7 +136,7 @@ MUTANTS = [
       "a single row's drafted slots one off"),
     M("stages.verify_first_rows_sampling", "workbench/engine/stages/verify.py",
       "c, p = target_choice(out.logits[b : b + 1, :n], s, g)", "c, p = target_choice(out.logits[b : b + 1, :n], samplings[0], g)",
-      "every batch row samples with the first row's settings", tests=("tests/test_batch.py",)),
+      "every batch row samples with the first row's settings", tests=("tests/engine/test_batch.py",)),
     M("stages.ddtree_budget_minus_one", "workbench/engine/stages/tree_build.py",
       "                                    policy.budget)", "                                    policy.budget - 1)",
       "DDTree builds one node fewer than its budget"),
@@ -156,7 +159,7 @@ MUTANTS = [
     M("models.batched_keep_rows_last", "workbench/models/dense.py",
       "src = torch.stack([s + x[j.clamp(max=x.shape[0] - 1)] for s, x in zip(starts, nodes)])  # [B, A]",
       "src = torch.stack([s + x.flip(0)[j.clamp(max=x.shape[0] - 1)] for s, x in zip(starts, nodes)])  # [B, A]",
-      "batched commit keeps each row's path reversed", tests=("tests/test_batch.py",)),
+      "batched commit keeps each row's path reversed", tests=("tests/engine/test_batch.py",)),
     # ------------------------------------------------------------------ kernels (kernels/, ddtree_kernels)
     M("kernels.kv_compact_reversed", "kernels/kv_compact.py",
       "    buf[:, :, start : start + rows.shape[0]] = buf.index_select(2, rows)",

@@ -5,7 +5,7 @@
 
 Run ``--write`` after every retraining of an embedded pair (``make train``, ``make train-hybrid``, or
 ``python -m workbench.train ...``): the file records the weights' fingerprint, and
-``tests/test_tau_regression.py`` fails, naming this command, when the shipped weights differ from the ones
+``tests/engine/test_tau_regression.py`` fails, naming this command, when the shipped weights differ from the ones
 the figures were measured on. Float32 on a CPU with one thread is deterministic, so the test compares the
 accept lengths exactly: a drafter-path bug that keeps the output lossless (greedy output does not depend on
 the drafts) still changes them.

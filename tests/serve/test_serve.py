@@ -28,7 +28,7 @@ from workbench.__main__ import main
 from workbench.serve import EngineServer, Limits
 from workbench.serve.main import read_or_make_token
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "def parse(line):\n    "
 LIMITS = Limits(max_sessions=6, max_new_tokens=64, max_budget=48, session_ttl=120.0)
 

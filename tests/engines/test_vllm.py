@@ -18,7 +18,7 @@ import workbench as wb
 from workbench.engines import vllm_hooks
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def parse(line):\n    ", "class Stack:\n    def __init__(self):\n", "import os\n\n\ndef main():\n",
            "def test_add():\n    assert"]
 NEW = 32

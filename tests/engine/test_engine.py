@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import Tree
+from shared_checks import assert_sampling_law
 from workbench.bench.runs import first_difference
 from workbench.records.cycle import STAGES
 
@@ -102,37 +102,6 @@ def test_kv_cache_after_every_cycle_equals_plain_decoding(engine, policy):
             torch.testing.assert_close(v, rv, atol=2e-5, rtol=1e-4)
 
 
-def exact_joint(engine, prompt_ids, n_tokens, sampling):
-    """P(first n generated tokens | prompt) under the target's own sampling, by enumeration.
-
-    A sequence that reaches end-of-text stops there, as generation does.
-    """
-    from workbench.engine.sampling import target_probs
-
-    eos = engine.models.eos_token_ids
-    probs = {}
-
-    def walk(seq, p):
-        if len(seq) == n_tokens or (seq and seq[-1] in eos):
-            probs[tuple(seq)] = p
-            return
-        with torch.inference_mode():
-            logits = engine.models.target(input_ids=torch.tensor([prompt_ids + seq])).logits[0, -1]
-        dist = target_probs(logits, sampling)
-        for t in range(dist.shape[0]):
-            if float(dist[t]) > 0:
-                walk(seq + [t], p * float(dist[t]))
-
-    walk([], 1.0)
-    return probs
-
-
-def chi_square_pvalue(stat: float, df: int) -> float:
-    """Upper tail of chi-square via the Wilson-Hilferty normal approximation."""
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 @pytest.fixture(scope="module")
 def sampling_engine(tmp_path_factory):
     from tiny_models import make_pair
@@ -155,39 +124,6 @@ def test_sampling_is_lossless_first_three_tokens(sampling_engine, policy, sampli
     (every cycle checks that at least some were accepted), so the verify path is exercised.
     """
     assert_sampling_law(sampling_engine, "t1 t3 t2", policy, sampling, n=800)
-
-
-def assert_sampling_law(eng, prompt: str, policy, sampling: dict, n: int) -> None:
-    """n seeded sessions of 3 tokens: their joint law == the target's own (chi-square), with drafts accepted.
-    Shared with the hybrid targets' test (tests/test_hybrid.py)."""
-    from workbench.engine.sampling import Sampling
-
-    counts: dict = {}
-    accepted_drafts = 0
-    for seed in range(n):
-        s = eng.session(prompt, policy=policy, max_new_tokens=3, seed=seed, **sampling)
-        s.run()
-        accepted_drafts += sum(c.accepted for c in s.cycles)
-        key = tuple(s.tokens)
-        counts[key] = counts.get(key, 0) + 1
-    assert accepted_drafts > n // 4, "drafted tokens were rarely accepted: the test would not exercise verify"
-    probs = exact_joint(eng, eng.tokenizer(prompt)["input_ids"], 3, Sampling(**sampling))
-    # Pool cells with small expectation so the chi-square approximation holds.
-    stat, df, pooled_o, pooled_e = 0.0, 0, 0, 0.0
-    for key, p in probs.items():
-        e = p * n
-        if e < 5:
-            pooled_o += counts.get(key, 0)
-            pooled_e += e
-            continue
-        stat += (counts.get(key, 0) - e) ** 2 / e
-        df += 1
-    if pooled_e > 0:
-        stat += (pooled_o - pooled_e) ** 2 / max(pooled_e, 1e-9)
-        df += 1
-    assert set(counts) <= {k for k, p in probs.items() if p > 0}
-    pvalue = chi_square_pvalue(stat, df - 1)
-    assert pvalue > 1e-3, f"chi2={stat:.1f} df={df - 1} p={pvalue:.2e}"
 
 
 def test_sampling_same_seed_same_trace(engine):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
 ig = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ig)

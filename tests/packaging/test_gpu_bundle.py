@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gpu_bundle", ROOT / "tools" / "gpu_bundle.py")
 gb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gb)

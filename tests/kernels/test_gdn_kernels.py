@@ -13,23 +13,11 @@ from ddtree_kernels.dispatch import gdn_tree_conv, gdn_tree_delta_rule, gdn_tree
 from ddtree_kernels.gdn_tree import (commit_nodes, gdn_gates, parents_from_links, tree_causal_conv1d,
                                     tree_gated_delta_rule)
 from ddtree_kernels.gdn_tree_fast import tree_causal_conv1d_levels, tree_gated_delta_rule_levels, tree_levels
+from shared_checks import random_tree
 
 needs_sglang = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
     reason="sglang / triton not installed (make install-sglang)")
-
-
-def random_tree(seed: int, bs: int, n: int) -> Tree:
-    """Random shapes: node i's parent uniform over 0..i-1 (so parents precede children), per request."""
-    g = torch.Generator().manual_seed(seed)
-    parents = torch.full((bs, n), -1, dtype=torch.long)
-    for i in range(1, n):
-        parents[:, i] = (torch.rand(bs, generator=g) * i).long()
-    depth = torch.zeros(bs, n, dtype=torch.long)
-    for i in range(1, n):
-        depth[:, i] = depth.gather(1, parents[:, i : i + 1])[:, 0] + 1
-    zeros = torch.zeros(bs, n, dtype=torch.long)
-    return Tree(torch.randint(0, 50, (bs, n), generator=g), parents, depth, zeros, zeros.float())
 
 
 def trees():

@@ -9,24 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import build_tree_from_topk, build_tree_vectorized, sorted_slots
 from ddtree_kernels.tree_compile import ancestor_matrix
-
-from workbench.engine.graphs import host_read
-
-
-class NoHostSync(TorchFunctionMode):
-    """Raises at the first call that needs a tensor's values on the host (``workbench.engine.graphs.host_read``)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        why = host_read(func, args, kwargs)
-        if why is not None:
-            raise AssertionError(f"host sync: {why}")
-        return func(*args, **kwargs)
+from shared_checks import NoHostSync
 
 
 def test_the_guard_catches_what_it_claims():

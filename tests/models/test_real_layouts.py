@@ -10,6 +10,7 @@ import torch
 
 import real_layouts as rl
 import workbench as wb
+from shared_checks import hf_greedy
 
 PROMPTS = ["t1 t2 t3 t4", "t7 t5"]
 NEW = 10
@@ -49,15 +50,6 @@ def engines(layouts):
         return cache[key]
 
     return get
-
-
-def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
-    """transformers' own greedy generate: the independent oracle."""
-    m = engine.models
-    eos = sorted(m.eos_token_ids)
-    out = m.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                            max_new_tokens=n, do_sample=False, eos_token_id=eos or None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 PAIRS = [(t, "zlab") for t in ("qwen3", "qwen3_moe", "llama3", "deepseek_v3", "kimi_k25", "qwen3_5_dense",
@@ -300,7 +292,7 @@ def test_cli_chat_flag(layouts, capsys):
 
 
 def test_hybrids_load_only_for_families_with_tree_verify():
-    """Qwen3-Next / Qwen3.5 / Qwen3.6 hybrids verify through workbench.models.hybrid (tests/test_hybrid.py);
+    """Qwen3-Next / Qwen3.5 / Qwen3.6 hybrids verify through workbench.models.hybrid (tests/models/test_hybrid.py);
     another family with linear-attention layers is refused at load, naming the supported ones."""
     from types import SimpleNamespace
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sync_free import NoHostSync
+from shared_checks import NoHostSync, hf_greedy
 
 import workbench as wb
 from workbench.engine import runner
@@ -198,8 +198,6 @@ def test_mla_static_shapes_are_graph_ready_and_decode_as_dynamic_and_generate(ml
     """static_shapes=True on MLA: fixed shapes and storage, no host read between draft and verify (what
     cuda_graphs=True needs, checked as far as a CPU goes), the dynamic path's tokens and transformers' own
     greedy generate's, solo and batched over ragged prompts."""
-    from test_real_layouts import hf_greedy
-
     from workbench.engine.graphs import readiness
     from workbench.models.registry import kv_layout
 

@@ -77,7 +77,7 @@ def lab_server(tmp_path, tiny_pairs):
     token, port = secrets.token_hex(16), free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), PYTHONPATH=str(Path(__file__).parents[1]))
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), PYTHONPATH=str(Path(__file__).parents[2]))
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",

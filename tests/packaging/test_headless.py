@@ -14,7 +14,7 @@ from pathlib import Path
 
 from workbench.records.cycle import STAGES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import importlib.abc, io, json, runpy, sys, contextlib

@@ -487,7 +487,7 @@ def test_figure_keys_do_not_cover_the_axes(eng):
 
 
 # ------------------------------------------------------------------------------ docs and notebooks
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def test_docs_name_no_paths_of_another_machine_and_state_the_sampling_rule():

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.views.static import RUN_THE_CELL, add_static_fallbacks, chromium
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_module():

@@ -260,10 +260,10 @@ def test_an_unsupported_hybrid_is_refused_in_one_line(engines):
 # ------------------------------------------------------------------------------------------ sampling
 @pytest.mark.slow
 def test_sampling_law_holds_on_a_hybrid_target(tmp_path):
-    """The dense targets' chi-square test of the first three tokens' joint law (tests/test_engine.py), on a
+    """The dense targets' chi-square test of the first three tokens' joint law (tests/engine/test_engine.py), on a
     6-token two-layer Qwen3.5 hybrid (one GatedDeltaNet, one attention layer): a stochastic accept over trees whose
     nodes each continue their parent's state."""
-    from test_engine import assert_sampling_law
+    from shared_checks import assert_sampling_law
 
     t, d = make_hybrid_pair(tmp_path, "qwen3_5", seed=3, vocab=6, hidden=16, init_std=0.3, eos=False,
                             layer_types=("linear_attention", "full_attention"), block_size=4, layer_ids=(0, 1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddtree_kernels import compile_tree
-from test_gdn_kernels import random_tree
+from shared_checks import random_tree
 from tiny_hybrid import KINDS, hybrid_config
 from workbench.models.gdn_layer import gdn_layer_tree_forward
 

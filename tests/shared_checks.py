@@ -1,0 +1,116 @@
+"""Helpers shared by test files in different folders (imported by bare name: pytest's ``pythonpath`` in
+pyproject.toml puts tests/ on the path): the sampling-law check, transformers' own greedy generate, random trees
+for the GatedDeltaNet kernels, and the no-host-sync guard."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ddtree_kernels import Tree
+from workbench.engine.graphs import host_read
+
+
+# ----------------------------------- sampling law: tests/engine/test_engine.py, tests/models/test_hybrid.py
+
+def assert_sampling_law(eng, prompt: str, policy, sampling: dict, n: int) -> None:
+    """n seeded sessions of 3 tokens: their joint law == the target's own (chi-square), with drafts accepted."""
+    from workbench.engine.sampling import Sampling
+
+    counts: dict = {}
+    accepted_drafts = 0
+    for seed in range(n):
+        s = eng.session(prompt, policy=policy, max_new_tokens=3, seed=seed, **sampling)
+        s.run()
+        accepted_drafts += sum(c.accepted for c in s.cycles)
+        key = tuple(s.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    assert accepted_drafts > n // 4, "drafted tokens were rarely accepted: the test would not exercise verify"
+    probs = exact_joint(eng, eng.tokenizer(prompt)["input_ids"], 3, Sampling(**sampling))
+    # Pool cells with small expectation so the chi-square approximation holds.
+    stat, df, pooled_o, pooled_e = 0.0, 0, 0, 0.0
+    for key, p in probs.items():
+        e = p * n
+        if e < 5:
+            pooled_o += counts.get(key, 0)
+            pooled_e += e
+            continue
+        stat += (counts.get(key, 0) - e) ** 2 / e
+        df += 1
+    if pooled_e > 0:
+        stat += (pooled_o - pooled_e) ** 2 / max(pooled_e, 1e-9)
+        df += 1
+    assert set(counts) <= {k for k, p in probs.items() if p > 0}
+    pvalue = chi_square_pvalue(stat, df - 1)
+    assert pvalue > 1e-3, f"chi2={stat:.1f} df={df - 1} p={pvalue:.2e}"
+
+
+def exact_joint(engine, prompt_ids, n_tokens, sampling):
+    """P(first n generated tokens | prompt) under the target's own sampling, by enumeration.
+
+    A sequence that reaches end-of-text stops there, as generation does.
+    """
+    from workbench.engine.sampling import target_probs
+
+    eos = engine.models.eos_token_ids
+    probs = {}
+
+    def walk(seq, p):
+        if len(seq) == n_tokens or (seq and seq[-1] in eos):
+            probs[tuple(seq)] = p
+            return
+        with torch.inference_mode():
+            logits = engine.models.target(input_ids=torch.tensor([prompt_ids + seq])).logits[0, -1]
+        dist = target_probs(logits, sampling)
+        for t in range(dist.shape[0]):
+            if float(dist[t]) > 0:
+                walk(seq + [t], p * float(dist[t]))
+
+    walk([], 1.0)
+    return probs
+
+
+def chi_square_pvalue(stat: float, df: int) -> float:
+    """Upper tail of chi-square via the Wilson-Hilferty normal approximation."""
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# --------------------- greedy oracle: tests/models/test_real_layouts.py, tests/engine/test_static_shapes.py
+
+def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
+    """transformers' own greedy generate: the independent oracle."""
+    m = engine.models
+    eos = sorted(m.eos_token_ids)
+    out = m.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                            max_new_tokens=n, do_sample=False, eos_token_id=eos or None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+# -------------------------- random trees: tests/kernels/test_gdn_kernels.py, tests/models/test_gdn_layer.py
+
+def random_tree(seed: int, bs: int, n: int) -> Tree:
+    """Random shapes: node i's parent uniform over 0..i-1 (so parents precede children), per request."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((bs, n), -1, dtype=torch.long)
+    for i in range(1, n):
+        parents[:, i] = (torch.rand(bs, generator=g) * i).long()
+    depth = torch.zeros(bs, n, dtype=torch.long)
+    for i in range(1, n):
+        depth[:, i] = depth.gather(1, parents[:, i : i + 1])[:, 0] + 1
+    zeros = torch.zeros(bs, n, dtype=torch.long)
+    return Tree(torch.randint(0, 50, (bs, n), generator=g), parents, depth, zeros, zeros.float())
+
+
+# -------------------------- host syncs: tests/kernels/test_sync_free.py, tests/engine/test_static_shapes.py
+
+class NoHostSync(TorchFunctionMode):
+    """Raises at the first call that needs a tensor's values on the host (``workbench.engine.graphs.host_read``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        why = host_read(func, args, kwargs)
+        if why is not None:
+            raise AssertionError(f"host sync: {why}")
+        return func(*args, **kwargs)
