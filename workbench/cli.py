@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model directory whose tokenizer shows token text (default: the trace's own target)")
 
     _add_serve_parser(sub)
+    _add_bench_serve_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
     p.add_argument("--budgets", default=None,
@@ -603,6 +604,55 @@ def _add_serve_parser(sub) -> None:
                    help="close a connection whose request head is not in after S seconds (default 5)")
     g.add_argument("--body-timeout", type=_finite_float, default=10.0, metavar="S",
                    help="close a connection whose request body is not in S seconds after its head (default 10)")
+    g = p.add_argument_group("batching (the sessions' steps run as rows of shared cycles: workbench.engine.scheduler)")
+    g.add_argument("--no-batching", dest="batching", action="store_false",
+                   help="drive every session apart, one cycle at a time under one lock (the pre-batching server)")
+    g.add_argument("--max-batch-rows", type=_positive_int, default=16, metavar="N",
+                   help="sessions per batched cycle (default 16)")
+    g.add_argument("--max-batch-nodes", type=_positive_int, default=4096, metavar="N",
+                   help="rows x padded tree nodes per batched verify (default 4096)")
+
+
+def _add_bench_serve_parser(sub) -> None:
+    p = sub.add_parser("bench-serve", help="the served engine under load: N clients stepping at once, batching on and off")
+    p.add_argument("--clients", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
+    p.add_argument("--policy", default="ddtree:16", help="every client's policy (default ddtree:16)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=48, help="per session (default 48)")
+    p.add_argument("--repeats", type=_positive_int, default=1, help="rounds per (mode, clients), order alternating (default 1)")
+    p.add_argument("--split", choices=["long", "short"], default="long", help="which held-out prompts (default long)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    _add_model_args(p)
+
+
+def cmd_bench_serve(args, out, err) -> int:
+    from workbench.bench.prompts import eval_prompts
+    from workbench.bench.serve_load import bench_serve, table
+    from workbench.engine.policies import parse_policy
+    from workbench.serve import wire
+
+    try:
+        clients = [int(x) for x in args.clients.split(",")]
+    except ValueError:
+        raise UsageError(f"--clients {args.clients!r} must be comma-separated whole numbers, e.g. 1,4,8,16") from None
+    if any(n < 1 for n in clients) or len(set(clients)) != len(clients):
+        raise UsageError(f"--clients {args.clients!r}: each count must be 1 or more, and each only once")
+    try:
+        policy = wire.policy_to_wire(parse_policy(args.policy))
+    except ValueError as e:
+        raise UsageError(f"--policy {args.policy!r}: {e}") from None
+    dest = _check_output(args.json, "--json") if args.json else None
+    model_args = [a for k, v in (("--target", args.target), ("--draft", args.draft), ("--device", args.device),
+                                 ("--dtype", args.dtype), ("--kernel-backend", args.kernel_backend))
+                  if v is not None for a in (k, str(v))]
+    prompts = [p["prompt"] for p in eval_prompts(args.split)]
+    res = bench_serve(model_args, prompts, clients, policy, args.max_new_tokens, args.repeats, args.threads,
+                      progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
+    print(table(res), file=out)
+    if dest is not None:
+        from workbench.views.export import atomic_write_text
+
+        atomic_write_text(dest, json.dumps(res, indent=2) + "\n")
+    return 0
 
 
 def cmd_serve(args, out, err) -> int:
@@ -611,7 +661,8 @@ def cmd_serve(args, out, err) -> int:
     return serve_main(args, out, err, _load_engine, UsageError)
 
 
-COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve}
+COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve,
+            "bench-serve": cmd_bench_serve}
 
 
 def main(argv=None) -> int:

@@ -182,3 +182,21 @@ def test_a_large_drafter_block_is_warned_about_before_any_cycle(tmp_path):
 def test_embedded_pairs_say_which_they_are(engine):
     assert repr(engine).startswith("Engine(target=target: ")
     assert repr(wb.load("hybrid")).startswith("Engine(target=hybrid/target: ")
+
+
+def test_a_drafter_reading_the_last_target_layer_is_warned_about_in_one_line(tmp_path):
+    import warnings
+
+    import workbench as wb
+    from tiny_models import make_pair
+
+    t, d = make_pair(tmp_path / "last", vocab=40, hidden=32, layers=3, layer_ids=(0, 2), block_size=6, seed=1)
+    with pytest.warns(UserWarning, match=r"target_layer_ids \[0, 2\] include the target's last layer \(2\), where "
+                                         r"engines differ: .* vLLM the pre-norm residual, SGLang captures nothing"):
+        e = wb.load(target=t, draft=d)
+    assert "reads target layers [0, 2]" in repr(e) and "include the target's last layer" in repr(e)
+    t, d = make_pair(tmp_path / "inner", vocab=40, hidden=32, layers=3, layer_ids=(0, 1), block_size=6, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a drafter that reads inner layers only: no warning
+        e = wb.load(target=t, draft=d)
+    assert "last layer" not in repr(e)

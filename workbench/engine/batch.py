@@ -35,7 +35,7 @@ from workbench.models.layout import pad_trees as _pad_trees  # noqa: F401  (test
 from workbench.engine.policies import as_policy
 from workbench.engine.runner import Rows, SessionFinished, clock
 from workbench.engine.sampling import Sampling
-from workbench.engine.session import Session
+from workbench.engine.session import Session, shapes_of
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class BatchSession:
         backend = kernel_backend or engine.kernel_backend
         self.kernel_backend = backend
         self.sessions: list[Session] = [
-            Session(engine, p, as_policy(pol), self.sampling, seed + i, n, backend, record_topk, None, batch=self)
+            Session(engine, p, as_policy(pol), self.sampling, seed + i, n, backend, record_topk, None, driver=self)
             for i, (p, pol, n) in enumerate(zip(prompts, policies, limits))
         ]
         self.cycles: list[BatchCycle] = []
@@ -121,16 +121,20 @@ class BatchSession:
         i = next(j for j, x in enumerate(self.sessions) if x is s)
         return self._live.index(i) if i in self._live else None
 
-    def _kv_cache(self, s: Session) -> list[tuple[Tensor, Tensor]]:
+    # ---------------------------------------------------------------- the driver of its sessions
+    def view(self, s: Session) -> list[tuple[Tensor, Tensor]]:
         b = self._row(s)
         return [] if b is None else self._rows.target.view(b)
 
-    def _cache_bytes(self, s: Session) -> int:
+    def cache_bytes(self, s: Session) -> int:
         b = self._row(s)
-        if b is None:
-            return 0
-        return sum(t.nelement() * t.element_size() for st in (self._rows.target, self._rows.draft)
-                   for kv in st.view(b) for t in kv)
+        return 0 if b is None else self._rows.row_bytes(b)
+
+    def kv_shapes(self, s: Session) -> list:
+        return shapes_of(self.view(s))
+
+    def step_request(self, s: Session):
+        raise RuntimeError("a request of a batch is stepped by its BatchSession: call batch.step()")
 
     def __repr__(self) -> str:
         return (f"BatchSession({len(self.sessions)} requests, {len(self._live)} live, {len(self.cycles)} cycles, "

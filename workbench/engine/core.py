@@ -85,7 +85,7 @@ class Engine:
         ref = model_ref(self.models.target_dir)
         name = ref[len(EMBEDDED):] if ref.startswith(EMBEDDED) else self.models.target_dir.name
         return (f"Engine(target={name}: {t.num_hidden_layers} layers, vocab {t.vocab_size}; "
-                f"draft block {self.models.block_size}, layers {self.models.target_layer_ids}; "
+                f"draft block {self.models.block_size}, reads target layers {self.models.target_layer_ids}; "
                 f"device={self.device}, dtype={str(self.models.dtype).replace('torch.', '')}, "
                 f"kernel_backend={self.kernel_backend!r})"
                 + "".join(f"\n  note: {n}" for n in self.models.notes))
@@ -99,11 +99,15 @@ class Engine:
     def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
-                prompt_ids=None, static_shapes: bool | None = None) -> Session:
+                prompt_ids=None, static_shapes: bool | None = None, driver=None) -> Session:
         """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
         (chat, through the target's chat template) or ``prompt_ids`` (exact ids). ``static_shapes``: every
         draft and verify forward with the same shapes and storage (``workbench.engine.runner.Rows``; default: when
-        the engine captures CUDA graphs)."""
+        the engine captures CUDA graphs). ``driver``: what steps the session and prefills it (default: a
+        driver of its own; ``workbench.engine.scheduler.Scheduler.session`` passes itself)."""
+        if driver is not None and (static_shapes or self.graphs is not None):
+            raise ValueError("static_shapes=True: a session with static shapes has rows of its own; it cannot "
+                             "be driven with others (drop static_shapes, or drive it alone)")
         if static_shapes is False and self.graphs is not None:
             raise ValueError("static_shapes=False on an engine loaded with cuda_graphs=True: graphs replay "
                              "static shapes only; drop static_shapes or load without cuda_graphs")
@@ -113,7 +117,7 @@ class Engine:
             encoded = self.encode(prompt, messages=messages, prompt_ids=prompt_ids)
         return Session(self, encoded, as_policy(policy),
                        Sampling(temperature, top_p, top_k), seed, max_new_tokens,
-                       kernel_backend or self.kernel_backend, record_topk, capture,
+                       kernel_backend or self.kernel_backend, record_topk, capture, driver=driver,
                        static_shapes=bool(static_shapes) or self.graphs is not None)
 
     def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,

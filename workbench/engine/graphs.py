@@ -66,7 +66,7 @@ _HOST_READS = {
 
 def host_read(func, args=(), kwargs=None) -> str | None:
     """Why the torch call ``func(*args, **kwargs)`` needs tensor values on the host (on CUDA, a wait for
-    the device), or None: the one rule the readiness checklist and ``tests/test_sync_free.py`` share."""
+    the device), or None: the one rule the readiness checklist and ``tests/kernels/test_sync_free.py`` share."""
     kwargs = kwargs or {}
     if func in _HOST_READS:
         return getattr(func, "__name__", str(func))
@@ -127,23 +127,19 @@ def _forward_inputs(engine, run) -> tuple[list, list, list]:
             seen[name].append(sig)
         return pre
 
-    orig = runner.Stopwatch.start
-
-    def start(sw, name):  # a host-read log from the draft stage to the start of the verify forward
+    def on_stage(name):  # a host-read log from the draft stage to the start of the verify forward
         if name == "draft":
             state["log"] = HostReadLog()
             state["log"].__enter__()
         elif name == "accept":  # a cycle without a target forward
             close_log()
-        return orig(sw, name)
 
     handles = [m.target.register_forward_pre_hook(hook("target"), with_kwargs=True),
                m.draft.register_forward_pre_hook(hook("draft"), with_kwargs=True)]
-    runner.Stopwatch.start = start
     try:
-        run()
+        with runner.stage_hook(on_stage):
+            run()
     finally:
-        runner.Stopwatch.start = orig
         close_log()
         for h in handles:
             h.remove()

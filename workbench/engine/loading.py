@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.models.registry import refusal
+from workbench.models.registry import pair_mismatch, refusal
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # workbench/assets
 DEFAULT_TARGET = ASSETS / "target"
@@ -247,21 +247,16 @@ def draft_settings(dcfg: dict, draft_dir: Path) -> DraftSettings:
 def check_pair(tcfg, ds: DraftSettings, dcfg: dict, target_dir: Path, draft_dir: Path) -> None:
     """Raise ModelPairError naming both values when the drafter cannot serve the target (``tcfg``: the
     target's text config)."""
-    tv, dv = tcfg.vocab_size, dcfg.get("vocab_size")
-    if tv != dv:
-        raise ModelPairError(f"vocab size differs: target {tv} ({target_dir}) vs draft {dv} ({draft_dir})")
-    th, dh = tcfg.hidden_size, dcfg.get("hidden_size")
-    if th != dh:
-        raise ModelPairError(f"hidden size differs: target {th} ({target_dir}) vs draft {dh} ({draft_dir})")
-    n_layers = tcfg.num_hidden_layers
+    tv, n_layers = tcfg.vocab_size, tcfg.num_hidden_layers
     if ds.num_target_layers is not None and ds.num_target_layers != n_layers:
         raise ModelPairError(f"draft num_target_layers={ds.num_target_layers} ({draft_dir}) but the target has "
                              f"{n_layers} layers ({target_dir}): the drafter was trained for another target")
-    bad = [i for i in ds.target_layer_ids if not 0 <= i < n_layers]
-    if bad:
-        raise ModelPairError(
-            f"draft target_layer_ids {ds.target_layer_ids} out of range for a target with {n_layers} layers (bad: {bad})"
-        )
+    wrong = pair_mismatch((tv, tcfg.hidden_size, n_layers),
+                          (dcfg.get("vocab_size"), dcfg.get("hidden_size"), tuple(ds.target_layer_ids)))
+    if wrong is not None:
+        what, where = wrong
+        raise ModelPairError(what if where == "draft" else
+                             what.replace(" vs draft", f" ({target_dir}) vs draft") + f" ({draft_dir})")
     if not 0 <= ds.mask_token_id < tv:
         raise ModelPairError(f"draft mask_token_id {ds.mask_token_id} is outside the target's embedding of {tv} rows "
                              f"({target_dir})")
@@ -281,6 +276,15 @@ def block_note(ds: DraftSettings) -> str | None:
         return None
     return (f"draft block_size={ds.block_size} is far above the {DEFAULT_BLOCK_SIZE} DFlash drafters are trained "
             f"with: every cycle drafts {ds.block_size} slots; check the drafter's config.json")
+
+
+def last_layer_note(ds: DraftSettings, n_layers: int) -> str | None:
+    """A note when the drafter reads the target's last layer, where engines hand it different tensors."""
+    if n_layers - 1 not in ds.target_layer_ids:
+        return None
+    return (f"draft target_layer_ids {list(ds.target_layer_ids)} include the target's last layer ({n_layers - 1}), "
+            "where engines differ: transformers (and this engine) give the final-normed output, vLLM the pre-norm "
+            "residual, SGLang captures nothing; published drafters read layers 1 to N-3")
 
 
 def mask_note(tokenizer, mask_id: int) -> str | None:
@@ -502,11 +506,12 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     check_pair(text, ds, dcfg, tdir, ddir)
     check_weight_files(tdir, "target")
     check_weight_files(ddir, "draft")
-    big = block_note(ds)
-    if big:  # before any weight loads or any cycle runs
-        import warnings
+    big, last = block_note(ds), last_layer_note(ds, text.num_hidden_layers)
+    for warning in (big, last):  # before any weight loads or any cycle runs
+        if warning:
+            import warnings
 
-        warnings.warn(big, UserWarning, stacklevel=3)
+            warnings.warn(warning, UserWarning, stacklevel=3)
     own = getattr(text, "dtype", None) or getattr(config, "dtype", None)
     dt = resolve_dtype("auto" if dtype is None else dtype, resolve_dtype(own) if own is not None else None)
     tokenizer = load_tokenizer(tdir, trust_remote_code)
@@ -530,5 +535,5 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
         if bars:
             hf_logging.enable_progress_bar()
     note = mask_note(tokenizer, ds.mask_token_id)
-    notes = tuple(notes + dnotes + ([note] if note else []) + ([big] if big else []))
+    notes = tuple(notes + dnotes + [n for n in (note, big, last) if n])
     return Models(tmodel.eval(), dmodel.eval(), tokenizer, tdir, ddir, emb_dev, dt, notes)

@@ -9,6 +9,7 @@ no reference to them between calls.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -17,6 +18,21 @@ from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.models.registry import new_draft_state, new_target_state
 from workbench.engine.policies import AR
 from workbench.engine.sampling import target_choice
+from workbench.records.build import CycleParts
+
+_STAGE_HOOKS: list = []  # callables(name) run as each stage of any cycle starts (see stage_hook)
+
+
+@contextmanager
+def stage_hook(fn):
+    """Within the block, ``fn(name)`` runs as each named stage of every cycle starts ("draft", "verify",
+    ...; "other" first), before the stage's work: what a checker needs to watch one stage of a live
+    cycle (``workbench.engine.graphs.readiness`` logs host reads from the draft to the verify forward)."""
+    _STAGE_HOOKS.append(fn)
+    try:
+        yield fn
+    finally:
+        _STAGE_HOOKS.remove(fn)
 
 
 def clock(device: torch.device) -> float:
@@ -42,6 +58,8 @@ class Stopwatch:
         self._profiling = torch.autograd._profiler_enabled()
 
     def start(self, name: str) -> None:
+        for hook in _STAGE_HOOKS:
+            hook(name)
         now = self.stop()
         self._name, self._t = name, now
         if self._profiling:
@@ -82,7 +100,15 @@ class Rows:
     ``prefill(reqs)`` starts every request; ``step(reqs)`` runs one cycle for the requests given (the
     live ones, in row order) and returns (their Cycle records, the cycle's TreeLayout, the batched
     forwards' records, the stopwatch still running in "record" so the caller's bookkeeping is timed);
-    ``select(rows)`` retires rows. Rows are the requests' order at prefill, less the retired ones.
+    ``select(rows)`` retires rows, ``admit(reqs)`` adds requests to running rows (prefilled apart, their
+    rows appended), ``take(rows)`` copies rows out into a new ``Rows`` (for stepping a subset) and
+    ``merge(other)`` appends another's rows. Row order is the caller's to track: the requests handed to
+    ``step`` must be this object's rows, in order.
+
+    What the cycle reads of a request and hands it (``workbench.engine.request.Request``): its settings
+    (``policy``, ``sampling``, ``generator``, ``max_new_tokens``, ``kernel_backend``, ``capture``), its
+    position (``start``, ``bonus``, ``generated``, ``prompt_ids``), and ``begin`` (after the prefill),
+    ``extend`` (the committed tokens) and ``record`` (its share of the cycle) -- nothing else.
     """
 
     def __init__(self, models, static_shapes: bool = False, graphs=None):
@@ -133,13 +159,46 @@ class Rows:
         chosen = []
         for b, s in enumerate(reqs):
             choice, _ = target_choice(out.logits[b : b + 1], s.sampling, s.generator)
-            s.trace.meta["prefill_top2"] = {"tokens": top2.indices[b].tolist(),
-                                            "logits": top2.values[b].float().tolist()}
             chosen.append(int(choice[0, 0]))
         seconds = clock(m.device) - t0
-        for s, t in zip(reqs, chosen):
-            s.trace.prefill, s.trace.prefill_seconds = out.record, seconds
-            s._append([t])
+        for b, (s, t) in enumerate(zip(reqs, chosen)):
+            s.begin(t, out.record, seconds, {"tokens": top2.indices[b].tolist(),
+                                             "logits": top2.values[b].float().tolist()})
+
+    @property
+    def rows(self) -> int:
+        return self.target.rows
+
+    def admit(self, reqs: list) -> None:
+        """Start ``reqs`` and append their rows after the running ones: one prefill (EXTEND) over the new
+        prompts alone, then their state joins these rows (dynamic shapes only)."""
+        if not self.rows:  # every earlier row retired (or none yet): fresh states, as a new Rows has
+            self.target, self.draft = new_target_state(self.models), new_draft_state(self.models)
+            self.capacity = 0
+            return self.prefill(reqs)
+        if self.static_shapes:
+            raise ValueError("admit: static shapes fix the rows of a forward; requests join running rows with "
+                             "dynamic shapes only (drop static_shapes / cuda_graphs for a batching driver)")
+        new = Rows(self.models)
+        new.prefill(reqs)
+        self.merge(new)
+        self.prefill_record = new.prefill_record
+
+    def row_bytes(self, row: int) -> int:
+        """Bytes of committed model state (target and drafter) held for one row."""
+        return sum(t.nelement() * t.element_size() for st in (self.target, self.draft)
+                   for kv in st.view(row) for t in kv)
+
+    def take(self, rows: list[int]) -> "Rows":
+        """A new ``Rows`` holding copies of ``rows`` (in that order); these are unchanged."""
+        out = Rows(self.models)
+        out.target, out.draft = self.target.take(rows), self.draft.take(rows)
+        return out
+
+    def merge(self, other: "Rows") -> None:
+        """Append ``other``'s rows after these (``other`` is consumed)."""
+        self.target.admit(other.target)
+        self.draft.admit(other.draft)
 
     def select(self, rows: list[int]) -> None:
         self.target.select(rows)
@@ -182,17 +241,16 @@ class Rows:
         sw.start("commit")
         committed = stages.commit(self.target, layout, accepted, verified.features)
         self.draft.add_context([c.context for c in committed])
-        kept = [s._append(c.tokens) for s, c in zip(reqs, committed)]
+        kept = [s.extend(c.tokens) for s, c in zip(reqs, committed)]
         sw.start("record")
         times = sw.times  # every Cycle holds this dict: "record" and the rest of "other" land in it later
         cycles = []
         state_from = self.target.state_from  # [B, N]: recurrent targets only (None: no recurrent state)
         for b, s in enumerate(reqs):
-            cyc = s._record(policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
-                            verified.row(b, layout.n[b]), committed[b], kept[b], times,
-                            None if state_from is None else state_from[b, : layout.n[b]])
-            s.trace.append(cyc)
-            cycles.append(cyc)
+            cycles.append(s.record(CycleParts(
+                policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
+                verified.row(b, layout.n[b]), committed[b], kept[b], times,
+                None if state_from is None else state_from[b, : layout.n[b]])))
         draft_rec = next((d.record for d in drafted if d is not None), None)
         forwards = tuple(r for r in (draft_rec, verified.record) if r is not None)
         return cycles, layout, forwards, sw

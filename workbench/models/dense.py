@@ -95,7 +95,7 @@ class KVBuffers(Cache):
     def __init__(self, config, lengths: list[int], num_layers: int | None = None):
         """``num_layers``: how many attention layers (default: every layer of ``config``; a hybrid's
         composite cache holds only its attention layers here)."""
-        n = config.get_text_config(decoder=True).num_hidden_layers if num_layers is None else num_layers
+        n = config.get_text_config(decoder=True).num_hidden_layers if num_layers is None else num_layers  # (config unused then)
         super().__init__(layers=[KVLayer(self) for _ in range(n)])
         self.lengths = list(lengths)
         self._plan = None
@@ -234,6 +234,49 @@ class KVBuffers(Cache):
             self._rows_idx = None
         self.set_lengths([self.lengths[b] for b in keep])
 
+    def admit(self, other: "KVBuffers") -> None:
+        """Append ``other``'s rows after these (requests joining running rows): one store of the wider
+        capacity, each row's used columns where they were. Dynamic mode only (a static store's rows are fixed)."""
+        if self.static is not None or other.static is not None:
+            raise ValueError("admit: a static-shape cache holds a fixed number of rows; requests can join "
+                             "running rows with dynamic shapes only (drop static_shapes)")
+        if other.store is not None or self.store is not None:
+            a, b = self.store, other.store
+            ref = a if a is not None else b
+            if a is not None and b is not None and (a.shape[3], a.shape[5], a.dtype, self.dims) != (
+                    b.shape[3], b.shape[5], b.dtype, other.dims):
+                raise ValueError(f"admit: rows of store {tuple(b.shape)} ({b.dtype}) cannot join a store "
+                                 f"{tuple(a.shape)} ({a.dtype}): one cache holds one model's rows")
+            cap = max(x.shape[4] for x in (a, b) if x is not None)
+
+            def fit(x, rows):  # [layers, 2, rows, heads, cap, dim]: missing rows are zeros (nothing used)
+                shape = (*ref.shape[:2], rows, ref.shape[3], cap, ref.shape[5])
+                if x is None:
+                    return ref.new_zeros(shape)
+                if x.shape[4] == cap:
+                    return x
+                out = x.new_zeros(shape)
+                out[:, :, :, :, : x.shape[4]].copy_(x)
+                return out
+
+            self.dims = self.dims or other.dims
+            self._point(torch.cat([fit(a, self.rows), fit(b, other.rows)], dim=2))
+            self._rows_idx = None
+            if a is None:  # the layers learn dtype and device at their first write: these rows never wrote
+                for mine, theirs in zip(self.layers, other.layers):
+                    mine.dtype, mine.device, mine.is_initialized = theirs.dtype, theirs.device, theirs.is_initialized
+        self.set_lengths(self.lengths + other.lengths)
+
+    def take(self, rows: list[int]) -> "KVBuffers":
+        """A new cache holding copies of ``rows`` (in that order); this one is unchanged."""
+        out = KVBuffers(None, [self.lengths[b] for b in rows], num_layers=len(self.layers))
+        if self.store is not None:
+            out.dims = self.dims
+            out._point(self.store.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.store.device)))
+            for mine, theirs in zip(out.layers, self.layers):
+                mine.dtype, mine.device, mine.is_initialized = theirs.dtype, theirs.device, theirs.is_initialized
+        return out
+
     def nbytes(self) -> int:
         """Bytes of the committed rows (all rows, all layers)."""
         total = 0
@@ -282,7 +325,9 @@ class PrefixMask:
             if self.width is not None:
                 self._fresh(B, N, self.width, starts)
             else:
-                self._fresh(B, max(N, r if rows == B else 0), max(W, 2 * c, 256), starts)
+                # Columns grow by doubling when a tree outgrows them, and never otherwise: a rebuild for new
+                # rows (requests joining or sitting out) keeps the width it had.
+                self._fresh(B, max(N, r if rows == B else 0), max(W if W <= c else max(W, 2 * c), c, 256), starts)
             old = self._written
         inf = float("-inf")
         zero, hidden = self._scalars()
@@ -515,6 +560,15 @@ class DenseKV:
         if self.static is not None:
             self.static.select(rows)
 
+    def admit(self, other: "DenseKV") -> None:
+        """Append ``other``'s rows (requests prefilled apart) after these."""
+        self.cache.admit(other.cache)
+        self.masks.reset()
+
+    def take(self, rows: list[int]) -> "DenseKV":
+        """A new state holding copies of ``rows`` (this one is unchanged)."""
+        return DenseKV(self.models, self.capture, cache=self.cache.take(rows))
+
     def view(self, row: int) -> list[tuple[Tensor, Tensor]]:
         return self.cache.kv(row)
 
@@ -735,6 +789,22 @@ class DraftKV:
         self.context = [self.context[r] for r in rows]
         if self.static is not None:
             self.static.select(rows)
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    def admit(self, other: "DraftKV") -> None:
+        """Append ``other``'s rows (their K/V and pending context) after these."""
+        self.cache.admit(other.cache)
+        self.context = self.context + other.context
+
+    def take(self, rows: list[int]) -> "DraftKV":
+        """A new state holding copies of ``rows`` (pending context included)."""
+        out = DraftKV(self.models, self.capture)
+        out.cache = self.cache.take(rows)
+        out.context = [self.context[r] for r in rows]
+        return out
 
     def crop(self, lengths: list[int]) -> None:
         """Free for K/V; the pending context of the dropped positions is dropped with them."""

@@ -7,7 +7,7 @@ and an RMSNorm of six or seven ops. For the small models this workbench runs on 
 bound by op dispatch rather than arithmetic, that machinery is about a quarter of a verify's time. This
 forward runs the same modules' weights layer by layer with the same ops (RMSNorm through the fused
 ``F.rms_norm``), so on a CPU its outputs equal the model's own forward bit for bit
-(``tests/test_dense_forward.py``; on CUDA the fused RMSNorm kernel may round differently: not run), the
+(``tests/models/test_dense_forward.py``; on CUDA the fused RMSNorm kernel may round differently: not run), the
 way SGLang runs a checkpoint through its own model code.
 
 ``plan(target)`` says once per model whether it applies (else the caller runs the model's own forward):

@@ -4,7 +4,7 @@ The layer's own projections, gates, gated RMSNorm and output projection, with it
 replaced by the tree kernels (``dispatch.gdn_tree_conv`` / ``gdn_tree_delta_rule_gated``: with a SGLang
 backend, the conv and fused-gating kernels SGLang's Triton GDN backend runs in TARGET_VERIFY), so that every node
 continues from its parent. What a hybrid model state calls per linear-attention layer in TARGET_VERIFY;
-``tests/test_gdn_layer.py`` checks it against the layer's own cached forward of every root-to-node path.
+``tests/models/test_gdn_layer.py`` checks it against the layer's own cached forward of every root-to-node path.
 """
 from __future__ import annotations
 

@@ -69,11 +69,12 @@ class HybridCache(Cache):
     """The one cache object the target's forward sees: ``KVLayer``s (owned by ``kv``) at the attention
     layers, ``GDNSlot``s at the linear ones, and the route the swapped GatedDeltaNet forwards read."""
 
-    def __init__(self, config, lengths: list[int]):
+    def __init__(self, config, lengths: list[int], kv: KVBuffers | None = None):
+        """``kv``: the attention layers' buffers to hold (default: new ones, ``lengths`` rows)."""
         types = list(layer_types(text_fields(config)))
         self.attn_ids = [i for i, t in enumerate(types) if t != "linear_attention"]
         self.linear_ids = [i for i, t in enumerate(types) if t == "linear_attention"]
-        self.kv = KVBuffers(config, lengths, num_layers=len(self.attn_ids))
+        self.kv = KVBuffers(config, lengths, num_layers=len(self.attn_ids)) if kv is None else kv
         kv_layers = iter(self.kv.layers)
         super().__init__(layers=[GDNSlot() if t == "linear_attention" else next(kv_layers) for t in types])
         self.route: TreeRoute | None = None  # set for a tree forward; None: prefill
@@ -242,6 +243,29 @@ class HybridGDN:
             if slot.conv is not None:
                 slot.conv, slot.ssm = slot.conv.index_select(0, idx), slot.ssm.index_select(0, idx)
         self.attention.select(rows)
+
+    def admit(self, other: "HybridGDN") -> None:
+        """Append ``other``'s rows: attention K/V through the dense part, each linear layer's window and state."""
+        for mine, theirs in zip(self.cache.slots, other.cache.slots):
+            if theirs.conv is None:
+                continue
+            if mine.conv is None and self.rows:
+                raise ValueError("admit: these rows have no linear-attention state yet (prefill them first)")
+            mine.conv = theirs.conv if mine.conv is None else torch.cat([mine.conv, theirs.conv])
+            mine.ssm = theirs.ssm if mine.ssm is None else torch.cat([mine.ssm, theirs.ssm])
+        self.attention.admit(other.attention)
+
+    def take(self, rows: list[int]) -> "HybridGDN":
+        """A new state holding copies of ``rows`` (this one is unchanged)."""
+        out = HybridGDN(self.models, self.capture)
+        kv = self.cache.kv.take(rows)
+        out.cache = HybridCache(self.models.target.config, kv.lengths, kv=kv)
+        out.attention = DenseKV(self.models, cache=kv, run=out._run)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.models.device)
+        for mine, theirs in zip(out.cache.slots, self.cache.slots):
+            if theirs.conv is not None:
+                mine.conv, mine.ssm = theirs.conv.index_select(0, idx), theirs.ssm.index_select(0, idx)
+        return out
 
     # ---------------------------------------------------------------------------------------- views
     def view(self, row: int) -> list[tuple[Tensor, Tensor]]:

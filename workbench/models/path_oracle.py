@@ -7,7 +7,7 @@ its state. The test checks it against one uncached forward of context + path per
 ``flattened_logits`` is the naive tree verify a dense target gets away with: one forward of every node
 with the tree attention mask and depth positions. Attention layers honour the mask; a GatedDeltaNet layer
 takes none, so its conv and state run over the flattened order and a sibling continues from the branch
-before it (``tests/test_hybrid_oracle.py`` measures by how much).
+before it (``tests/models/test_hybrid_oracle.py`` measures by how much).
 """
 from __future__ import annotations
 

@@ -118,6 +118,22 @@ def _load(ref: str):
 _TARGET_STATES: list[tuple[Callable, Callable]] = []
 
 
+def pair_mismatch(target: tuple[int, int, int], draft: tuple[int, int, tuple]) -> tuple[str, str] | None:
+    """The one rule of which drafter fits which target, from (vocab, hidden, layers) of the target and
+    (vocab, hidden, target_layer_ids) of the drafter: it embeds with the target's embedding, projects with
+    its LM head, and reads its hidden states at ``target_layer_ids``. -> (what differs, in words; which
+    side to name the models at: "both" or "draft"), or None when it fits."""
+    (tv, th, n), (dv, dh, ids) = target, draft
+    if tv != dv:
+        return f"vocab size differs: target {tv} vs draft {dv}", "both"
+    if th != dh:
+        return f"hidden size differs: target {th} vs draft {dh}", "both"
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        return f"draft target_layer_ids {list(ids)} out of range for a target with {n} layers (bad: {bad})", "draft"
+    return None
+
+
 def register_target_state(detect: Callable, factory: Callable) -> None:
     """Route targets whose config ``detect`` accepts to ``factory(models, capture) -> TargetState``
     (the last registered is tried first; then the families above)."""

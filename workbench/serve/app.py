@@ -175,7 +175,7 @@ def session_state(e: Entry, since: int = 0, until: int | None = None, budget: in
             break
         page.append(b)
         size += len(b) + 1
-    kv = [[list(k.shape), list(v.shape)] for k, v in s.kv_cache()]
+    kv = s.kv_shapes()
     head = wire.dumps({
         "id": e.id, "prompt": s.prompt, "prompt_ids": s.prompt_ids, "policy": wire.policy_to_wire(s.policy),
         "temperature": s.sampling.temperature, "top_p": s.sampling.top_p, "top_k": s.sampling.top_k,

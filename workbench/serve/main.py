@@ -71,7 +71,9 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
         limits = Limits(max_sessions=args.max_sessions, max_new_tokens=args.max_new_tokens,
                         max_budget=args.max_budget, session_ttl=args.session_ttl, max_body_bytes=args.max_body_bytes,
                         max_reply_bytes=args.max_reply_bytes, max_connections=args.max_connections,
-                        header_timeout=args.header_timeout, body_timeout=args.body_timeout)
+                        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                        batching=args.batching, max_batch_rows=args.max_batch_rows,
+                        max_batch_nodes=args.max_batch_nodes)
     except ValueError as e:
         raise usage_error(f"--{str(e).split('=')[0].replace('_', '-')}: {e}") from None
     from workbench.serve.server import listen

@@ -182,6 +182,7 @@ class EngineServer:
             self.store.stopping.set()
             self.sock.close()
         dropped = self.store.drop_all()
+        self.store.close()
         self.store.release_memory()
         log.info("stopped%s; dropped %d live session(s)%s", f" ({self.stopped_by})" if self.stopped_by else "",
                  len(dropped), (": " + ", ".join(dropped)) if dropped else "")

@@ -1,11 +1,16 @@
 """The server's live sessions: one engine, many isolated sessions, one model call at a time.
 
-Every forward (a session's prefill, each cycle) runs under ``model_lock``: the models and
-a shape capture's hooks are shared, so two forwards must never interleave. Nothing else
-does: the prompt is checked and tokenized, and replies are encoded, outside it. A session's
-own lock keeps one request at a time on it (a run's cycles stay contiguous), with at most one
-more waiting. Idle sessions expire after ``limits.session_ttl`` seconds; dropping the last
-reference frees their KV caches, and the sweeper then hands freed memory back to the system.
+Batching on (the default): the sessions are driven by one ``workbench.engine.scheduler.Scheduler``, so
+the pending steps of every client run as rows of one cycle (one draft and one verify forward), each
+client still seeing exactly its own session. Sessions with static shapes (or an engine with CUDA
+graphs) are driven apart, as every session is with batching off: each its own rows, one cycle at a time.
+
+Every forward (a prefill, a cycle) runs under ``model_lock``: the models and a shape capture's hooks
+are shared, so two forwards must never interleave. Nothing else does: the prompt is checked and
+tokenized, and replies are encoded, outside it. A session's own lock keeps one request at a time on
+it (a run's cycles stay contiguous), with at most one more waiting. Idle sessions expire after
+``limits.session_ttl`` seconds; dropping the last reference frees their KV caches, and the sweeper
+then hands freed memory back to the system.
 """
 from __future__ import annotations
 
@@ -50,10 +55,15 @@ class Limits:
     max_connections: int = 256
     header_timeout: float = 5.0
     body_timeout: float = 10.0
+    batching: bool = True  # the sessions' steps batched into shared cycles (workbench.engine.scheduler)
+    max_batch_rows: int = 16  # sessions per batched cycle
+    max_batch_nodes: int = 4096  # rows x padded tree nodes per batched verify
 
     def __post_init__(self):
+        if not isinstance(self.batching, bool):
+            raise ValueError(f"batching={self.batching!r} must be True or False")
         for name in ("max_sessions", "max_new_tokens", "max_budget", "max_body_bytes", "max_reply_bytes",
-                     "max_connections"):
+                     "max_connections", "max_batch_rows", "max_batch_nodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
@@ -118,6 +128,12 @@ class SessionStore:
         # forward: a worker thread started before a later torch.set_num_threads keeps the old count (other float
         # sums), so a served cycle would depend on when its thread was made
         self.threads = torch.get_num_threads()
+        self.scheduler = None
+        if limits.batching and getattr(engine, "graphs", None) is None:
+            from workbench.engine.scheduler import BatchLimits, Scheduler
+
+            self.scheduler = Scheduler(engine, BatchLimits(limits.max_batch_rows, limits.max_batch_nodes),
+                                       lock=self.model_lock, before_cycle=self._check_running, threads=self.threads)
 
     def _own_threads(self) -> None:
         torch.set_num_threads(self.threads)  # always: get_num_threads() reads a global that need not be this thread's
@@ -180,12 +196,15 @@ class SessionStore:
                                  "with --max-sessions N", limit="max_sessions")
             self._pending += 1
         try:
-            with self.model_lock:
-                self._check_running()
-                self._own_threads()
-                cap = ShapeCapture(self.engine) if capture else None
-                s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
-            s.step = self._locked(s)
+            cap = ShapeCapture(self.engine) if capture else None
+            if self.scheduler is not None and not kw.get("static_shapes"):
+                s = self.scheduler.session(prompt, policy=policy, capture=cap, **kw)
+            else:  # driven apart: its own rows, its cycles under the model lock one at a time
+                with self.model_lock:
+                    self._check_running()
+                    self._own_threads()
+                    s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
+                s.step = self._locked(s)
             now = self.clock()
             e = Entry(secrets.token_hex(8), s, now, now)
             with self._lock:
@@ -250,7 +269,10 @@ class SessionStore:
 
     def _drop(self, sid: str, why: str) -> None:
         with self._lock:
-            self._entries.pop(sid, None)
+            e = self._entries.pop(sid, None)
+        if e is not None and self.scheduler is not None and e.session.driver is self.scheduler:
+            self.scheduler.release(e.session)  # its rows leave the batch
+        with self._lock:
             self._gone[sid] = why
             while len(self._gone) > 4096:
                 self._gone.popitem(last=False)
@@ -281,6 +303,11 @@ class SessionStore:
         for sid in ids:
             self._drop(sid, "was dropped when the server stopped")
         return ids
+
+    def close(self) -> None:
+        """Stop the batching worker (after ``drop_all``): later steps are refused."""
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def entries(self) -> list[Entry]:
         with self._lock:

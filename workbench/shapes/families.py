@@ -11,7 +11,7 @@
 The one home of per-family structure, for the shape plan (``wb.shapes.plan``) and the roofline cost
 (``wb.shapes.cost``, which adds only FLOPs and bytes per forward). Layer counts, widths and state
 shapes follow transformers 5.15's modeling code (the parameter formulas are checked against its
-meta-device models in tests/test_plan_families.py and tests/test_cost.py) and SGLang 0.5.23's memory
+meta-device models in tests/shapes/test_plan_families.py and tests/shapes/test_cost.py) and SGLang 0.5.23's memory
 pools (``MHATokenToKVPool``, ``MLATokenToKVPool``, ``MambaPool`` and its ``SpeculativeState``).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.models.registry import (DTYPE_BYTES, FAMILIES, TEXT_OF, LinearAttention, StateSpec,  # noqa: F401
-                                       dtype_bytes, kv_layout, linear_attention, text_config)
+                                       dtype_bytes, kv_layout, linear_attention, pair_mismatch, text_config)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped config.json files, by model name
 
@@ -412,13 +412,11 @@ def check_pair(target: ModelFacts, draft: ModelFacts | None) -> None:
         return
     if draft.draft is None:
         raise ValueError("draft_config is not a DFlash drafter (no dflash_config / target_layer_ids)")
-    if (draft.hidden_size, draft.vocab_size) != (target.hidden_size, target.vocab_size):
-        raise ValueError(f"draft hidden/vocab {draft.hidden_size}/{draft.vocab_size} != target's "
-                         f"{target.hidden_size}/{target.vocab_size}; the drafter shares the target's embedding "
-                         "and LM head")
-    bad = [i for i in draft.draft.target_layer_ids if not 0 <= i < target.layers]
-    if bad:
-        raise ValueError(f"draft target_layer_ids {bad} are outside the target's {target.layers} layers")
+    wrong = pair_mismatch((target.vocab_size, target.hidden_size, target.layers),
+                          (draft.vocab_size, draft.hidden_size, tuple(draft.draft.target_layer_ids)))
+    if wrong is not None:
+        raise ValueError(f"{wrong[0]}: the drafter embeds with the target's embedding, projects with its LM head "
+                         "and reads its layers (draft_config does not fit target_config)")
 
 
 # --------------------------------------------------------------------------------------------- state sizes

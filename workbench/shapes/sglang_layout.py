@@ -19,7 +19,7 @@ Where SGLang 0.5.23's code runs here it computes the numbers (``by`` column):
   (``sglang_source.sglang_def``) with the module globals it uses;
 - ``workbench rule``: our pure-Python rule, used where sglang is absent or the batch is ragged
   beyond what SGLang's uniform code takes. Every such rule names the SGLang expression it mirrors
-  in ``SGLANG_RULES`` (sglang_source.py); tests/test_sglang_layout.py fails when the installed source stops
+  in ``SGLANG_RULES`` (sglang_source.py); tests/shapes/test_sglang_layout.py fails when the installed source stops
   containing it.
 
 ``custom_mask_elements`` is the one place for mask sizes (FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING).

@@ -1,7 +1,7 @@
 """SGLang's installed source, read without importing it: where each rule lives, and one definition run alone.
 
 ``SGLANG_RULES`` names every SGLang expression the workbench mirrors (file, function, expression);
-``rule_holds`` checks the installed source still contains it (tests/test_sglang_layout.py runs it
+``rule_holds`` checks the installed source still contains it (tests/shapes/test_sglang_layout.py runs it
 for each). ``sglang_def`` compiles one function or class from an installed file and returns it, for
 modules that cannot be imported on this machine (see sglang_layout's docstring for why).
 """

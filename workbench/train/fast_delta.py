@@ -4,7 +4,7 @@ transformers' torch fallback for GatedDeltaNet (``torch_chunk_gated_delta_rule``
 ``models/qwen3_5``) solves each chunk's unit lower-triangular system row by row, in a Python
 loop of ``chunk_size`` steps; under autograd that loop costs more than the rest of the
 model's step. The same system is solved here by one ``torch.linalg.solve_triangular``.
-Same math, same signature, same result to float32 rounding (``tests/test_train_hybrid.py``);
+Same math, same signature, same result to float32 rounding (``tests/train/test_train_hybrid.py``);
 the trained weights are plain Qwen3.5 weights that transformers' own path runs.
 
 Per head, with state S [dk, dv], log-decay g_t and write strength beta_t (HF's recurrent form):

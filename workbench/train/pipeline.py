@@ -62,7 +62,11 @@ class Recipe:
     ul_alpha: float = 0.5
     ul_lr: float = 6e-4
     draft_layers: int = 2
-    target_layer_ids: tuple[int, ...] = (1, 3, 5)
+    # Evenly spaced from layer 1 to layer N-2, never the last layer: vLLM captures a layer's output
+    # before the final norm and SGLang captures "before layer k + 1", so a last-layer feature is not
+    # the tensor transformers' hidden_states[N] (final-normed) hands our engine and our training.
+    # z-lab's rule (1 to N-3, one id per draft layer) would give 2 ids of 6 layers; 4 ids read more.
+    target_layer_ids: tuple[int, ...] = (1, 2, 3, 4)
     block_size: int = 16
     distill_prompts: int = 6144
     distill_prompt_tokens: int = 96
@@ -104,6 +108,12 @@ class HybridRecipe(Recipe):
     draft_steps: int = 3000
 
 
+# The recipe fields a `--stage draft` run decides (the rest trained the target and stay as recorded).
+DRAFTER_FIELDS = ("draft_layers", "target_layer_ids", "block_size", "distill_prompts", "distill_prompt_tokens",
+                  "distill_new_tokens", "short_share", "bucket_by_length", "draft_steps", "draft_batch",
+                  "anchors_per_seq", "draft_lr", "gamma", "kd_weight")
+
+
 def smoke_recipe() -> Recipe:
     """Tiny models, a few steps of every stage (the loops phase included)."""
     return Recipe(
@@ -118,7 +128,7 @@ def smoke_recipe() -> Recipe:
 def hybrid_smoke_recipe() -> HybridRecipe:
     """The smoke recipe's sizes as a hybrid (one full-attention layer in three), no loops phase."""
     small = {k: v for k, v in asdict(smoke_recipe()).items() if k not in ("ul_rounds", "layers", "target_layer_ids")}
-    return HybridRecipe(**small, layers=3, target_layer_ids=(0, 2), ul_rounds=0, linear_key_heads=1,
+    return HybridRecipe(**small, layers=3, target_layer_ids=(0, 1), ul_rounds=0, linear_key_heads=1,
                         linear_value_heads=2, linear_head_dim=16)
 
 
@@ -858,6 +868,17 @@ def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 
     return figures
 
 
+def convention_figures(out: Path, splits: dict) -> dict:
+    """The engine-convention table for the pair in ``out`` (``workbench.engines.conventions``) on the first
+    long evaluation prompt: the feature each engine's capture rule would hand the drafter."""
+    import workbench as wb
+    from workbench.engines.conventions import conventions_report
+
+    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    first = next(iter(splits.values()))[0]["prompt"]
+    return conventions_report(engine.models, engine.encode(first).ids)
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
@@ -938,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics = json.loads(old.read_text()) if old.exists() else {}
         metrics["engine"] = engine_figures(out, first_prompts(read_eval_prompts(out), args.eval_prompts),
                                            recipe.eval_new_tokens)
+        metrics["engine_conventions"] = convention_figures(out, read_eval_prompts(out))
         tmp = out / "training_report.json.tmp"
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
         tmp.replace(old)
@@ -981,13 +1003,20 @@ def main(argv: list[str] | None = None) -> int:
         draft = DFlashDraftModel.from_pretrained(out / "draft").eval()
     metrics = (hybrid_report if hybrid else report)(target, draft, tokenizer, held_ids, prompts, recipe, out, known,
                                                     new_tokens=recipe.eval_new_tokens)
+    metrics["engine_conventions"] = convention_figures(out, prompts)
     if (out / "loops_phase.json").exists():  # what the target's loops phase did, written by that stage
         metrics["loops_phase"] = json.loads((out / "loops_phase.json").read_text())
     old = out / "training_report.json"
     if args.stage in ("report", "draft") and old.exists():  # the recipe is whatever trained the target
         earlier = json.loads(old.read_text())
         metrics.update({k: v for k, v in earlier.items() if k in ("recipe", "draft_phase2", "draft_finetune")})
-        if args.stage == "draft":
+        if args.stage == "draft":  # the drafter's side of the recipe is this run's
+            # The figures of the drafter this run replaces, kept for comparison (one level deep).
+            metrics["previous_drafter"] = {
+                "target_layer_ids": earlier.get("recipe", {}).get("target_layer_ids"),
+                **{k: v for k, v in earlier.items() if k not in ("recipe", "previous_drafter", "loops_phase")}}
+            metrics["recipe"] = dict(metrics.get("recipe", {}))
+            metrics["recipe"].update({k: v for k, v in asdict(recipe).items() if k in DRAFTER_FIELDS})
             metrics["draft_finetune"] = {
                 "resume_draft": args.resume_draft, "seed": args.seed,
                 **{k: getattr(recipe, k) for k in ("draft_steps", "draft_lr", "distill_prompts", "short_share")},

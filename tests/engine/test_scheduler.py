@@ -1,0 +1,231 @@
+"""Requests joining running rows (``Rows.admit`` / ``take`` / ``merge``) and the continuous-batching
+``Scheduler``: every request's tokens and records equal the same request run alone."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import workbench as wb
+from test_batch import check_same_cycles
+from test_engine import tiny_prompts
+from tiny_hybrid import make_hybrid_pair
+from workbench.engine.runner import Rows
+from workbench.engine.scheduler import BatchLimits, Scheduler
+
+POLICIES = [wb.DDTree(12), wb.DFlash(), wb.AR(), wb.DDTree(5), wb.DDTree(30)]
+TEMPS = [0.0, 0.0, 0.8, 1.0, 0.0]
+
+
+class HandDriver:
+    """A driver the test steps by hand: the Session API over one Rows it owns."""
+
+    def __init__(self, engine):
+        self.rows = Rows(engine.models)
+
+    def step_request(self, s):
+        raise RuntimeError("stepped by the test")
+
+    def view(self, s):
+        return []
+
+    def cache_bytes(self, s):
+        return 0
+
+
+def alone(engine, prompt, policy, temperature, n=24, seed=3):
+    s = engine.session(prompt, policy=policy, temperature=temperature, seed=seed, max_new_tokens=n)
+    s.run()
+    return s
+
+
+@torch.inference_mode()
+def drive_by_hand(engine, prompts, n=24, seed=3):
+    """Two requests start; after two cycles the rest join; from then on, every other cycle leaves the
+    last row out (copied out and merged back); finished rows are retired."""
+    d = HandDriver(engine)
+    mk = lambda i: engine.session(prompts[i], policy=POLICIES[i], temperature=TEMPS[i], seed=seed,  # noqa: E731
+                                  max_new_tokens=n, driver=d)
+    every = [mk(0), mk(1)]
+    live = list(every)
+    d.rows.admit(live)
+    for _ in range(2):
+        d.rows.step(live)[3].stop()
+    late = [mk(i) for i in range(2, len(prompts))]
+    d.rows.admit(late)
+    every += late
+    live += late
+    turn = 0
+    while live:
+        keep = [i for i, s in enumerate(live) if not s.finished]
+        if len(keep) != len(live):
+            d.rows.select(keep)
+            live = [live[i] for i in keep]
+        if not live:
+            break
+        turn += 1
+        if turn % 2 and len(live) > 1:
+            parked = d.rows.take([len(live) - 1])
+            d.rows.select(list(range(len(live) - 1)))
+            d.rows.step(live[:-1])[3].stop()
+            d.rows.merge(parked)
+            live = live[:-1] + live[-1:]  # (the parked row follows the others again)
+        else:
+            d.rows.step(live)[3].stop()
+    return every
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine(tmp_path_factory):
+    t, d = make_hybrid_pair(tmp_path_factory.mktemp("hyb"), "qwen3_5", seed=4, vocab=40)
+    return wb.load(target=t, draft=d)
+
+
+@pytest.mark.parametrize("which", ["l4-h32", "l6-h32-d2", "hybrid"])
+def test_requests_joining_and_sitting_out_running_rows_equal_each_alone(tiny_engines, hybrid_engine, which):
+    engine = hybrid_engine if which == "hybrid" else tiny_engines[which]
+    prompts = tiny_prompts(engine, len(POLICIES), seed=11)
+    got = drive_by_hand(engine, prompts)
+    for i, s in enumerate(got):
+        ref = alone(engine, prompts[i], POLICIES[i], TEMPS[i])
+        assert s.tokens == ref.tokens, (which, i, POLICIES[i], TEMPS[i])
+        check_same_cycles(s, ref)
+        assert s.finish_reason == ref.finish_reason
+
+
+@torch.inference_mode()
+def test_take_copies_rows_and_merge_appends_them(tiny_engines):
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 3, seed=2)
+    d = HandDriver(engine)
+    reqs = [engine.session(p, policy=wb.DDTree(8), max_new_tokens=40, driver=d) for p in prompts]
+    d.rows.admit(reqs)
+    d.rows.step(reqs)[3].stop()
+    before = [[t.clone() for kv in d.rows.target.view(b) for t in kv] for b in range(3)]
+    copy = d.rows.take([2, 0])
+    assert copy.rows == 2 and d.rows.rows == 3  # a copy: the source keeps its rows
+    for row, src in ((0, 2), (1, 0)):
+        got = [t for kv in copy.target.view(row) for t in kv]
+        assert all(torch.equal(a, b) for a, b in zip(got, before[src]))
+    d.rows.select([1])
+    d.rows.merge(copy)
+    assert d.rows.rows == 3 and d.rows.target.lengths == [reqs[1].start, reqs[2].start, reqs[0].start]
+    assert d.rows.draft.rows == 3 and len(d.rows.draft.context) == 3
+
+
+@torch.inference_mode()
+def test_static_rows_refuse_to_admit(tiny_engines):
+    engine = tiny_engines["l4-h32"]
+    with pytest.raises(ValueError, match="static_shapes=True: a session with static shapes"):
+        engine.session("x", static_shapes=True, driver=HandDriver(engine))
+    rows = Rows(engine.models, static_shapes=True)
+    s = engine.session("ab", max_new_tokens=8)
+    rows.prefill([s])
+    with pytest.raises(ValueError, match="admit: static shapes fix the rows"):
+        rows.admit([engine.session("cd", max_new_tokens=8)])
+
+
+def run_clients(scheduler, engine, prompts, n=24, seed=3, policies=POLICIES, temps=TEMPS):
+    out = [None] * len(prompts)
+    errors = []
+
+    def client(i):
+        try:
+            s = scheduler.session(prompts[i], policy=policies[i], temperature=temps[i], seed=seed, max_new_tokens=n)
+            s.run()
+            out[i] = s
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("which", ["l6-h32-d2", "hybrid"])
+def test_scheduled_sessions_equal_each_alone_and_share_cycles(tiny_engines, hybrid_engine, which):
+    engine = hybrid_engine if which == "hybrid" else tiny_engines[which]
+    prompts = tiny_prompts(engine, len(POLICIES), seed=5)
+    sch = Scheduler(engine, BatchLimits(gather_seconds=0.05))
+    try:
+        got = run_clients(sch, engine, prompts)
+    finally:
+        sch.close()
+    for i, s in enumerate(got):
+        ref = alone(engine, prompts[i], POLICIES[i], TEMPS[i])
+        assert s.tokens == ref.tokens, (which, i)
+        check_same_cycles(s, ref)
+        assert s.trace.meta["seed"] == ref.trace.meta["seed"] and s.trace.meta["policy"] == ref.trace.meta["policy"]
+    st = sch.stats
+    assert st.most_rows > 1  # the sessions really shared forwards
+    assert st.rows_stepped == sum(len(s.cycles) for s in got) and st.cycles < st.rows_stepped
+    assert st.most_waited <= len(prompts) - 1  # the fairness bound
+
+
+def test_scheduler_limits_rows_and_nodes_per_cycle(tiny_engines):
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 5, seed=8)
+    pols = [wb.DDTree(7)] * 5  # 8 nodes each
+    sch = Scheduler(engine, BatchLimits(max_rows=4, max_nodes=24, gather_seconds=0.05))  # 24 nodes: 3 rows of 8
+    sizes = []
+    orig = sch.rows.step
+
+    def spy(reqs):
+        sizes.append(len(reqs))
+        return orig(reqs)
+
+    sch.rows.step = spy
+    try:
+        got = run_clients(sch, engine, prompts, policies=pols, temps=[0.0] * 5)
+    finally:
+        sch.close()
+    assert max(sizes) == 3 and sch.stats.most_rows == 3
+    for p, s in zip(prompts, got):
+        assert s.tokens == alone(engine, p, wb.DDTree(7), 0.0).tokens
+
+
+def test_a_released_session_leaves_the_rows_and_a_closed_scheduler_refuses(tiny_engines):
+    engine = tiny_engines["l4-h32"]
+    sch = Scheduler(engine)
+    try:
+        a = sch.session("ab", policy=wb.DDTree(4), max_new_tokens=30)
+        b = sch.session("cd", policy=wb.DDTree(4), max_new_tokens=30)
+        a.step()
+        assert sch.rows.rows == 2 and a.cache_bytes() > 0
+        sch.release(a)
+        b.step()  # the worker retires a's rows before b's cycle
+        assert sch.rows.rows == 1 and sch.order == [b]
+        assert b.tokens == alone(engine, "cd", wb.DDTree(4), 0.0, n=30).tokens[: len(b.tokens)]
+        sch.release(b)
+        c = sch.session("ef", policy=wb.DDTree(4), max_new_tokens=12)  # rows emptied, then a new one joins
+        assert sch.rows.rows == 1 and c.run().new_tokens == 12
+        assert c.tokens == alone(engine, "ef", wb.DDTree(4), 0.0, n=12).tokens
+    finally:
+        sch.close()
+    with pytest.raises(RuntimeError, match="the scheduler has stopped"):
+        b.step()
+
+
+def test_a_failing_cycle_reaches_its_sessions_not_the_worker(tiny_engines):
+    engine = tiny_engines["l4-h32"]
+    calls = {"n": 0}
+
+    def refuse_second():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("refused by before_cycle")
+
+    sch = Scheduler(engine, before_cycle=refuse_second)
+    try:
+        s = sch.session("ab", policy=wb.DDTree(4), max_new_tokens=20)  # call 1: the prefill
+        with pytest.raises(RuntimeError, match="refused by before_cycle"):
+            s.step()  # call 2
+        s.step()  # the worker is alive; the session goes on where it was
+        assert len(s.cycles) == 1
+    finally:
+        sch.close()

@@ -1,0 +1,46 @@
+"""The engine-convention table: the feature each engine's capture rule hands the drafter, computed on a
+real forward, equals ours for inner layers and differs (vLLM) or is missing (SGLang) at the last layer."""
+from __future__ import annotations
+
+import pytest
+
+import workbench as wb
+from workbench.engines.conventions import conventions_report, conventions_table, rule_in_source
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("ids, last", [((0, 1), False), ((0, 2), True)])
+def test_capture_rules_agree_on_inner_layers_and_part_at_the_last(tmp_path, ids, last):
+    from tiny_models import make_pair
+
+    t, d = make_pair(tmp_path, vocab=40, hidden=32, layers=3, layer_ids=ids, block_size=6, seed=2)
+    with pytest.warns(UserWarning) if last else _nothing():
+        e = wb.load(target=t, draft=d)
+    rep = conventions_report(e.models, e.encode("t1 t2 t3 t4 t5").ids)
+    rows = {r["layer"]: r for r in rep["rows"]}
+    assert sorted(rows) == list(ids)
+    for k, r in rows.items():
+        inner = k < 2
+        assert r["vllm"]["same"] is inner and r["vllm"]["captured"]
+        assert r["sglang"]["captured"] is inner and r["sglang"]["same"] is inner
+        if not inner:  # the final norm: a real difference, not rounding
+            assert r["vllm"]["rel_diff"] > 1e-2
+    text = conventions_table(rep)
+    assert ("DIFFERS" in text and "not captured" in text) is last and text.count("same") >= 2 * len(ids) - 2 * last
+
+
+def test_the_rules_are_read_from_the_installed_engines():
+    assert rule_in_source("vllm") == "found" and rule_in_source("sglang") == "found"
+
+
+class _nothing:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("error", UserWarning)
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)

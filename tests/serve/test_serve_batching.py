@@ -1,0 +1,106 @@
+"""The served engine batches its clients: 8 clients with mixed policies and temperatures, stepping at once,
+each get exactly the tokens and cycle records of the same session run alone, while their steps share
+forwards (the scheduler's counts); with batching off, the same outputs one cycle at a time."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import workbench as wb
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
+
+CLIENTS = [
+    dict(prompt="t1 t2 t3", policy=wb.DDTree(6), temperature=0.0),
+    dict(prompt="t5 t9", policy=wb.DFlash(), temperature=0.0),
+    dict(prompt="t7 t7 t8", policy=wb.DDTree(4), temperature=1.0, top_k=5, seed=2),
+    dict(prompt="t3", policy=wb.AR(), temperature=0.0),
+    dict(prompt="t2 t2 t9 t4", policy=wb.DDTree(12), temperature=0.8, top_p=0.9, seed=1),
+    dict(prompt="t6 t1", policy=wb.DDTree(6), temperature=0.0),
+    dict(prompt="t8 t8", policy=wb.DFlash(), temperature=0.7, seed=4),
+    dict(prompt="t4 t5 t6 t7 t8", policy=wb.DDTree(20), temperature=0.0),
+]
+MAX_NEW = 28
+
+
+@pytest.fixture(scope="module")
+def eng(tmp_path_factory):
+    from tiny_models import make_pair
+
+    t, d = make_pair(tmp_path_factory.mktemp("batch"), vocab=40, hidden=32, layers=3, layer_ids=(0, 1),
+                     block_size=6, seed=5, eos=False)
+    return wb.load(target=t, draft=d)
+
+
+def same_cycle(a: wb.Cycle, b: wb.Cycle) -> None:
+    """Every field equal; the float ones (scores, log-probs, probabilities, logits) to float32 rounding: a
+    batched forward sums in another order. Not compared: the stage times and forward records, which are
+    the shared batch's ([rows, nodes] shapes)."""
+    da, db = a.to_dict(), b.to_dict()
+    for k in ("stage_seconds", "forwards"):
+        da.pop(k), db.pop(k)
+    assert da.keys() == db.keys()
+    for k in da:
+        x, y = da[k], db[k]
+        if isinstance(x, dict) and x.get("dtype", "").startswith("float"):
+            assert x["shape"] == y["shape"], (a.index, k)
+            torch.testing.assert_close(torch.tensor(x["data"]), torch.tensor(y["data"]), atol=1e-4, rtol=1e-4)
+        else:
+            assert x == y, (a.index, k)
+
+
+def serve_clients(eng, batching: bool):
+    from workbench.serve import EngineServer, Limits
+
+    srv = EngineServer(eng, port=0, limits=Limits(max_sessions=8, max_new_tokens=64, max_budget=48,
+                                                  batching=batching)).start()
+    out, errors = [None] * len(CLIENTS), []
+    start = threading.Barrier(len(CLIENTS))
+
+    def client(i):
+        try:
+            kw = dict(CLIENTS[i])
+            remote = wb.connect(srv.url, token=srv.token)
+            s = remote.session(kw.pop("prompt"), max_new_tokens=MAX_NEW, **kw)
+            start.wait(30)
+            if i % 2:
+                s.run()  # the server loops over the cycles
+            else:
+                while not s.finished:  # one HTTP step per cycle
+                    s.step()
+            out[i] = s
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(CLIENTS))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        stats = srv.store.scheduler.stats if srv.store.scheduler is not None else None
+    finally:
+        srv.stop()
+    assert not errors, errors
+    return out, stats
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_every_client_sees_its_own_session_as_if_alone(eng, batching):
+    got, stats = serve_clients(eng, batching)
+    for kw, s in zip(CLIENTS, got):
+        kw = dict(kw)
+        ref = eng.session(kw.pop("prompt"), max_new_tokens=MAX_NEW, **kw)
+        ref.run()
+        assert s.tokens == ref.tokens, kw
+        assert len(s.cycles) == len(ref.cycles), kw
+        for a, b in zip(s.cycles, ref.cycles):
+            same_cycle(a, b)
+        assert s.finish_reason == ref.finish_reason
+    if batching:
+        assert stats.most_rows > 1 and stats.cycles < stats.rows_stepped  # steps shared forwards
+        assert stats.most_waited <= len(CLIENTS) - 1
+    else:
+        assert stats is None

@@ -1,0 +1,289 @@
+"""Continuous batching: one driver for many sessions, their pending steps run as rows of one cycle.
+
+A ``Scheduler`` owns one ``Rows`` and a worker thread. Sessions it drives (``scheduler.session(...)``) are
+ordinary ``Session`` objects: their ``step()`` (and so ``run()``) hands the scheduler a ticket and waits
+for the cycle that served it. The worker, in a loop:
+
+1. retires the rows of released sessions (``release``) and admits new sessions (one prefill, an EXTEND
+   over every prompt that arrived together, whose rows join the running ones: ``Rows.admit``);
+2. gathers the pending steps: after a cycle it waits up to ``gather_seconds`` for the sessions that were
+   in it to ask again (a client's next request takes a round trip), then takes the oldest tickets first;
+3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
+   most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
+   alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are
+   copied out before it and appended after (``Rows.take`` / ``merge``), so an idle client costs no compute.
+
+Each session sees exactly its own generation: its own settings (read at each cycle's start), its own
+generator (the verify samples row by row from each request's generator), its own Cycle records. Only
+the forwards' records show the batched shapes ([rows, nodes]) and the stage times are the shared cycle's.
+
+Fairness: tickets are served oldest first, and the oldest ticket always runs, so with ``n`` sessions a
+step waits at most ``n - 1`` cycles; ``stats`` counts the most cycles any ticket waited.
+Sessions with static shapes or CUDA graphs cannot join running rows (their buffers are fixed); their
+caller drives them apart (``workbench.serve.store``).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.engine.runner import Rows, static_nodes
+from workbench.engine.session import shapes_of
+from workbench.records.cycle import Cycle
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one batched cycle may hold, and how long the worker gathers steps before it runs one."""
+
+    max_rows: int = 16  # sessions per cycle (rows of the draft and verify forwards)
+    max_nodes: int = 4096  # rows x padded tree nodes per verify (the verify's token rows)
+    gather_seconds: float = 0.02  # the most a cycle waits for the last cycle's sessions to ask again
+
+    def __post_init__(self):
+        for name in ("max_rows", "max_nodes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        g = self.gather_seconds
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < 10:
+            raise ValueError(f"gather_seconds={g!r} must be between 0 and 10 seconds")
+
+
+@dataclass(eq=False)
+class _Ticket:
+    session: object
+    seq: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Cycle | None = None
+    error: BaseException | None = None
+    waited: int = 0  # cycles that ran while this ticket waited
+
+
+@dataclass
+class SchedulerStats:
+    cycles: int = 0
+    rows_stepped: int = 0  # sum over cycles of the rows in each
+    most_rows: int = 0
+    most_waited: int = 0  # the most cycles any ticket waited
+    prefills: int = 0
+    subset_cycles: int = 0  # cycles that left idle rows out (copied out and back)
+
+
+class Scheduler:
+    """The driver of every session it creates; see the module's docstring.
+
+    ``lock``: held around every forward (shared with other model users, e.g. sessions driven apart);
+    ``before_cycle``: called in the worker before each cycle and prefill (may raise to refuse it, e.g. a
+    server shutting down: the error reaches the tickets); ``threads``: torch CPU threads for the worker."""
+
+    def __init__(self, engine, limits: BatchLimits = BatchLimits(), lock: threading.Lock | None = None,
+                 before_cycle=None, threads: int | None = None):
+        if getattr(engine, "graphs", None) is not None:
+            raise ValueError("a batching scheduler needs dynamic shapes; this engine captures CUDA graphs "
+                             "(static shapes): load without cuda_graphs, or drive its sessions apart")
+        self.engine, self.limits = engine, limits
+        self.lock = lock or threading.Lock()
+        self.before_cycle = before_cycle or (lambda: None)
+        self.threads = threads
+        self.rows = Rows(engine.models)
+        self.order: list = []  # the sessions of self.rows, in row order
+        self.stats = SchedulerStats()
+        self._cond = threading.Condition()
+        self._steps: dict[object, _Ticket] = {}  # session -> its pending step (one per session)
+        self._admits: list[_Ticket] = []
+        self._releases: list = []
+        self._seq = itertools.count()
+        self._last: list = []  # the sessions of the last cycle (the gather waits for them)
+        self._bytes: dict[int, tuple] = {}  # id(session) -> (committed bytes, view shapes) after its last cycle
+        self._stopped = False
+        self._thread = threading.Thread(target=self._work, name="workbench-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the sessions' side (any thread)
+    def session(self, prompt=None, **kw):
+        """A new session driven here (``engine.session``'s arguments), prefilled with whatever else arrived
+        before this returns."""
+        s = self.engine.session(prompt, driver=self, **kw)
+        self._wait(self._submit(s, admit=True))
+        return s
+
+    def step_request(self, s) -> Cycle:
+        return self._wait(self._submit(s))
+
+    def _submit(self, s, admit: bool = False) -> _Ticket:
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("the scheduler has stopped")
+            t = _Ticket(s, next(self._seq))
+            if admit:
+                self._admits.append(t)
+            else:
+                if s in self._steps:
+                    raise RuntimeError("this session already has a step pending; step it from one thread at a time")
+                self._steps[s] = t
+            self._cond.notify_all()
+        return t
+
+    @staticmethod
+    def _wait(t: _Ticket):
+        t.done.wait()
+        if t.error is not None:
+            raise t.error
+        return t.result
+
+    def release(self, s) -> None:
+        """``s`` is gone (deleted, expired): its rows leave at the worker's next pass."""
+        with self._cond:
+            self._releases.append(s)
+            self._cond.notify_all()
+
+    def view(self, s) -> list:
+        with self.lock:
+            b = self._row(s)
+            return [] if b is None else self.rows.target.view(b)
+
+    def cache_bytes(self, s) -> int:
+        return self._bytes.get(id(s), (0, []))[0]  # the worker's count after the session's last forward (no lock)
+
+    def kv_shapes(self, s) -> list:
+        return self._bytes.get(id(s), (0, []))[1]  # (a reply never waits for the cycle in flight)
+
+    def _row(self, s) -> int | None:
+        return next((i for i, x in enumerate(self.order) if x is s), None)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the worker; pending and later steps are refused."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the worker
+    def _work(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        while True:
+            with self._cond:
+                while not (self._stopped or self._steps or self._admits or self._releases):
+                    self._cond.wait()
+                if self._stopped:
+                    self._fail_all(RuntimeError("the scheduler has stopped"))
+                    return
+                releases, self._releases = self._releases, []
+                admits, self._admits = self._admits, []
+            with torch.inference_mode():
+                if releases:
+                    self._retire(releases)
+                # One prefill for the new prompts; a session capturing shapes alone (captures are one-row).
+                plain = [t for t in admits if t.session.capture is None]
+                for group in ([plain] if plain else []) + [[t] for t in admits if t.session.capture is not None]:
+                    self._admit(group)
+                tickets = self._gather()
+                if tickets:
+                    self._cycle(tickets)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for t in [*self._steps.values(), *self._admits]:
+            t.error = err
+            t.done.set()
+        self._steps.clear()
+        self._admits.clear()
+
+    def _retire(self, gone: list) -> None:
+        keep = [i for i, s in enumerate(self.order) if not any(s is g for g in gone)]
+        if len(keep) != len(self.order):
+            with self.lock:
+                self.rows.select(keep)
+            for s in gone:
+                self._bytes.pop(id(s), None)
+            self.order = [self.order[i] for i in keep]
+
+    def _admit(self, tickets: list[_Ticket]) -> None:
+        reqs = [t.session for t in tickets]
+        try:
+            with self.lock:
+                self.before_cycle()
+                self.rows.admit(reqs)
+            self.order += reqs
+            self.stats.prefills += 1
+            self._count_bytes(reqs)
+        except BaseException as e:  # noqa: BLE001 - the error belongs to the sessions that asked
+            for t in tickets:
+                t.error = e
+        for t in tickets:
+            t.done.set()
+
+    def _gather(self) -> list[_Ticket]:
+        """The pending tickets to run now, oldest first, within the limits (the oldest always runs)."""
+        lim = self.limits
+        with self._cond:
+            expect = [s for s in self._last if not s.finished and any(s is x for x in self.order)]
+            if expect and lim.gather_seconds:
+                self._cond.wait_for(lambda: self._stopped or all(s in self._steps for s in expect),
+                                    timeout=lim.gather_seconds)
+            pending = sorted(self._steps.values(), key=lambda t: t.seq)
+            if not pending:
+                return []
+            first = pending[0].session
+            key = (first.kernel_backend, first.capture is not None)
+            chosen, widest = [], 0
+            for t in pending:
+                s = t.session
+                if (s.kernel_backend, s.capture is not None) != key or (key[1] and chosen):
+                    continue
+                nodes = max(widest, static_nodes(s.policy, self.engine.models.block_size))
+                if chosen and (len(chosen) >= lim.max_rows or (len(chosen) + 1) * nodes > lim.max_nodes):
+                    break
+                chosen.append(t)
+                widest = nodes
+            for t in chosen:
+                del self._steps[t.session]
+            for t in self._steps.values():
+                t.waited += 1
+                self.stats.most_waited = max(self.stats.most_waited, t.waited)
+        return chosen
+
+    def _cycle(self, tickets: list[_Ticket]) -> None:
+        tickets = sorted(tickets, key=lambda t: self._row(t.session))  # stepped in row order
+        reqs = [t.session for t in tickets]
+        rows = [self._row(s) for s in reqs]
+        try:
+            with self.lock:
+                self.before_cycle()
+                idle = [i for i in range(len(self.order)) if i not in rows]
+                if idle:  # the rows that sit this cycle out wait in a copy, then follow the stepped ones
+                    parked, parked_sessions = self.rows.take(idle), [self.order[i] for i in idle]
+                    self.rows.select(rows)
+                    self.order = reqs
+                    self.stats.subset_cycles += 1
+                try:
+                    cycles, _, _, sw = self.rows.step(reqs)
+                    sw.stop()
+                finally:
+                    if idle:
+                        self.rows.merge(parked)
+                        self.order = reqs + parked_sessions
+            for t, c in zip(tickets, cycles):
+                t.result = c
+            self._count_bytes(reqs)
+            st = self.stats
+            st.cycles += 1
+            st.rows_stepped += len(reqs)
+            st.most_rows = max(st.most_rows, len(reqs))
+        except BaseException as e:  # noqa: BLE001 - the error belongs to the sessions of this cycle
+            for t in tickets:
+                t.error = e
+        self._last = reqs
+        for t in tickets:
+            t.done.set()
+
+    def _count_bytes(self, reqs: list) -> None:
+        for s in reqs:
+            b = self._row(s)
+            if b is not None:
+                view = self.rows.target.view(b)
+                self._bytes[id(s)] = (self.rows.row_bytes(b), shapes_of(view))
