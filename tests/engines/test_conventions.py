@@ -44,3 +44,20 @@ class _nothing:
 
     def __exit__(self, *exc):
         return self._w.__exit__(*exc)
+
+
+@pytest.mark.parametrize("pair", ["", "hybrid"])
+def test_the_shipped_drafters_read_no_last_layer_and_every_engine_hands_them_our_features(pair):
+    import json
+
+    from workbench.engine.loading import ASSETS
+
+    rep = json.loads((ASSETS / pair / "training_report.json").read_text())
+    n = rep["recipe"]["layers"]
+    ids = rep["recipe"]["target_layer_ids"]
+    cfg = json.loads((ASSETS / pair / "draft" / "config.json").read_text())
+    assert cfg["dflash_config"]["target_layer_ids"] == ids and n - 1 not in ids
+    rows = rep["engine_conventions"]["rows"]  # written by the training's report (workbench.train)
+    assert [r["layer"] for r in rows] == ids
+    assert all(r[e]["captured"] and r[e]["same"] for r in rows for e in ("vllm", "sglang"))
+    assert rep["previous_drafter"]["target_layer_ids"] == [1, 3, 5]  # the old figures, kept for comparison

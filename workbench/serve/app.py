@@ -261,7 +261,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
     @app.get("/health")
     async def health():
         return JSON({"status": "ok", "sessions": len(store), "session_kv_bytes": store.kv_bytes(),
-                     **store.memory(), "wire_version": wire.WIRE_VERSION})
+                     **store.memory(), "wire_version": wire.WIRE_VERSION, "batching": store.batching_stats()})
 
     @app.get("/info")
     def info():

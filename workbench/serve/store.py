@@ -304,6 +304,11 @@ class SessionStore:
             self._drop(sid, "was dropped when the server stopped")
         return ids
 
+    def batching_stats(self) -> dict | None:
+        """The scheduler's counts (cycles, rows stepped, most rows in one cycle, most cycles a step waited,
+        ...), or None with batching off."""
+        return None if self.scheduler is None else asdict(self.scheduler.stats)
+
     def close(self) -> None:
         """Stop the batching worker (after ``drop_all``): later steps are refused."""
         if self.scheduler is not None:

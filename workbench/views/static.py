@@ -152,3 +152,13 @@ def install_png_renderer() -> bool:
     if RENDERER not in names:
         pio.renderers.default = "+".join([*names, RENDERER])
     return True
+
+
+def widget_bundle(widget, **kw):
+    """A widget's display bundle with ``RUN_THE_CELL`` as its plain text: the live widget in a kernel,
+    a sentence to run the cell where none runs (a stored notebook on GitHub)."""
+    bundle = widget._repr_mimebundle_(**kw)
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    if isinstance(data, dict):
+        data["text/plain"] = RUN_THE_CELL
+    return bundle

@@ -255,14 +255,9 @@ class Stepper(StatusLine):
         return parts
 
     def _repr_mimebundle_(self, **kw):
-        """The live widget; where no kernel runs (a stored notebook on GitHub), a sentence to run the cell."""
-        from workbench.views.static import RUN_THE_CELL
+        from workbench.views.static import widget_bundle
 
-        bundle = self.widget._repr_mimebundle_(**kw)
-        data = bundle[0] if isinstance(bundle, tuple) else bundle
-        if isinstance(data, dict):
-            data["text/plain"] = RUN_THE_CELL
-        return bundle
+        return widget_bundle(self.widget, **kw)
 
     def __repr__(self) -> str:
         return f"Stepper({self.session!r}, showing cycle {self._shown})"
