@@ -114,3 +114,22 @@ class NoHostSync(TorchFunctionMode):
         if why is not None:
             raise AssertionError(f"host sync: {why}")
         return func(*args, **kwargs)
+
+
+# ----------------------------------- batched cycles: tests/serve/test_serve.py, tests/serve/test_serve_batching.py
+
+def same_cycle(a, b) -> None:
+    """Every field equal; the float ones (scores, log-probs, probabilities, logits) to float32 rounding: a
+    batched forward sums in another order. Not compared: the stage times and forward records, which are
+    the shared batch's ([rows, nodes] shapes)."""
+    da, db = a.to_dict(), b.to_dict()
+    for k in ("stage_seconds", "forwards"):
+        da.pop(k), db.pop(k)
+    assert da.keys() == db.keys()
+    for k in da:
+        x, y = da[k], db[k]
+        if isinstance(x, dict) and x.get("dtype", "").startswith("float"):
+            assert x["shape"] == y["shape"], (a.index, k)
+            torch.testing.assert_close(torch.tensor(x["data"]), torch.tensor(y["data"]), atol=1e-4, rtol=1e-4)
+        else:
+            assert x == y, (a.index, k)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from shared_checks import same_cycle
 from workbench.serve import client as remote_mod
 from workbench.serve import wire
 from workbench.__main__ import main
@@ -417,7 +418,8 @@ def test_eight_concurrent_clients_no_crosstalk_and_memory_returned(engine):
         for s, ref in zip(results, solo):
             n = len(s.cycles)
             assert n > 0
-            assert [strip(c) for c in s.cycles] == [strip(c) for c in ref.cycles[:n]]
+            for a, b in zip(s.cycles, ref.cycles[:n]):  # batched with the other clients: float32 rounding
+                same_cycle(a, b)
             assert s.tokens == ref.tokens[:len(s.tokens)] and (not s.finished or s.text == ref.text)
         lat.sort()
         print(f"\nload: 8 clients, {len(lat)} steps in {wall:.2f} s = {len(lat) / wall:.1f} steps/s; step latency "

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 
 import workbench as wb
+from shared_checks import same_cycle
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -32,23 +32,6 @@ def eng(tmp_path_factory):
     t, d = make_pair(tmp_path_factory.mktemp("batch"), vocab=40, hidden=32, layers=3, layer_ids=(0, 1),
                      block_size=6, seed=5, eos=False)
     return wb.load(target=t, draft=d)
-
-
-def same_cycle(a: wb.Cycle, b: wb.Cycle) -> None:
-    """Every field equal; the float ones (scores, log-probs, probabilities, logits) to float32 rounding: a
-    batched forward sums in another order. Not compared: the stage times and forward records, which are
-    the shared batch's ([rows, nodes] shapes)."""
-    da, db = a.to_dict(), b.to_dict()
-    for k in ("stage_seconds", "forwards"):
-        da.pop(k), db.pop(k)
-    assert da.keys() == db.keys()
-    for k in da:
-        x, y = da[k], db[k]
-        if isinstance(x, dict) and x.get("dtype", "").startswith("float"):
-            assert x["shape"] == y["shape"], (a.index, k)
-            torch.testing.assert_close(torch.tensor(x["data"]), torch.tensor(y["data"]), atol=1e-4, rtol=1e-4)
-        else:
-            assert x == y, (a.index, k)
 
 
 def serve_clients(eng, batching: bool):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import workbench as wb
+from shared_checks import same_cycle
 from workbench.serve import wire
 
 
@@ -184,7 +185,9 @@ def test_concurrent_clients_with_setting_changes_match_solo_runs(eng, server):
         t.join(120)
     assert not errors, errors
     for i, (rs, ref) in enumerate(zip(results, solo)):
-        assert [strip(c) for c in rs.cycles] == [strip(c) for c in ref.cycles], i
+        assert len(rs.cycles) == len(ref.cycles), i
+        for a, b in zip(rs.cycles, ref.cycles):  # batched with the other clients: float32 rounding
+            same_cycle(a, b)
         assert (rs.policy, rs.temperature) == (wb.DFlash(), 0.2 * i)
         rs.close()
 

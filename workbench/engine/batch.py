@@ -85,7 +85,8 @@ class BatchSession:
         backend = kernel_backend or engine.kernel_backend
         self.kernel_backend = backend
         self.sessions: list[Session] = [
-            Session(engine, p, as_policy(pol), self.sampling, seed + i, n, backend, record_topk, None, driver=self)
+            Session(engine, p, as_policy(pol), self.sampling, seed + i, n, backend, record_topk, None, driver=self,
+                    static_shapes=None)
             for i, (p, pol, n) in enumerate(zip(prompts, policies, limits))
         ]
         self.cycles: list[BatchCycle] = []

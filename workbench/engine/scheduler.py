@@ -135,11 +135,17 @@ class Scheduler:
             raise t.error
         return t.result
 
-    def release(self, s) -> None:
-        """``s`` is gone (deleted, expired): its rows leave at the worker's next pass."""
+    def release(self, s, timeout: float = 60.0) -> None:
+        """``s`` is gone (deleted, expired): its rows leave, and the scheduler keeps no reference to it,
+        by the time this returns (the worker retires it between cycles)."""
         with self._cond:
+            if self._stopped:
+                self._forget([s])
+                return
             self._releases.append(s)
             self._cond.notify_all()
+            self._cond.wait_for(lambda: self._stopped or not any(x is s for x in self._releases + self.order),
+                                timeout=timeout)
 
     def view(self, s) -> list:
         with self.lock:
@@ -166,25 +172,31 @@ class Scheduler:
     def _work(self) -> None:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        while True:
-            with self._cond:
-                while not (self._stopped or self._steps or self._admits or self._releases):
-                    self._cond.wait()
-                if self._stopped:
-                    self._fail_all(RuntimeError("the scheduler has stopped"))
-                    return
-                releases, self._releases = self._releases, []
-                admits, self._admits = self._admits, []
-            with torch.inference_mode():
-                if releases:
-                    self._retire(releases)
-                # One prefill for the new prompts; a session capturing shapes alone (captures are one-row).
-                plain = [t for t in admits if t.session.capture is None]
-                for group in ([plain] if plain else []) + [[t] for t in admits if t.session.capture is not None]:
-                    self._admit(group)
-                tickets = self._gather()
-                if tickets:
-                    self._cycle(tickets)
+        while self._pass():
+            pass
+
+    def _pass(self) -> bool:
+        """One pass of the worker: retire, admit, one cycle. -> False once stopped. (A method, so that
+        nothing of a pass -- its sessions, its tickets -- stays referenced while the worker waits.)"""
+        with self._cond:
+            while not (self._stopped or self._steps or self._admits or self._releases):
+                self._cond.wait()
+            if self._stopped:
+                self._fail_all(RuntimeError("the scheduler has stopped"))
+                return False
+            releases, self._releases = self._releases, []
+            admits, self._admits = self._admits, []
+        with torch.inference_mode():
+            if releases:
+                self._retire(releases)
+            # One prefill for the new prompts; a session capturing shapes alone (captures are one-row).
+            plain = [t for t in admits if t.session.capture is None]
+            for group in ([plain] if plain else []) + [[t] for t in admits if t.session.capture is not None]:
+                self._admit(group)
+            tickets = self._gather()
+            if tickets:
+                self._cycle(tickets)
+        return True
 
     def _fail_all(self, err: BaseException) -> None:
         for t in [*self._steps.values(), *self._admits]:
@@ -198,9 +210,15 @@ class Scheduler:
         if len(keep) != len(self.order):
             with self.lock:
                 self.rows.select(keep)
-            for s in gone:
-                self._bytes.pop(id(s), None)
+        with self._cond:
             self.order = [self.order[i] for i in keep]
+            self._forget(gone)
+            self._cond.notify_all()  # release() waits for this
+
+    def _forget(self, gone: list) -> None:
+        self._last = [s for s in self._last if not any(s is g for g in gone)]
+        for s in gone:
+            self._bytes.pop(id(s), None)
 
     def _admit(self, tickets: list[_Ticket]) -> None:
         reqs = [t.session for t in tickets]

@@ -68,12 +68,13 @@ class Session(Request):
 
     def __init__(self, engine, prompt: "str | Prompt", policy: Policy, sampling: Sampling, seed: int,
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture, driver: Driver | None = None,
-                 static_shapes: bool = False):
+                 static_shapes: bool | None = False):
         """``driver``: what steps this session (it prefills it too); None: a ``Solo`` driver of its own,
-        prefilled now. ``static_shapes``: see ``workbench.engine.runner.Rows`` (a Solo driver's setting)."""
+        prefilled now. ``static_shapes``: see ``workbench.engine.runner.Rows`` (None: not this session's own
+        setting but its batch's, and not recorded)."""
         super().__init__(engine, prompt, policy, sampling, seed, max_new_tokens, kernel_backend, record_topk,
-                         capture, static_shapes=static_shapes if driver is None else None)
-        self._driver = Solo(self, static_shapes, getattr(engine, "graphs", None)) if driver is None else driver
+                         capture, static_shapes=static_shapes)
+        self._driver = Solo(self, bool(static_shapes), getattr(engine, "graphs", None)) if driver is None else driver
 
     @property
     def driver(self) -> Driver:
