@@ -80,6 +80,18 @@ class TargetState(Protocol):
     def select(self, rows: list[int]) -> None:
         """Keep only these rows, in this order (retiring finished requests)."""
 
+    @property
+    def rows(self) -> int:
+        """How many rows (requests) this state holds."""
+
+    def admit(self, other: "TargetState") -> None:
+        """Append ``other``'s rows (requests prefilled apart, by a state of the same class) after these:
+        requests joining running rows. Dynamic shapes only; a static-shape state refuses (ValueError)."""
+
+    def take(self, rows: list[int]) -> "TargetState":
+        """A new state of the same class holding copies of ``rows``, in that order; this one is unchanged
+        (a driver steps a subset, then ``admit``s the copy back)."""
+
     def view(self, row: int) -> list[tuple[Tensor, ...]]:
         """Read-only per-layer views of one row's committed state (dense: (keys, values) [1, H, len, D])."""
 

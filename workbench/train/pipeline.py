@@ -904,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--resume-draft", action="store_true", help="with --stage draft: continue the drafter in --out")
     ap.add_argument("--draft-lr", type=float)
+    ap.add_argument("--draft-layers", type=int, metavar="N", help="drafter layers (default: the recipe's, 2)")
     ap.add_argument("--distill-prompts", type=int)
     ap.add_argument("--short-share", type=float, help="share of short-shape distillation prompts (0-1)")
     ap.add_argument("--checkpoint-every", type=int, help="save the target and drafter every N steps (0: only at the end)")
@@ -939,7 +940,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe.target_steps = args.target_steps
     if args.draft_steps is not None:
         recipe.draft_steps = args.draft_steps
-    for name in ("draft_lr", "distill_prompts", "short_share", "checkpoint_every"):
+    if args.draft_layers is not None and args.draft_layers < 1:
+        ap.error(f"--draft-layers {args.draft_layers} must be 1 or more")
+    for name in ("draft_lr", "draft_layers", "distill_prompts", "short_share", "checkpoint_every"):
         if getattr(args, name) is not None:
             setattr(recipe, name, getattr(args, name))
     out: Path = args.out
@@ -1019,7 +1022,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics["recipe"].update({k: v for k, v in asdict(recipe).items() if k in DRAFTER_FIELDS})
             metrics["draft_finetune"] = {
                 "resume_draft": args.resume_draft, "seed": args.seed,
-                **{k: getattr(recipe, k) for k in ("draft_steps", "draft_lr", "distill_prompts", "short_share")},
+                **{k: getattr(recipe, k) for k in ("draft_layers", "draft_steps", "draft_lr", "distill_prompts",
+                                                   "short_share")},
                 "note": "drafter (re)trained on the target above with --stage draft",
             }
     else:
