@@ -82,7 +82,7 @@ class Scheduler:
 
     def __init__(self, engine, limits: BatchLimits = BatchLimits(), lock: threading.Lock | None = None,
                  before_cycle=None, threads: int | None = None):
-        if getattr(engine, "graphs", None) is not None:
+        if engine.graphs is not None:
             raise ValueError("a batching scheduler needs dynamic shapes; this engine captures CUDA graphs "
                              "(static shapes): load without cuda_graphs, or drive its sessions apart")
         self.engine, self.limits = engine, limits
