@@ -3,7 +3,10 @@ pyproject.toml puts tests/ on the path): the sampling-law check, transformers' o
 for the GatedDeltaNet kernels, and the no-host-sync guard."""
 from __future__ import annotations
 
+import json
 import math
+import urllib.error
+import urllib.request
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -133,3 +136,20 @@ def same_cycle(a, b) -> None:
             torch.testing.assert_close(torch.tensor(x["data"]), torch.tensor(y["data"]), atol=1e-4, rtol=1e-4)
         else:
             assert x == y, (a.index, k)
+
+
+# ----------------------------------- a served engine by hand: tests/serve/test_serve.py, test_serve_isolation.py
+
+def http_call(server, method: str, path: str, body=None, token: str | None = "server", headers=None):
+    """A request by hand -> (status, JSON body)."""
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if token is not None:
+        h["Authorization"] = f"Bearer {server.token if token == 'server' else token}"
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(server.url + path, data=data, method=method, headers=h)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

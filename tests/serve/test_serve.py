@@ -14,14 +14,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import weakref
 from pathlib import Path
 
 import pytest
 
 import workbench as wb
+from shared_checks import http_call as raw
 from shared_checks import same_cycle
 from workbench.serve import client as remote_mod
 from workbench.serve import wire
@@ -80,21 +79,6 @@ def server(engine):
 @pytest.fixture(scope="module")
 def remote(server):
     return wb.connect(server.url, token=server.token)
-
-
-def raw(server, method: str, path: str, body=None, token: str | None = "server", headers=None):
-    """A request by hand -> (status, JSON body)."""
-    h = {"Content-Type": "application/json", **(headers or {})}
-    if token is not None:
-        h["Authorization"] = f"Bearer {server.token if token == 'server' else token}"
-    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(server.url + path, data=data, method=method, headers=h)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 TOKEN = "t" * 40  # a token long enough for the server (32 characters at least)

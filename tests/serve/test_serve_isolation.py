@@ -9,14 +9,12 @@ end every session's cycles must equal its local reference's, cycle for cycle.
 """
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
 
 import workbench as wb
+from shared_checks import http_call as call
 from shared_checks import same_cycle
 from workbench.serve import wire
 
@@ -40,18 +38,6 @@ def server(eng):
     srv = EngineServer(eng, port=0, limits=Limits(max_sessions=8, max_new_tokens=64, max_budget=48)).start()
     yield srv
     srv.stop()
-
-
-def call(server, method: str, path: str, body=None) -> tuple[int, dict]:
-    h = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, method=method, headers=h)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 SESSIONS = {
