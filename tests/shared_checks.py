@@ -3,6 +3,7 @@ pyproject.toml puts tests/ on the path): the sampling-law check, transformers' o
 for the GatedDeltaNet kernels, and the no-host-sync guard."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import urllib.error
@@ -153,3 +154,13 @@ def http_call(server, method: str, path: str, body=None, token: str | None = "se
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+# ----------------------------------- a repository script as a module: test_tau_regression.py, test_static_figures.py
+
+def load_script(path, name: str):
+    """The Python file ``path`` (a tool or the notebook builder, not a package module) imported as ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -6,20 +6,17 @@ the output lossless still fails a test. The file is regenerated after a retraini
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from shared_checks import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("tau_regression", ROOT / "tools" / "tau_regression.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "tools" / "tau_regression.py", "tau_regression")
 
 
 @pytest.mark.slow

@@ -3,22 +3,19 @@ run-the-cell sentence for every widget; one small notebook built into a temporar
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from workbench.views.static import RUN_THE_CELL, add_static_fallbacks, chromium
+from shared_checks import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("nb_build", ROOT / "notebooks" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "notebooks" / "build.py", "nb_build")
 
 
 @pytest.mark.skipif(chromium() is None, reason="needs a headless Chromium (Debian: apt-get install chromium)")
