@@ -60,7 +60,7 @@ browser:
 	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); \
 	else echo "chromium not installed (needs root and apt-get); the browser test will skip"; fi
 
-# The shipped pairs: dense (about 47 minutes on 2 idle cores; workbench/assets/training_report.json)
+# The shipped pairs: dense (about 51 minutes on 2 idle cores; workbench/assets/training_report.json)
 # and hybrid, a Qwen3.5-text target (workbench/assets/hybrid/training_report.json).
 # Both end by rewriting tests/data/tau_regression.json (the per-cycle tau of the shipped pairs that
 # tests/engine/test_tau_regression.py checks exactly): new weights need new expected values.

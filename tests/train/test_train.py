@@ -298,3 +298,20 @@ def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--loops", "-1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--loops -1 must be 0 or more" in r.stderr
+
+
+def test_a_retrained_drafter_keeps_every_replaced_drafter_newest_first():
+    from workbench.train.pipeline import DRAFTER_FIELDS, previous_drafters
+
+    oldest = {"target_layer_ids": [1, 3, 5], "splits": {"long": {"dflash_tau": 2.4}}}
+    middle = {"recipe": {"target_layer_ids": [1, 2, 3, 4], "distill_prompts": 6144, "layers": 6},
+              "splits": {"long": {"dflash_tau": 2.66}}, "previous_drafter": oldest,
+              "engine_conventions": {"rows": []}, "loops_phase": {}}
+    history = previous_drafters(middle)
+    assert [d["splits"]["long"]["dflash_tau"] for d in history] == [2.66, 2.4]
+    # The replaced drafter's own recipe (drafter side only), none of the report's nested history.
+    assert history[0]["distill_prompts"] == 6144 and "layers" not in history[0]
+    assert set(history[0]) <= set(DRAFTER_FIELDS) | {"splits"}
+    newest = {"recipe": {"target_layer_ids": [1, 2, 3, 4], "distill_prompts": 12288},
+              "splits": {"long": {"dflash_tau": 2.77}}, "previous_drafters": history}
+    assert [d["splits"]["long"]["dflash_tau"] for d in previous_drafters(newest)] == [2.77, 2.66, 2.4]

@@ -68,7 +68,7 @@ class Recipe:
     # z-lab's rule (1 to N-3, one id per draft layer) would give 2 ids of 6 layers; 4 ids read more.
     target_layer_ids: tuple[int, ...] = (1, 2, 3, 4)
     block_size: int = 16
-    distill_prompts: int = 6144
+    distill_prompts: int = 12288  # 6,144 before: twice the data raised DFlash tau 2.66 / 2.81 to 2.77 / 3.07 (README)
     distill_prompt_tokens: int = 96
     distill_new_tokens: int = 96
     short_share: float = 0.55  # share of distillation prompts in the short shapes people type
@@ -881,6 +881,20 @@ def convention_figures(out: Path, splits: dict) -> dict:
 
 # ---------------------------------------------------------------- main
 
+HISTORY_KEYS = ("recipe", "previous_drafters", "previous_drafter", "loops_phase", "engine_conventions")
+
+
+def previous_drafters(earlier: dict) -> list[dict]:
+    """The drafters a ``--stage draft`` run replaces, newest first, for comparison: the replaced one's
+    drafter-side recipe and figures, then the history its report kept (``previous_drafter``: the single
+    entry older reports had)."""
+    recipe = earlier.get("recipe", {})
+    replaced = {**{k: recipe[k] for k in DRAFTER_FIELDS if k in recipe},
+                **{k: v for k, v in earlier.items() if k not in HISTORY_KEYS}}
+    legacy = [earlier["previous_drafter"]] if "previous_drafter" in earlier else []
+    return [replaced, *earlier.get("previous_drafters", []), *legacy]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for target/, draft/, eval_prompts.jsonl")
@@ -1014,10 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
         earlier = json.loads(old.read_text())
         metrics.update({k: v for k, v in earlier.items() if k in ("recipe", "draft_phase2", "draft_finetune")})
         if args.stage == "draft":  # the drafter's side of the recipe is this run's
-            # The figures of the drafter this run replaces, kept for comparison (one level deep).
-            metrics["previous_drafter"] = {
-                "target_layer_ids": earlier.get("recipe", {}).get("target_layer_ids"),
-                **{k: v for k, v in earlier.items() if k not in ("recipe", "previous_drafter", "loops_phase")}}
+            metrics["previous_drafters"] = previous_drafters(earlier)
             metrics["recipe"] = dict(metrics.get("recipe", {}))
             metrics["recipe"].update({k: v for k, v in asdict(recipe).items() if k in DRAFTER_FIELDS})
             metrics["draft_finetune"] = {
