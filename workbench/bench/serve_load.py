@@ -77,6 +77,23 @@ def _call(conn: http.client.HTTPConnection, token: str, method: str, path: str, 
     return json.loads(payload)
 
 
+def end_session(server, conn: http.client.HTTPConnection, sid: str) -> None:
+    """DELETE the session, on a fresh connection when the server has closed this one.
+
+    A client that finished early waits for the others with its connection idle; past uvicorn's
+    keep-alive timeout (5 s) the server closes it. A delete lost there would leave the session
+    live, and the next round on that server would meet max_sessions (429)."""
+    try:
+        _call(conn, server.token, "DELETE", f"/sessions/{sid}")
+    except (http.client.HTTPException, ConnectionError):
+        conn.close()
+        fresh = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        try:
+            _call(fresh, server.token, "DELETE", f"/sessions/{sid}")
+        finally:
+            fresh.close()
+
+
 def one_round(server: Server, prompts: list[str], clients: int, policy: dict, max_new_tokens: int) -> dict:
     """``clients`` sessions stepped at once until each ends. -> tokens, wall seconds, step latencies."""
     ready = threading.Barrier(clients + 1)
@@ -110,9 +127,9 @@ def one_round(server: Server, prompts: list[str], clients: int, policy: dict, ma
                 pass
             if sid is not None:
                 try:
-                    _call(conn, server.token, "DELETE", f"/sessions/{sid}")
-                except Exception:  # noqa: BLE001 - the server drops it at its TTL anyway
-                    pass
+                    end_session(server, conn, sid)
+                except Exception as e:  # noqa: BLE001 - reported by the caller
+                    errors.append(e)
             conn.close()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
