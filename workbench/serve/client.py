@@ -136,6 +136,10 @@ def connect(url: str, token: str | None = None, *, token_file=None, timeout: flo
             insecure_http: bool = False) -> "RemoteEngine":
     """Attach to ``python -m workbench serve``. The token: ``token=``, else ``token_file=``, else $WORKBENCH_TOKEN.
     ``insecure_http=True`` allows plain http to a host other than this machine (the token travels in clear)."""
+    if not isinstance(insecure_http, bool):  # "no" is truthy: it would lift the refusal and send the token in clear
+        raise ValueError(f"insecure_http={insecure_http!r} must be True or False")
+    if token is not None and token_file is not None:
+        raise ValueError("give one of token= or token_file=, not both (which one to send would be a guess)")
     if token is None and token_file is not None:
         token = Path(token_file).read_text().strip()
     token = token or os.environ.get("WORKBENCH_TOKEN")

@@ -1,0 +1,26 @@
+"""wb.connect's own arguments, refused in one line before any connection is tried (issue 44)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import workbench as wb
+
+TOKEN = "a-test-token-of-forty-characters-0123456"
+
+
+@pytest.mark.parametrize("value", ["no", 1, 0, None, "True"])
+def test_insecure_http_takes_booleans_only(value):
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"insecure_http={value!r} must be True or False"):
+        wb.connect("http://192.0.2.1:8765", token=TOKEN, insecure_http=value)
+    assert time.perf_counter() - t < 0.5  # refused before any connection is tried
+
+
+def test_token_and_token_file_together_are_refused(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("another-token-of-forty-characters-000000")
+    f.chmod(0o600)
+    with pytest.raises(ValueError, match="give one of token= or token_file=, not both"):
+        wb.connect("http://127.0.0.1:9", token=TOKEN, token_file=f)
