@@ -1,0 +1,555 @@
+"""The measured per-step cost: the target's verify forward over nodes x rows and the drafter's block
+forward over rows, on the device in use, beside the cost model's prediction of each point.
+
+    from workbench.bench import sweep as sw
+    models = sw.random_models("qwen3-8b", "qwen3-8b-dflash-b16", device="cuda", dtype="bfloat16")
+    s = sw.sweep(models, nodes=(1, 2, 4, 8, 16, 32, 64), rows=(1, 4, 8, 16), context=512, graphs=True)
+    s.table()                       # median and spread per point
+    wb.shapes.cost.sweep_error(s)   # the cost model's prediction per point and its error
+
+What is timed is the engine's own forward, through its own model states: ``DenseKV.verify`` of a
+``TreeLayout`` compiled by ``stages.tree_compile`` (the real visibility mask, the K/V cache holding
+``context`` committed tokens per row) and ``DraftKV.draft`` of one block after ``block_size`` new context
+rows (a cycle that accepted its whole block). States that support static shapes run them (K/V and mask
+buffers of ``context + max(nodes)`` columns, as the engine's graphed path runs): ``eager`` is that path
+without graphs, ``graphs`` replays it from a CUDA graph. A state without static shapes (the hybrid's)
+is prefilled with random tokens and runs eager with dynamic shapes.
+
+Cost does not depend on weight values, so ``random_models`` builds a shipped config's layout with
+random weights on the device (no checkpoint), optionally with fewer layers; ``check_fits`` refuses,
+before anything is allocated, a sweep whose weights + K/V + activations exceed the device's free memory.
+Each point: ``warmup`` untimed calls, then ``repeats`` timed ones interleaved over every point (machine
+load hits all points alike); median with the quartiles and the extremes beside it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+NODES = (1, 2, 4, 8, 16, 32, 64)
+ROWS = (1, 4, 8, 16)
+CPU_NODES = (1, 2, 4, 8, 16, 32)  # what a few minutes on two shared cores allow at a full-size width
+CPU_ROWS = (1, 4)
+
+
+# ------------------------------------------------------------------------------------------ records
+@dataclass
+class Point:
+    """One measured forward shape."""
+
+    kind: str  # "verify" (target, TARGET_VERIFY over nodes) or "draft" (the drafter's block)
+    mode: str  # "eager" or "graphs"
+    rows: int  # requests in the batch
+    nodes: int  # tokens per row: tree nodes (root included) for verify, block size for draft
+    keys: int  # key columns attention sees per row (committed + scratch, static: the buffer's width)
+    context_rows: int  # draft: new target-feature rows per row (0 for verify)
+    samples: list  # seconds per timed call
+    ops: int = 0  # aten ops one eager call dispatches (0 where not counted)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        q = statistics.quantiles(self.samples, n=4, method="inclusive") if len(self.samples) > 1 else [self.samples[0]] * 3
+        return q[0], q[2]
+
+    def as_dict(self) -> dict:
+        lo, hi = self.quartiles
+        return {**asdict(self), "median_s": self.median, "p25_s": lo, "p75_s": hi,
+                "min_s": min(self.samples), "max_s": max(self.samples)}
+
+
+@dataclass
+class Device:
+    """The device's measured roofline (independent of the sweep's points): matmul FLOP/s, streaming
+    bandwidth (a matrix-vector product over a matrix far larger than any cache) and the seconds one small
+    op costs (dispatch on a CPU, launch on a GPU)."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    op_seconds: float
+    dtype: str
+    threads: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Sweep:
+    points: list
+    settings: dict  # model name, layers, dtype, device, context, repeats, warmup, threads, note
+    target_config: dict  # the config the timed model was built from (cut layers included): the cost model reads it
+    draft_config: dict | None
+    device: Device | None = None
+    notes: list = field(default_factory=list)
+
+    def select(self, kind: str | None = None, mode: str | None = None) -> list:
+        return [p for p in self.points if (kind is None or p.kind == kind) and (mode is None or p.mode == mode)]
+
+    def as_dict(self) -> dict:
+        return {"settings": self.settings, "device": self.device.as_dict() if self.device else None,
+                "points": [p.as_dict() for p in self.points], "notes": self.notes,
+                "target_config": self.target_config, "draft_config": self.draft_config}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Sweep":
+        keep = {f for f in Point.__dataclass_fields__}
+        pts = [Point(**{k: v for k, v in p.items() if k in keep}) for p in d["points"]]
+        dev = Device(**d["device"]) if d.get("device") else None
+        return cls(pts, d["settings"], d["target_config"], d.get("draft_config"), dev, d.get("notes", []))
+
+    def table(self) -> str:
+        s = self.settings
+        lines = [f"sweep: {s['model']} ({s['layers']} target layers, {s['draft_layers']} draft layers), {s['dtype']} "
+                 f"on {s['device']}, context {s['context']}, {s['repeats']} repeats after {s['warmup']} warm-up, "
+                 f"{s['threads']} threads",
+                 f"  {'kind':<7}{'mode':<8}{'rows':>5}{'nodes':>6}{'keys':>6}{'median ms':>11}{'p25-p75 ms':>18}{'ops':>6}"]
+        for p in self.points:
+            lo, hi = p.quartiles
+            lines.append(f"  {p.kind:<7}{p.mode:<8}{p.rows:>5}{p.nodes:>6}{p.keys:>6}{p.median * 1e3:>11.3f}"
+                         f"{f'{lo * 1e3:.3f}-{hi * 1e3:.3f}':>18}{p.ops:>6}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+    __repr__ = table
+
+
+# -------------------------------------------------------------------------------- random-weight models
+def cut_configs(target_config, draft_config=None, layers: int | None = None,
+                draft_layers: int | None = None) -> tuple[dict, dict | None]:
+    """Shipped (or given) configs as dicts, the target cut to ``layers`` decoder layers and the drafter to
+    ``draft_layers`` (each None: as shipped). Every width stays; a cut drafter keeps as many target layers
+    as it reads (its fc's width), clamped into the cut target. ``_name`` says what was cut."""
+    from workbench.shapes.families import config_name, load_config
+
+    t = load_config(target_config, "target")
+    name = config_name(target_config, t)
+    full = int(t["num_hidden_layers"])
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= full:
+            raise ValueError(f"layers={layers!r} must be an integer from 1 to the config's {full}")
+        t["num_hidden_layers"] = layers
+        if t.get("layer_types"):
+            t["layer_types"] = list(t["layer_types"])[:layers]
+    t["_name"] = name + (f" ({t['num_hidden_layers']} of {full} layers)" if t["num_hidden_layers"] != full else "")
+    if draft_config is None:
+        return t, None
+    d = load_config(draft_config, "draft")
+    dname, dfull = config_name(draft_config, d), int(d["num_hidden_layers"])
+    if draft_layers is not None:
+        if isinstance(draft_layers, bool) or not isinstance(draft_layers, int) or not 1 <= draft_layers <= dfull:
+            raise ValueError(f"draft_layers={draft_layers!r} must be an integer from 1 to the drafter's {dfull}")
+        d["num_hidden_layers"] = draft_layers
+        if d.get("layer_types"):
+            d["layer_types"] = list(d["layer_types"])[:draft_layers]
+    dfc = dict(d.get("dflash_config") or {})
+    ids = dfc.get("target_layer_ids") or d.get("target_layer_ids")
+    n = t["num_hidden_layers"]
+    if ids:
+        dfc["target_layer_ids"] = [min(int(i), n - 1) for i in ids]
+    dfc.setdefault("mask_token_id", int(t["vocab_size"]) - 1)  # shipped layouts omit it; any id < vocab runs
+    dfc.setdefault("block_size", int(d.get("block_size", 16)))
+    d["dflash_config"], d["num_target_layers"] = dfc, n
+    d["_name"] = dname + (f" ({d['num_hidden_layers']} of {dfull} layers)" if d["num_hidden_layers"] != dfull else "")
+    return t, d
+
+
+def _hf_config(cfg: dict):
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in cfg.items() if not k.startswith("_") and k != "model_type"}
+    return AutoConfig.for_model(cfg["model_type"], **fields)
+
+
+def _fill(model: torch.nn.Module, seed: int) -> None:
+    """Random weights of a trained model's scale: N(0, 0.02) matrices, unit norms (values do not change
+    cost, but a zero or huge weight could make a CPU take a denormal or NaN path)."""
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+
+
+def random_models(target_config="qwen3-8b", draft_config="qwen3-8b-dflash-b16", device="cpu", dtype="bfloat16",
+                  layers: int | None = None, draft_layers: int | None = None, seed: int = 0, rows: int = 1,
+                  nodes: int = 64, context: int = 512):
+    """A target and a DFlash drafter with random weights in a shipped config's layout, built on ``device``
+    without loading a checkpoint (``layers`` / ``draft_layers`` cut the depth). Checks first that the
+    sweep of ``rows`` x ``nodes`` after ``context`` fits (``check_fits``). -> workbench Models."""
+    from workbench.engine.loading import Models, resolve_device, resolve_dtype
+
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    t, d = cut_configs(target_config, draft_config, layers, draft_layers)
+    if d is None:
+        raise ValueError("random_models needs a draft_config (the drafter's block forward is swept too)")
+    check_fits(t, d, rows, nodes, context, dt, dev)
+    from dflash.model import DFlashDraftModel
+    from transformers import AutoModelForCausalLM
+
+    tcfg, dcfg = _hf_config(t), _hf_config(d)
+    dcfg.num_target_layers, dcfg.dflash_config = d["num_target_layers"], d["dflash_config"]
+    dcfg.block_size = d["dflash_config"]["block_size"]
+    for c in (tcfg, dcfg):
+        c._attn_implementation = "sdpa"
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dt)
+        with torch.device(dev):
+            target = AutoModelForCausalLM.from_config(tcfg, dtype=dt)
+            draft = DFlashDraftModel(dcfg).to(dt)
+    finally:
+        torch.set_default_dtype(old)
+    _fill(target, seed)
+    _fill(draft, seed + 1)
+    path = Path(t["_name"])
+    return Models(target.eval(), draft.eval(), None, path, Path(d["_name"]), dev, dt,
+                  (f"random weights in the layout of {t['_name']} + {d['_name']}",))
+
+
+# ------------------------------------------------------------------------------------------ memory check
+def free_bytes(device) -> int:
+    """Memory a sweep may use: the GPU's free memory, or the host's available memory."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: line.split()[1] for line in f}
+    return int(info["MemAvailable"]) * 1024
+
+
+def needed_bytes(target_config: dict, draft_config: dict | None, rows: int, nodes: int, context: int,
+                 dtype) -> dict:
+    """Bytes a sweep of ``rows`` x ``nodes`` after ``context`` holds at its largest point: weights, K/V
+    (target: context + nodes columns; drafter: context + its block) and the largest forward's activations
+    (every node's logits, in the model dtype and float32 for the choice; the MLP's widest intermediate; the
+    attention scores of a math-path SDPA), from the cost model's per-family facts."""
+    from workbench.models.registry import dtype_bytes
+    from workbench.shapes.cost import arch
+
+    e = dtype_bytes(dtype)
+    a = arch(target_config, "target")
+    d = arch(draft_config, "draft") if draft_config is not None else None
+    f = a.facts
+    weights = (a.params + (d.params if d else 0)) * e
+    kv = rows * a.kv_per_token * (context + nodes) * e
+    block = d.draft["block_size"] if d else 0
+    if d:
+        kv += rows * d.kv_per_token * (context + 2 * block) * e
+    n = max(nodes, 2 * block)
+    inter = max(int(f.layer_params[0].matmul // max(f.hidden_size, 1)), 4 * f.hidden_size)  # widest activation row
+    heads = f.attention.heads if f.attention else 1
+    act = rows * n * (a.vocab * (e + 4) + 4 * inter * e) + rows * heads * n * (context + n) * 4
+    return {"weights": int(weights), "kv": int(kv), "activations": int(act), "total": int(weights + kv + act)}
+
+
+def check_fits(target_config: dict, draft_config: dict | None, rows: int, nodes: int, context: int, dtype,
+               device, headroom: float = 0.9) -> dict:
+    """Raise a one-line ValueError naming the config, the bytes needed and the fix when the sweep's
+    model + K/V + activations would not fit in ``headroom`` of the device's free memory; else the bytes."""
+    need = needed_bytes(target_config, draft_config, rows, nodes, context, dtype)
+    free = free_bytes(device)
+    if need["total"] > headroom * free:
+        name = target_config.get("_name") or target_config.get("model_type")
+        g = 2 ** 30
+        raise ValueError(
+            f"{name} in {str(dtype).replace('torch.', '')} at rows={rows}, nodes={nodes}, context={context} needs "
+            f"{need['total'] / g:.1f} GiB (weights {need['weights'] / g:.1f}, K/V {need['kv'] / g:.2f}, activations "
+            f"{need['activations'] / g:.2f}) but {torch.device(device)} has {free / g:.1f} GiB free: cut layers "
+            f"(layers=, --layers), rows or nodes")
+    return need
+
+
+# ------------------------------------------------------------------------------------------ the forwards
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _layout(models, rows: int, nodes: int, start: int, seed: int):
+    """The engine's TreeLayout of ``rows`` random DDTree-built trees of exactly ``nodes`` nodes, rooted at
+    ``start`` (tokens from a small slice of the vocabulary: cost does not depend on which)."""
+    from ddtree_kernels import build_tree
+
+    from workbench.engine.policies import AR
+    from workbench.engine.stages.tree_build import tree_build
+    from workbench.engine.stages.tree_compile import tree_compile
+
+    g = torch.Generator().manual_seed(seed)
+    depth = models.block_size - 1
+    trees = []
+    for _ in range(rows):
+        lp = torch.log_softmax(torch.randn(1, depth, 64, generator=g) * 2, dim=-1)
+        root = torch.randint(0, 64, (1,), generator=g)
+        if nodes == 1:  # the root alone, as the engine's tree build gives AR
+            trees.append(tree_build(AR(), None, int(root), models.device))
+            continue
+        t = build_tree(lp.to(models.device), root.to(models.device), nodes - 1)
+        if t.n != nodes:
+            raise ValueError(f"a tree of {nodes} nodes cannot be built below a block of {models.block_size}")
+        trees.append(t)
+    return tree_compile(trees, [start] * rows, [depth] * rows)
+
+
+class _Target:
+    """One target state of ``rows`` rows holding ``context`` committed tokens each."""
+
+    def __init__(self, models, rows: int, context: int, max_nodes: int, seed: int):
+        from workbench.models.registry import new_target_state
+
+        self.models, self.rows = models, rows
+        self.state = new_target_state(models)
+        if self.state.supports_static_shapes:
+            self.keys = context + max_nodes
+            self.state.preallocate(rows, self.keys)
+            self.state.cache.set_lengths([context] * rows)  # committed K/V of zeros: its values do not change cost
+            self.state.static.set_lengths([context] * rows)
+            self.static = True
+        else:  # a real prefill of random tokens (dynamic shapes: attention sees context + nodes columns)
+            g = torch.Generator().manual_seed(seed)
+            vocab = models.target.config.get_text_config(decoder=True).vocab_size
+            prompts = torch.randint(0, vocab, (rows, context), generator=g).tolist()
+            with torch.no_grad():
+                self.state.prefill(prompts)
+            self.keys = None
+            self.static = False
+        self.layouts: dict = {}
+        self.context = context
+
+    def layout(self, nodes: int):
+        if nodes not in self.layouts:
+            self.layouts[nodes] = _layout(self.models, self.rows, nodes, self.context, 1000 * self.rows + nodes)
+        return self.layouts[nodes]
+
+    def call(self, nodes: int):
+        return lambda: self.state.verify(self.layout(nodes))
+
+    def key_columns(self, nodes: int) -> int:
+        return self.keys if self.static else self.context + nodes
+
+
+class _Draft:
+    """One drafter state of ``rows`` rows: ``context - block`` tokens in its cache and ``block`` pending
+    context rows (the features of a fully accepted block), drafting the block after ``context``."""
+
+    def __init__(self, models, rows: int, context: int, seed: int):
+        from workbench.models.registry import new_draft_state
+
+        m = models
+        self.models, self.rows, self.block = m, rows, m.block_size
+        if context < self.block:
+            raise ValueError(f"context={context} must be at least the drafter's block of {self.block}")
+        self.state = new_draft_state(m)
+        self.keys = context + self.block
+        self.state.preallocate(rows, self.keys)
+        F = m.draft.fc.in_features
+        g = torch.Generator().manual_seed(seed)
+        self.features = (torch.randn(rows, self.block, F, generator=g) * 0.5).to(m.device, m.dtype)
+        self.context = context
+        self.state.start([self.features[b : b + 1] for b in range(rows)])
+
+    def reset(self) -> None:
+        self.state.crop([self.context - self.block] * self.rows)
+        self.state.cache.set_lengths([self.context - self.block] * self.rows)
+        self.state.context = [self.features[b : b + 1] for b in range(self.rows)]
+
+    def call(self):
+        def run():
+            self.reset()
+            return self.state.draft([1] * self.rows, [self.context] * self.rows)
+        return run
+
+
+def count_ops(fn) -> int:
+    """aten ops one call of ``fn`` dispatches (each a kernel launch on a GPU, a dispatch on a CPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        fn()
+    return Count.n
+
+
+def _time(fn, device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def measure_device(device, dtype, hidden: int = 4096, seconds: float = 2.0) -> Device:
+    """The device's roofline, measured apart from the sweep: a [M, H] x [H, 4H] matmul (FLOP/s), a
+    matrix-vector product over a matrix of 2^27 (CPU) or 2^29 (GPU) elements (bytes/s: weights read once,
+    as a memory-bound forward reads them) and a chain of 200 one-element adds (seconds per op)."""
+    dev = torch.device(device)
+    dt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
+    gpu = dev.type == "cuda"
+    M = 2048 if gpu else 256
+    a = torch.randn(M, hidden, device=dev, dtype=dt)
+    w = torch.randn(4 * hidden, hidden, device=dev, dtype=dt)
+
+    def best(fn, reps=5):
+        fn()
+        return statistics.median(_time(fn, dev) for _ in range(reps))
+
+    with torch.no_grad():
+        flops = 2 * M * hidden * 4 * hidden / best(lambda: a @ w.T)
+        del a, w
+        n = 2 ** (29 if gpu else 27)
+        cols = 8192
+        big = torch.empty(n // cols, cols, device=dev, dtype=dt).normal_()
+        x = torch.randn(1, cols, device=dev, dtype=dt)
+        bw = big.numel() * big.element_size() / best(lambda: x @ big.T)
+        del big
+        s = torch.zeros(1, device=dev, dtype=dt)
+
+        def chain():
+            for _ in range(200):
+                s.add_(1)
+
+        op = best(chain) / 200
+    name = torch.cuda.get_device_name(dev) if gpu else f"CPU ({os.cpu_count()} cores)"
+    return Device(name, flops, bw, op, str(dt).replace("torch.", ""), torch.get_num_threads())
+
+
+# ------------------------------------------------------------------------------------------ the sweep
+def _check_grid(nodes, rows, context, repeats, warmup) -> tuple[list, list]:
+    def ints(xs, what, least):
+        xs = list(xs)
+        if not xs or any(isinstance(x, bool) or not isinstance(x, int) or x < least for x in xs):
+            raise ValueError(f"{what}={xs!r} must be a non-empty list of integers >= {least}")
+        return sorted(set(xs))
+
+    nodes, rows = ints(nodes, "nodes", 1), ints(rows, "rows", 1)
+    for v, what, least in ((context, "context", 1), (repeats, "repeats", 1), (warmup, "warmup", 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"{what}={v!r} must be an integer >= {least}")
+    return nodes, rows
+
+
+def _configs_of(models) -> tuple[dict, dict]:
+    """The dicts a Models was built from (random_models) or its checkpoints' config.json."""
+    from workbench.shapes.families import load_config
+
+    out = []
+    for model, path in ((models.target, models.target_dir), (models.draft, models.draft_dir)):
+        p = Path(path)
+        if (p / "config.json").is_file():
+            cfg = load_config(p)
+            cfg["_name"] = p.name if p.name not in ("target", "draft") else f"{p.parent.name}/{p.name}"
+        else:
+            cfg = model.config.to_dict()
+            cfg["_name"] = str(path)
+        out.append(cfg)
+    return out[0], out[1]
+
+
+def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, warmup: int = 2,
+          graphs: bool = False, draft: bool = True, seed: int = 0, device_profile: bool = True,
+          progress=None) -> Sweep:
+    """Time the verify forward at every (rows, nodes) and the draft forward at every rows, ``repeats``
+    times each after ``warmup`` untimed calls, interleaved. ``models``: workbench Models (``wb.load().models``
+    or ``random_models``) or an engine. ``graphs``: also replay each from a CUDA graph (CUDA only)."""
+    models = getattr(models, "models", models)
+    nodes, rows = _check_grid(nodes, rows, context, repeats, warmup)
+    dev = torch.device(models.device)
+    if graphs and dev.type != "cuda":
+        raise ValueError(f"graphs=True needs a CUDA device; the models are on {dev}")
+    if context + max(nodes) > models.max_positions:
+        raise ValueError(f"context {context} + nodes {max(nodes)} exceeds the target's {models.max_positions} positions")
+    tcfg, dcfg = _configs_of(models)
+    check_fits_loaded(models, tcfg, dcfg, max(rows), max(nodes), context)
+    say = progress or (lambda msg: None)
+    modes = ["eager"] + (["graphs"] if graphs else [])
+    graph_set = None
+    if graphs:
+        from workbench.engine.graphs import Graphs
+
+        graph_set = Graphs(dev)
+    calls = []  # (Point, fn, state or None)
+    with torch.no_grad():
+        for r in rows:
+            tgt = _Target(models, r, context, max(nodes), seed + r)
+            for n in nodes:
+                for mode in modes:
+                    if mode == "graphs" and not tgt.static:
+                        continue
+                    calls.append((Point("verify", mode, r, n, tgt.key_columns(n), 0, []), tgt.call(n), tgt.state))
+            if draft:
+                d = _Draft(models, r, context, seed + 100 + r)
+                for mode in modes:
+                    calls.append((Point("draft", mode, r, d.block, d.keys, d.block, []), d.call(), d.state))
+        for p, fn, state in calls:
+            state.graphs = graph_set if p.mode == "graphs" else None
+            for _ in range(warmup + (1 if p.mode == "graphs" else 0)):  # graphs: the first call captures
+                fn()
+            if p.mode == "eager":
+                p.ops = count_ops(fn)
+        _sync(dev)
+        say(f"{len(calls)} points warmed up; timing {repeats} rounds")
+        for i in range(repeats):
+            for p, fn, state in calls:
+                state.graphs = graph_set if p.mode == "graphs" else None
+                p.samples.append(_time(fn, dev))
+            say(f"round {i + 1}/{repeats}")
+        for _, _, state in calls:
+            state.graphs = None
+    tc = models.target.config.get_text_config(decoder=True)
+    settings = {"model": tcfg.get("_name"), "draft": dcfg.get("_name"), "layers": tc.num_hidden_layers,
+                "draft_layers": models.draft.config.num_hidden_layers, "dtype": str(models.dtype).replace("torch.", ""),
+                "device": str(dev), "context": context, "repeats": repeats, "warmup": warmup,
+                "threads": torch.get_num_threads(), "seed": seed, "nodes": nodes, "rows": rows, "modes": modes,
+                "block_size": models.block_size}
+    dprof = measure_device(dev, models.dtype, tc.hidden_size) if device_profile else None
+    notes = ["verify: the engine's DenseKV/HybridGDN verify of a DDTree-built TreeLayout (tree_compile's visibility "
+             "mask over the K/V cache); draft: DraftKV.draft of one block after block_size new context rows",
+             "static-shape states attend over context + max(nodes) columns (the engine's graphed path); 'keys' "
+             "says how many columns each point saw"]
+    if dev.type == "cpu":
+        notes.append("CPU timings on a machine shared with other work: points are interleaved round by round so "
+                     "load hits them alike")
+    return Sweep([p for p, _, _ in calls], settings, tcfg, dcfg, dprof, notes)
+
+
+def check_fits_loaded(models, tcfg: dict, dcfg: dict, rows: int, nodes: int, context: int) -> dict:
+    """``check_fits`` for models already in memory: their weights are already held, so only K/V and
+    activations must fit in what is free."""
+    need = needed_bytes(tcfg, dcfg, rows, nodes, context, models.dtype)
+    free = free_bytes(models.device)
+    extra = need["kv"] + need["activations"]
+    if extra > 0.9 * free:
+        g = 2 ** 30
+        raise ValueError(f"{tcfg.get('_name')} at rows={rows}, nodes={nodes}, context={context} needs "
+                         f"{extra / g:.2f} GiB of K/V and activations but {models.device} has {free / g:.1f} GiB "
+                         f"free: fewer rows, nodes or a shorter context")
+    return need
+
+
+def save(s: Sweep, path) -> None:
+    Path(path).write_text(json.dumps(s.as_dict(), indent=1) + "\n")
+
+
+def load(path) -> Sweep:
+    return Sweep.from_dict(json.loads(Path(path).read_text()))
