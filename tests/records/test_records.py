@@ -511,13 +511,13 @@ def test_notebook_build_stores_no_widget_state_and_refuses_big_files(tmp_path):
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"x": "y" * 100}}}
     mod.drop_widget_state(nb)
     assert "widgets" not in nb.metadata
-    small = mod.build("small", [mod.code("1 + 1")], execute=False, out_dir=tmp_path)
+    small = mod.build("small", [nbformat.v4.new_code_cell("1 + 1")], execute=False, out_dir=tmp_path)
     assert small.stat().st_size < mod.MAX_NOTEBOOK_BYTES
     with pytest.raises(SystemExit, match="limit 1 MB"):
-        mod.build("big", [mod.md("x" * 2_000_000)], execute=False, out_dir=tmp_path)
+        mod.build("big", [nbformat.v4.new_markdown_cell("x" * 2_000_000)], execute=False, out_dir=tmp_path)
     assert not (tmp_path / "big.ipynb").exists()
     # the notebook sources say what their outputs now show
-    src = (ROOT / "notebooks" / "build.py").read_text()
+    src = "".join(p.read_text() for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")))
     assert "About the speed above" in src and "(0.0, 0.3, 0.6, 1.0)" in src and "tau falls as the temperature" in src
 
 
