@@ -7,6 +7,7 @@ server's scheduler (``workbench.serve.scheduler``). A driver answers ``step_requ
 """
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -132,18 +133,78 @@ def _initial(meta: dict, key: str, default):
     return v[0] if isinstance(v, list) and v else v
 
 
-def replay(engine, trace: Trace, **kw) -> Session:
-    """Re-run ``trace`` on ``engine``: its prompt ids and starting settings, then each recorded change
-    (``trace.changes()``) before the cycle it applied from, for as many cycles as the trace has. With
-    the same models on the same device this gives the same tokens, cycle for cycle (sampling included:
-    the seed and every re-seed are in the trace). ``kw`` overrides session arguments (e.g.
-    ``kernel_backend``). Returns the new session."""
-    from workbench.engine.policies import parse_policy
+def _engine_pair(engine) -> tuple[str, str]:
+    """(target, drafter) as ``canonical_ref`` names them: a served engine's from its /info, a local one's own."""
+    from workbench.engine.loading import canonical_ref
+
+    info = getattr(engine, "info", None)
+    models = info.get("models") if isinstance(info, dict) else None
+    t, d = (models["target"], models["draft"]) if models else (engine.models.target_dir, engine.models.draft_dir)
+    return canonical_ref(t), canonical_ref(d)
+
+
+def _load_hint(target: str, draft: str) -> str:
+    from workbench.engine.loading import DEFAULT_DRAFT, DEFAULT_TARGET, PAIRS, model_ref
+
+    for name, (t, d) in {None: (DEFAULT_TARGET, DEFAULT_DRAFT), **PAIRS}.items():
+        if (model_ref(t), model_ref(d)) == (target, draft):
+            return "wb.load()" if name is None else f"wb.load({name!r})"
+    return f"wb.load(target={target!r}, draft={draft!r})"
+
+
+def check_replayable(trace: Trace, engine) -> list[dict]:
+    """Refuse, in one line, a trace ``engine`` would not re-run: recorded by another engine, on another
+    pair, or with a change replay cannot apply. Returns the changes, checked."""
+    from workbench.engine.loading import canonical_ref
 
     m = trace.meta
     if not isinstance(m.get("prompt_ids"), list):
         raise ValueError("this trace has no prompt_ids in its header, so it cannot be replayed")
-    changes = [c for c in m.get("changes", []) if isinstance(c, dict) and c.get("name") in REPLAYED]
+    recorded = str(m.get("engine", "workbench"))
+    if not recorded.startswith("workbench"):
+        raise ValueError(f"this trace was recorded by {recorded} (trace.meta['engine']); replay re-runs the "
+                         "workbench engine's own traces: to run its prompt here, start "
+                         "engine.session(prompt_ids=trace.meta['prompt_ids'])")
+    if m.get("target") is not None and m.get("draft") is not None:
+        theirs = canonical_ref(m["target"]), canonical_ref(m["draft"])
+        mine = _engine_pair(engine)
+        if theirs != mine:
+            raise ValueError(f"this trace ran target {theirs[0]!r} with drafter {theirs[1]!r}; this engine holds "
+                             f"target {mine[0]!r} with drafter {mine[1]!r}, so its tokens would differ: replay it "
+                             f"on {_load_hint(*theirs)}")
+    n = len(trace.cycles)
+    changes = m.get("changes", [])
+    if not isinstance(changes, list):
+        raise ValueError(f"trace.meta['changes']={changes!r:.80} is not a list of changes; fix or drop it")
+    for k, c in enumerate(changes):
+        where = f"trace.meta['changes'][{k}]"
+        if not isinstance(c, dict) or not {"cycle", "name", "value"} <= set(c):
+            raise ValueError(f"{where}={c!r:.80} is not a {{'cycle', 'name', 'value'}} record; fix or drop it")
+        if c["name"] not in REPLAYED:
+            raise ValueError(f"{where} names the setting {c['name']!r:.40}, which replay does not know (one of "
+                             f"{', '.join(REPLAYED)}); fix the name or drop the entry")
+        cycle = c["cycle"]
+        if isinstance(cycle, bool) or not isinstance(cycle, int) or not 0 <= cycle <= n:
+            raise ValueError(f"{where} has cycle={cycle!r:.40}: give the cycle it applies from, an integer "
+                             f"from 0 to {n} (the trace's cycles)")
+    return list(changes)
+
+
+def replay(engine, trace: "Trace | str | os.PathLike", **kw) -> Session:
+    """Re-run ``trace`` (or the trace saved at that path) on ``engine``: its prompt ids and starting
+    settings, then each recorded change (``trace.changes()``) before the cycle it applied from, for as
+    many cycles as the trace has. With the same models on the same device this gives the same tokens,
+    cycle for cycle (sampling included: the seed and every re-seed are in the trace). A trace of another
+    engine or another pair, or a change replay cannot apply, is refused first. ``kw`` overrides session
+    arguments (e.g. ``kernel_backend``). Returns the new session."""
+    from workbench.engine.policies import parse_policy
+
+    if isinstance(trace, (str, os.PathLike)):
+        trace = Trace.load(trace)
+    if not isinstance(trace, Trace):
+        raise TypeError(f"replay() takes a wb.Trace or a saved trace's path, got {type(trace).__name__}")
+    m = trace.meta
+    changes = check_replayable(trace, engine)
     limit_changed = any(c["name"] == "max_new_tokens" for c in changes)
     args = dict(policy=parse_policy(str(_initial(m, "policy", "ddtree:32"))),
                 temperature=_initial(m, "temperature", 0.0), top_p=_initial(m, "top_p", 1.0),
