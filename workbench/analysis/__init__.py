@@ -4,13 +4,17 @@
     cal.ece, cal.table(); wb.views.reliability_figure(cal)
     need = wb.analysis.budget_needed(trace)              # ranks of the target's continuation
     need.tau_at(16); wb.views.budget_needed_figure(need)
-    wb.analysis.order_verdict(bench_result.summary)    # an order only where repeats' spreads separate
+    wb.analysis.order_verdict(bench_result.summary)    # an order only where a paired test separates it
+    wb.analysis.paired_ratio(a_tok_s, b_tok_s, "A", "B")  # per-prompt ratios, Wilcoxon and sign test
+    wb.analysis.branching(trace)                         # target token ranks per depth; continuation rates
 
 Pure data (numpy); no model runs, no plotting.
 """
+from workbench.analysis.branching import Branching, branching
 from workbench.analysis.budget import BudgetNeeded, budget_needed
 from workbench.analysis.calibration import Calibration, calibration
+from workbench.analysis.paired import PairedRatio, paired_ratio
 from workbench.analysis.spread import OrderVerdict, order_values, order_verdict
 
-__all__ = ["BudgetNeeded", "Calibration", "OrderVerdict", "budget_needed", "calibration", "order_values",
-           "order_verdict"]
+__all__ = ["Branching", "BudgetNeeded", "Calibration", "OrderVerdict", "PairedRatio", "branching", "budget_needed",
+           "calibration", "order_values", "order_verdict", "paired_ratio"]

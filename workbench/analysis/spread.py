@@ -1,26 +1,33 @@
-"""Conclusions that hold across the spread: order policies by a speed figure only where their
-ranges over interleaved repeats do not overlap, and say "too noisy" where they do.
+"""Conclusions that hold across the noise: order policies by a speed figure only where a paired test
+separates them, and say "too noisy" where it does not.
 
-    res = bench(engine, policies, prompts, repeats=5)        # interleaved: A B C A B C ...
-    v = wb.analysis.order_verdict(res.summary)               # speedup over AR, repeat by repeat
-    print(v)   # "order holds across spread: DDTree(16) > DFlash > AR" or "too noisy to order: ..."
+    res = bench(engine, policies, prompts, repeats=3)        # interleaved: A B C A B C ...
+    v = wb.analysis.order_verdict(res.summary)               # speedup over AR, prompt by prompt
+    print(v)   # "order holds (paired, 24 prompts): DDTree(16) > DFlash > AR" or "too noisy to order: ..."
 
-A repeat's speedup is measured within that repeat (the policy's tok/s over AR's in the same pass over
-the prompts), so load that slows a whole pass cancels; what is left is the spread this reports.
+The values are paired: entry i of every label is the same unit (a prompt, or a repeat: the same pass over
+the prompts), so load that slows a whole unit cancels in the ratio of its two values. Neighbours in the
+median order are compared pair by pair (``workbench.analysis.paired``: Wilcoxon signed-rank, sign test
+beside it); an order is claimed only where every neighbour pair is separated at p < 0.05 over at least
+``MIN_PAIRS`` units. Ranges are shown, never used to decide.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
+from workbench.analysis.paired import ALPHA, MIN_PAIRS, paired_ratio
+
 
 @dataclass(frozen=True)
 class OrderVerdict:
     metric: str
-    values: dict  # label -> [value per repeat]
+    values: dict  # label -> [value per unit], entry i of every label the same unit
     order: list  # labels, best median first
-    holds: bool  # every neighbour pair in ``order`` is separated: the worse one's max < the better one's min
-    overlapping: list  # [(better, worse)] neighbour pairs whose ranges overlap
+    holds: bool  # >= MIN_PAIRS units and every neighbour pair in ``order`` separated by the paired test
+    overlapping: list  # [(better, worse)] neighbour pairs the paired test does not separate
+    p_values: dict  # (better, worse) -> Wilcoxon signed-rank p over the units' paired values
+    unit: str = "repeats"
 
     def spread(self, label: str) -> tuple[float, float]:
         v = self.values[label]
@@ -28,6 +35,7 @@ class OrderVerdict:
 
     @property
     def repeats(self) -> int:
+        """Paired units (repeats or prompts) behind the verdict."""
         return min(len(v) for v in self.values.values())
 
     def __str__(self) -> str:
@@ -36,40 +44,65 @@ class OrderVerdict:
             return f"{label} {statistics.median(self.values[label]):.2f} [{lo:.2f}-{hi:.2f}]"
 
         ranges = ", ".join(show(x) for x in self.order)
-        if self.repeats < 2:
-            return f"{self.metric}: one repeat shows no spread, so no order is claimed ({ranges})"
+        n = self.repeats
+        if n < 2:
+            return f"{self.metric}: one {self.unit[:-1]} shows no spread, so no order is claimed ({ranges})"
+        ps = "; ".join(f"{a} vs {b} p={p:.2g}" for (a, b), p in self.p_values.items())
+        if n < MIN_PAIRS:
+            return (f"{self.metric}: too few pairs to order ({n} {self.unit}; a paired test needs >= {MIN_PAIRS}), "
+                    f"too noisy to claim an order ({ranges})")
         if self.holds:
-            return f"{self.metric}: order holds across spread ({self.repeats} repeats): " + " > ".join(self.order) + \
-                f" ({ranges})"
-        pairs = "; ".join(f"{a} and {b} overlap" for a, b in self.overlapping)
-        return f"{self.metric}: too noisy to order ({self.repeats} repeats): {pairs} ({ranges})"
+            return (f"{self.metric}: order holds (paired over {n} {self.unit}, Wilcoxon): " + " > ".join(self.order)
+                    + f" ({ps}; {ranges})")
+        pairs = "; ".join(f"{a} and {b} not separated (p={self.p_values[a, b]:.2g})" for a, b in self.overlapping)
+        return f"{self.metric}: too noisy to order (paired over {n} {self.unit}): {pairs} ({ranges})"
 
 
-def order_values(values: dict, metric: str = "value", higher_is_better: bool = True) -> OrderVerdict:
-    """{label: [value per repeat]} -> the order by median and whether the min-max ranges separate it."""
+def order_values(values: dict, metric: str = "value", higher_is_better: bool = True,
+                 unit: str = "repeats") -> OrderVerdict:
+    """{label: [value per unit]} (paired: entry i is the same unit for every label) -> the order by median
+    and whether the paired test separates every neighbour pair."""
     if not values or any(not v for v in values.values()):
         raise ValueError("order_values needs at least one value per label")
+    lens = {len(v) for v in values.values()}
+    if len(lens) > 1:
+        raise ValueError(f"order_values pairs entry i of every label; the labels have {sorted(lens)} values: "
+                         "give each the same units")
     sign = 1 if higher_is_better else -1
     order = sorted(values, key=lambda k: -sign * statistics.median(values[k]))
-    overlapping = []
+    n = lens.pop()
+    overlapping, p_values = [], {}
     for better, worse in zip(order, order[1:]):
         b, w = values[better], values[worse]
-        separated = min(b) > max(w) if higher_is_better else max(b) < min(w)
-        if not separated:
+        if n >= 2 and all(x > 0 for x in b + w):
+            num, den = (b, w) if higher_is_better else (w, b)
+            p = paired_ratio(num, den, better, worse, min_pairs=1).wilcoxon_p
+        else:
+            p = 1.0
+        p_values[better, worse] = p
+        if n < MIN_PAIRS or p >= ALPHA:
             overlapping.append((better, worse))
-    repeats = min(len(v) for v in values.values())
     return OrderVerdict(metric, {k: list(v) for k, v in values.items()}, order,
-                        repeats >= 2 and not overlapping, overlapping)
+                        n >= MIN_PAIRS and not overlapping, overlapping, p_values, unit)
 
 
 def order_verdict(summary: dict, metric: str = "speedup_vs_ar", labels=None) -> OrderVerdict:
-    """The verdict for a bench summary: ``metric`` is ``speedup_vs_ar`` (per repeat, within the repeat)
-    or ``tokens_per_s`` (per repeat)."""
-    key = {"speedup_vs_ar": "speedup_vs_ar_per_repeat", "tokens_per_s": "tokens_per_s_per_repeat"}.get(metric)
-    if key is None:
+    """The verdict for a bench summary: ``metric`` is ``speedup_vs_ar`` or ``tokens_per_s``, paired by prompt
+    (each prompt's median over repeats) or by repeat (each repeat's pooled figure), whichever gives more pairs."""
+    keys = {"speedup_vs_ar": "speedup_vs_ar_per_", "tokens_per_s": "tokens_per_s_per_"}
+    if metric not in keys:
         raise ValueError(f"metric={metric!r}: use 'speedup_vs_ar' or 'tokens_per_s'")
     labels = list(summary) if labels is None else list(labels)
-    missing = [x for x in labels if x not in summary or summary[x].get(key) is None]
-    if missing:
-        raise ValueError(f"no per-repeat {metric} for {missing}: run bench with AR in the policies (for speedups)")
-    return order_values({x: summary[x][key] for x in labels}, metric)
+    best = None
+    for unit in ("prompt", "repeat"):
+        key = keys[metric] + unit
+        if all(x in summary and summary[x].get(key) is not None for x in labels):
+            vals = {x: summary[x][key] for x in labels}
+            n = min(len(v) for v in vals.values())
+            if best is None or n > best[2]:
+                best = (vals, unit + "s", n)
+    if best is None:
+        missing = [x for x in labels if x not in summary]
+        raise ValueError(f"no paired {metric} for {missing or labels}: run bench with AR in the policies "
+                         "(for speedups)")
+    return order_values(best[0], metric, unit=best[1])

@@ -32,7 +32,9 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
 * ``tokens_per_s_range``: [min, max] over repeats of the pooled tokens/s (each repeat: all
   prompts' new tokens / their wall times); ``None`` with one repeat, which shows no spread.
   ``tokens_per_s_per_repeat`` lists them; ``speedup_vs_ar_per_repeat`` divides each by AR's in the
-  same repeat (``workbench.analysis.order_verdict`` orders policies only where these separate).
+  same repeat; ``tokens_per_s_per_prompt`` / ``speedup_vs_ar_per_prompt`` the same per prompt (its median
+  wall time over repeats). ``workbench.analysis.order_verdict`` orders policies only where a paired test
+  over these (by prompt or by repeat, whichever has more) separates them.
 * ``lossless``: every greedy output (every repeat) equals AR's on the same prompt (``None``
   when not checked: no AR run, or sampling).
 """
@@ -303,6 +305,9 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
             "forward_tokens_per_s": committed / forward_s if forward_s > 0 else 0.0,
             "tokens_per_s_range": [min(per_repeat), max(per_repeat)] if n_rep > 1 else None,
             "tokens_per_s_per_repeat": per_repeat,
+            # per prompt (its median wall time over repeats): the paired units order_verdict prefers
+            "tokens_per_s_per_prompt": [len(m["first"].tokens) / m["wall_time"] if m["wall_time"] > 0 else 0.0
+                                        for m in ms],
         }
     ar = out.get("AR")
     dflash = out.get(str(DFlash()))
@@ -311,6 +316,9 @@ def summarize(med: dict, prompts: list[dict], labels: list[str], failures) -> di
         # within each repeat (interleaved: the same pass over the prompts), so a slow pass cancels
         s["speedup_vs_ar_per_repeat"] = ([a / b for a, b in zip(s["tokens_per_s_per_repeat"],
                                                                ar["tokens_per_s_per_repeat"])] if ar else None)
+        s["speedup_vs_ar_per_prompt"] = ([a / b if b else 0.0 for a, b in zip(s["tokens_per_s_per_prompt"],
+                                                                          ar["tokens_per_s_per_prompt"])]
+                                         if ar else None)
         per = s["speedup_vs_ar_per_repeat"]
         s["speedup_vs_ar"] = (statistics.median(per) if per and len(per) > 1 else
                               s["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None)
