@@ -489,7 +489,21 @@ def pair_dirs(target, draft) -> tuple[Path, Path]:
         target, draft = PAIRS[name]
         if not (target / "config.json").is_file():
             raise ModelPairError(f"the embedded {name!r} pair is not in '{target.parent}'; train it: make train-{name}")
-    return model_dir(target or DEFAULT_TARGET, "target"), model_dir(draft or DEFAULT_DRAFT, "draft")
+    tdir = model_dir(target or DEFAULT_TARGET, "target")
+    if target is not None and draft is None:
+        draft = own_drafter(tdir)
+    return tdir, model_dir(draft or DEFAULT_DRAFT, "draft")
+
+
+def own_drafter(tdir: Path) -> Path:
+    """The drafter of a target given alone: ``<dir>/draft`` beside ``<dir>/target`` (the embedded pairs'
+    layout, and a training run's); another drafter would load and run with another checkpoint's acceptance."""
+    beside = tdir.parent / "draft"
+    if tdir.name == "target" and (beside / "config.json").is_file():
+        return beside
+    raise ModelPairError(f"target '{tdir}' has no drafter beside it (a '{beside}' folder next to one named "
+                         "'target'), and another checkpoint's drafter would run without a word: pass "
+                         "draft=<the DFlash drafter trained for it>")
 
 
 def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=None,
