@@ -13,12 +13,15 @@ The report has three parts.
 3. **Where drafts first differ** (only when they do): vLLM's drafter inputs and outputs at each cycle are
    held against the reference's (``workbench.engines.reference``) for the same context, and at the first
    cycle whose drafts differ the report compares, from its own measurements:
+   - every drafter input (``workbench.engines.drafter_inputs``): the context's tokens and positions, the
+     block's tokens and positions, against the committed context and the block the reference builds;
    - per slot: top-1 agreement and the largest log-prob gap between the two drafters;
    - per context-feature chunk (one per target layer the drafter reads): vLLM's feature vs the reference's
      for the same tokens (relative difference, RMS of each);
-   - per drafter layer: the reference layer's attention and MLP run on vLLM's own inputs to that layer, vs
-     vLLM's outputs (so a difference there is the layer's computation, not its inputs').
-   The verdict names the chunks and layers that differ; nothing in it knows what the causes are.
+   - per drafter layer: the reference layer's attention and MLP run on vLLM's own inputs to that layer (its
+     positions too), vs vLLM's outputs (so a difference there is the layer's computation, not its inputs').
+   The verdict names the inputs, chunks and layers that differ, inputs first (a wrong input explains what
+   follows it); a table that could not be filled says why. Nothing in it knows what the causes are.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.engines.drafter_inputs import aligned_context, compare_inputs
 from workbench.engines.reference import Reference, rel_diff, rms
 
 EQUAL = 1e-3  # relative difference under which two float32 tensors count as the same tensor
@@ -69,9 +73,15 @@ class Divergence:
     chunks: list  # per feature chunk: {"chunk", "layer", "rel_diff", "rms_theirs", "rms_ours", "equal"}
     layers: list  # per drafter layer: {"layer", "attention", "mlp"} relative differences
     context_states: float | None = None  # rel diff of vLLM's fc output vs ours on vLLM's own features
+    inputs: list = field(default_factory=list)  # per drafter input: InputCheck.to_dict()
+    unfilled: dict = field(default_factory=dict)  # table ("features", "layers") -> why it has no rows
 
     def verdict(self) -> list[str]:
         out = []
+        for i in self.inputs:
+            if not i["equal"] and not i["missing"]:
+                out.append(f"drafter input '{i['input']}' differs from the reference's: {i['differ']} of "
+                           f"{i['compared']} values, first at {i['first']}")
         bad = [c for c in self.chunks if not c["equal"]]
         for c in bad:
             out.append(f"context-feature chunk {c['chunk']} (target layer {c['layer']}) differs from the reference's "
@@ -87,8 +97,11 @@ class Divergence:
             out.append(f"the drafter's fc over the production engine's own features differs "
                        f"(relative difference {self.context_states:.3g})")
         if not out:
-            out.append("no feature chunk or drafter layer differs beyond float noise: the difference is elsewhere "
-                       "(the block's inputs, its positions, or the sampler)")
+            unchecked = [i["input"] for i in self.inputs if i["missing"]] + \
+                [f"the {t} ({why})" for t, why in self.unfilled.items()]
+            out.append("no drafter input, feature chunk or drafter layer differs beyond float noise"
+                       + (f"; not compared: {', '.join(unchecked)}" if unchecked else
+                          ": the difference is after the drafter's layers (its logits or the sampler)"))
         return out
 
 
@@ -110,8 +123,8 @@ class ConformanceReport:
             "runs": {k: {"drafts": r.drafts, "tau": r.tau, "per_position": r.per_position(),
                          "tokens_per_s": r.tokens_per_s} for k, r in self.runs.items()},
             "divergence": None if self.divergence is None else {
-                **{k: getattr(self.divergence, k) for k in ("prompt", "cycle", "position", "slots", "chunks", "layers",
-                                                            "context_states")},
+                **{k: getattr(self.divergence, k) for k in ("prompt", "cycle", "position", "inputs", "slots", "chunks",
+                                                            "layers", "context_states", "unfilled")},
                 "verdict": self.divergence.verdict()},
         }
 
@@ -139,6 +152,9 @@ class ConformanceReport:
             lines.append("no divergence: every compared cycle drafted the reference's tokens")
         else:
             lines.append(f"first divergence: prompt {d.prompt}, cycle {d.cycle} (block at position {d.position})")
+            lines.append(text_table(["drafter input", "values compared", "differ", "first difference"],
+                                    [[i["input"], i["compared"] or "-", i["differ"] if not i["missing"] else "-",
+                                      i["first"] or i["missing"] or "none"] for i in d.inputs]))
             lines.append(text_table(["slot", "top-1 agrees", "reference", "production", "largest log-prob gap"],
                                     [[s["slot"], "yes" if s["agree"] else "NO", s["ours"], s["theirs"],
                                       f"{s['logprob_gap']:.3g}"] for s in d.slots]))
@@ -146,9 +162,13 @@ class ConformanceReport:
                                      "RMS reference", "same tensor"],
                                     [[c["chunk"], c["layer"], f"{c['rel_diff']:.3g}", f"{c['rms_theirs']:.3g}",
                                       f"{c['rms_ours']:.3g}", "yes" if c["equal"] else "NO"] for c in d.chunks]))
+            if "features" in d.unfilled:
+                lines.append(f"  (no feature chunk compared: {d.unfilled['features']})")
             lines.append(text_table(["drafter layer", "attention rel. diff", "MLP rel. diff"],
                                     [[lay["layer"], _fmt(lay.get("attention")), _fmt(lay.get("mlp"))]
                                      for lay in d.layers]))
+            if "layers" in d.unfilled:
+                lines.append(f"  (no drafter layer compared: {d.unfilled['layers']})")
             lines += ["verdict:"] + [f"  - {v}" for v in d.verdict()]
         return "\n".join(lines)
 
@@ -267,48 +287,37 @@ def _default_prompts(n: int = 8) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- localise
-def _positions_map(items) -> dict:
-    """position -> row over a request's proposals, the latest write winning (as a K/V cache slot does)."""
-    out = {}
-    for pos, row in items:
-        for p, r in zip(pos.tolist(), row):
-            out[p] = r
-    return out
-
-
 def _localise(ref: Reference, sessions: list, ids: list) -> tuple[int, int, Divergence | None]:
     """Cycle by cycle, vLLM's drafts vs the reference drafter's for the same context; the first cycle
-    that differs, localised to feature chunks and drafter layers."""
+    that differs, localised to drafter inputs, feature chunks and drafter layers."""
     same = total = 0
     first = None
-    hidden = ref.hidden
     for pi, (s, prompt) in enumerate(zip(sessions, ids)):
-        feats: list = []
-        states: list = []
         for ci, (c, (proposal, row)) in enumerate(zip(s.trace.cycles, s.proposals)):
-            feats.append((proposal.context_positions, proposal.context_features))
-            if proposal.context_states is not None:
-                states.append((proposal.state_positions if proposal.state_positions is not None
-                               else proposal.context_positions, proposal.context_states))
             context = (prompt + s.generated)[: c.start + 1]  # the committed tokens, the root last
             k = int(proposal.drafts.shape[1])
-            theirs_logits = proposal.draft_logits[row] if proposal.draft_logits is not None else None
             ours_logits = ref.draft_logits(context, k)  # [k, V]
-            ours = ours_logits.argmax(-1)
             total += 1
-            if torch.equal(ours, proposal.drafts[row]):
+            if torch.equal(ours_logits.argmax(-1), proposal.drafts[row]):
                 same += 1
                 continue
             if first is not None:
                 continue
-            first = _divergence(ref, pi, ci, c.start, context, ours_logits, theirs_logits, proposal, row,
-                                _positions_map(feats), _positions_map(states), hidden)
+            starts = [x.start for x in s.trace.cycles[: ci + 1]]
+            aligned, short = aligned_context([p for p, _ in s.proposals[: ci + 1]], starts)
+            first = _divergence(ref, pi, ci, c.start, context, ours_logits, proposal, row, aligned, short)
     return same, total, first
 
 
-def _divergence(ref, pi, ci, start, context, ours_logits, theirs_logits, proposal, row, feat_map, state_map,
-                hidden) -> Divergence:
+def _block_rows(t, row: int, q: int):
+    """This request's [q] rows of a proposal's flat block tensor, or None when not recorded."""
+    return None if t is None or t.shape[0] < (row + 1) * q else t[row * q:(row + 1) * q]
+
+
+def _divergence(ref, pi, ci, start, context, ours_logits, proposal, row, aligned: dict, short: str) -> Divergence:
     k = ours_logits.shape[0]
+    q_len = k + 1
+    theirs_logits = proposal.draft_logits[row] if proposal.draft_logits is not None else None
     ours_lp = torch.log_softmax(ours_logits, -1)
     slots = []
     for j in range(k):
@@ -317,32 +326,45 @@ def _divergence(ref, pi, ci, start, context, ours_logits, theirs_logits, proposa
                if theirs_logits is not None else float("nan"))
         slots.append({"slot": j + 1, "agree": int(ours_logits[j].argmax()) == theirs_tok,
                       "ours": int(ours_logits[j].argmax()), "theirs": theirs_tok, "logprob_gap": gap})
-    p = start  # context positions 0..start-1 (the root, at start, is the block's first slot)
+    block_pos = _block_rows(proposal.query_positions, row, q_len)
+    inputs = compare_inputs(context, start, k, ref.models.mask_token_id, aligned,
+                            _block_rows(proposal.query_tokens, row, q_len), block_pos)
+    unfilled = {}
     chunks = []
-    positions = [q for q in range(p) if q in feat_map]
-    if positions:
-        theirs = torch.stack([feat_map[q] for q in positions]).float()  # [n, L*H]
+    feats = aligned["context_features"]
+    if feats is not None and feats.shape[0] == start:
         ours_chunks = ref.features(context[:-1])
         for j, (layer, ours) in enumerate(zip(ref.layer_ids, ours_chunks)):
-            t = theirs[:, j * hidden:(j + 1) * hidden]
-            o = ours[positions]
-            d = rel_diff(t, o)
-            chunks.append({"chunk": j, "layer": layer, "rel_diff": d, "rms_theirs": rms(t), "rms_ours": rms(o),
+            t = feats[:, j * ref.hidden:(j + 1) * ref.hidden].float()
+            d = rel_diff(t, ours)
+            chunks.append({"chunk": j, "layer": layer, "rel_diff": d, "rms_theirs": rms(t), "rms_ours": rms(ours),
                            "equal": d <= EQUAL})
+    else:
+        unfilled["features"] = ("vLLM's hooks recorded no target features" if feats is None else short or
+                                f"{feats.shape[0]} feature rows for {start} context positions")
     layers, fc_diff = [], None
-    have_states = all(q in state_map for q in range(p))
-    if have_states and proposal.layers:
-        ctx_states = torch.stack([state_map[q] for q in range(p)]).float()  # [P, H]: vLLM's fc output
-        if positions and len(positions) == p:
-            fc_diff = rel_diff(ctx_states, ref.fc(torch.stack([feat_map[q] for q in range(p)]).float()))
-        q_len = k + 1
+    states = aligned["context_states"]
+    if not proposal.layers:
+        unfilled["layers"] = "the hooks kept no per-layer tensors (Tap(layers=True) records them)"
+    elif states is None or states.shape[0] != start:
+        unfilled["layers"] = ("vLLM's context after the drafter's fc was not recorded" if states is None else
+                              f"vLLM's context after the drafter's fc has {states.shape[0]} rows for {start} "
+                              f"context positions" + (f" ({short})" if short else ""))
+    else:
+        ctx_states = states.float()  # [P, H]: vLLM's fc output
+        if feats is not None and feats.shape[0] == start:
+            fc_diff = rel_diff(ctx_states, ref.fc(feats.float()))
+        positions = None  # the layers on vLLM's own positions: a wrong position is an input's difference
+        ctx_pos = aligned["context_positions"]
+        if ctx_pos is not None and block_pos is not None and ctx_pos.shape[0] == start:
+            positions = torch.cat([ctx_pos, block_pos])
         rows = slice(row * q_len, (row + 1) * q_len)
         for li, io in enumerate(proposal.layers):
             entry = {"layer": li, "attention": None, "mlp": None}
             if "attn_in" in io:
                 entry["attention"] = rel_diff(io["attn_out"][rows].float(),
-                                              ref.attention(li, io["attn_in"][rows].float(), ctx_states))
+                                              ref.attention(li, io["attn_in"][rows].float(), ctx_states, positions))
             if "mlp_in" in io:
                 entry["mlp"] = rel_diff(io["mlp_out"][rows].float(), ref.mlp(li, io["mlp_in"][rows].float()))
             layers.append(entry)
-    return Divergence(pi, ci, start, slots, chunks, layers, fc_diff)
+    return Divergence(pi, ci, start, slots, chunks, layers, fc_diff, [i.to_dict() for i in inputs], unfilled)

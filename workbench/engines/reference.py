@@ -45,18 +45,20 @@ class Reference:
         hidden = self.draft(position_ids=positions, noise_embedding=noise, target_hidden=ctx, use_cache=False)
         return self.draft.compute_logits(hidden[:, 1:], self.target.lm_head)[0].float().cpu()
 
-    def _rope(self, x: Tensor, n_positions: int):
-        positions = torch.arange(n_positions, device=x.device)[None]
-        return self.draft.rotary_emb(x, positions)
-
     @torch.inference_mode()
-    def attention(self, layer: int, query_in: Tensor, context_states: Tensor) -> Tensor:
+    def attention(self, layer: int, query_in: Tensor, context_states: Tensor, positions: Tensor | None = None) -> Tensor:
         """Layer ``layer``'s attention output [Q, H] for its (normed) query input [Q, H] and the context after
-        the drafter's ``fc`` [P, H] (the drafter's ``hidden_norm`` is applied here, as dflash does)."""
+        the drafter's ``fc`` [P, H] (the drafter's ``hidden_norm`` is applied here, as dflash does).
+        ``positions`` [P + Q]: the context's then the block's (default 0 .. P + Q - 1, the reference's own);
+        a production engine's own positions make a difference here the layer's, not its positions'."""
         dev, dt = self.models.device, self.models.dtype
         q = query_in[None].to(dev, dt)
         ctx = self.draft.hidden_norm(context_states[None].to(dev, dt))
-        cos_sin = self._rope(q, ctx.shape[1] + q.shape[1])
+        n = ctx.shape[1] + q.shape[1]
+        pos = torch.arange(n) if positions is None else positions.reshape(-1).long()
+        if pos.numel() != n:
+            raise ValueError(f"positions has {pos.numel()} entries; the context and block have {n} rows")
+        cos_sin = self.draft.rotary_emb(q, pos.to(dev)[None])
         out = self.draft.layers[layer].self_attn(hidden_states=q, target_hidden=ctx, position_embeddings=cos_sin,
                                                  attention_mask=None)[0]
         return out[0].float().cpu()

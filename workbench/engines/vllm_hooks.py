@@ -78,6 +78,7 @@ class Proposal:
     # per drafter layer (only with Tap(layers=True)): {"attn_in", "attn_out", "mlp_in", "mlp_out"} [bs * Q, H]
     layers: list = field(default_factory=list)
     query_positions: Tensor | None = None  # int64 [bs * Q]: the block's positions (Q = 1 + K)
+    query_tokens: Tensor | None = None  # int64 [bs * Q]: the block's input ids (the root, then mask tokens)
     seconds: float = 0.0  # wall time of the drafter call
 
 
@@ -115,6 +116,7 @@ class Tap:
         self._logits: list[Tensor] = []
         self._states: list = []
         self._layer_io: dict = {}
+        self._block: tuple | None = None  # the drafter forward's (input ids, positions), this propose
 
     # ---------------------------------------------------------------- install / remove
     def __enter__(self) -> "Tap":
@@ -134,6 +136,8 @@ class Tap:
         self._wrap(drafter, "propose", self._on_propose)
         model = drafter.model
         self._wrap(model, "compute_logits", self._on_logits)
+        h = model.register_forward_pre_hook(self._on_block, with_kwargs=True)  # the block's ids and positions
+        self._undo.append(h.remove)
         if hasattr(model, "precompute_and_store_context_kv"):
             self._wrap(model, "precompute_and_store_context_kv", self._on_context)
         if self.layers:
@@ -168,7 +172,7 @@ class Tap:
 
     def _on_propose(self, original, args, kwargs):
         a = _bind(original, args, kwargs)
-        self._logits, self._states, self._layer_io = [], [], {}
+        self._logits, self._states, self._layer_io, self._block = [], [], {}, None
         t0 = time.perf_counter()
         drafts = original(*args, **kwargs)
         seconds = time.perf_counter() - t0
@@ -178,6 +182,10 @@ class Tap:
         layers = [self._layer_io.get(i, {}) for i in range(len(self.runner.drafter.model.model.layers))] \
             if self.layers else []
         positions = _cpu(a["target_positions"])
+        q = bs * (k + 1)  # the block's rows (a padded forward runs more; they are not the requests')
+        block_ids, block_pos = self._block if self._block is not None else (None, None)
+        if block_pos is not None and block_pos.dim() > 1:  # M-RoPE: [3, tokens], the text row is the first
+            block_pos = block_pos[0]
         self.proposals.append(Proposal(
             req_ids=self._req_ids(), context_tokens=_cpu(a["target_token_ids"]).long(),
             context_positions=positions.long() if positions.dim() == 1 else positions[0].long(),
@@ -185,8 +193,15 @@ class Tap:
             drafts=_cpu(drafts).long(),
             draft_logits=None if logits is None or logits.shape[0] != bs * k else logits.view(bs, k, -1),
             context_states=states[0], state_positions=states[1], layers=layers,
-            query_positions=self._layer_io.get("positions"), seconds=seconds))
+            query_positions=block_pos[:q].long() if block_pos is not None else self._layer_io.get("positions"),
+            query_tokens=block_ids[:q].long() if block_ids is not None else None, seconds=seconds))
         return drafts
+
+    def _on_block(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        if ids is not None and pos is not None:
+            self._block = (_cpu(ids), _cpu(pos))
 
     def _on_logits(self, original, args, kwargs):
         out = original(*args, **kwargs)
