@@ -60,6 +60,11 @@ def speedup_figure(speedups: Sequence | object) -> go.Figure:
     items = speedups if isinstance(speedups, (list, tuple)) else [speedups]
     if not items:
         return empty_figure("no predictions")
+    for sp in items:
+        if not (hasattr(sp, "rows") and hasattr(sp, "best") and hasattr(sp, "settings")):
+            raise TypeError(f"speedup_figure draws Speedup predictions, got {type(sp).__name__}: pass "
+                            "table.speedup(acceptance) (wb.shapes.speedup); a CostTable's own curve is "
+                            "verify_cost_figure(table.curve())")
     fig = go.Figure()
     for i, sp in enumerate(items):
         color = _PALETTE[i % len(_PALETTE)]

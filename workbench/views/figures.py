@@ -158,6 +158,15 @@ def node_outcomes(cycle: Cycle) -> list[str]:
     return out
 
 
+def one_cycle(cycle, view: str) -> Cycle:
+    """``cycle``, if it is one; anything else (a Trace, a Session) is refused in one line naming what to pass."""
+    if isinstance(cycle, Cycle):
+        return cycle
+    held = " (a Trace or a session holds one per cycle: pass trace[i], e.g. trace[-1])" \
+        if isinstance(cycle, Trace) or hasattr(cycle, "cycles") else ""
+    raise TypeError(f"{view} draws one cycle: give a wb.Cycle{held}, got {type(cycle).__name__}")
+
+
 def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> go.Figure:
     """The cycle's draft tree, depth left to right, with the accepted path and the new bonus token.
 
@@ -165,6 +174,7 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
     order) carry ``customdata`` = flattened node index (the bonus gets index ``n``). With
     ``max_nodes`` the ``max_nodes`` best-scoring drafted nodes (plus the accepted path) are shown.
     """
+    cycle = one_cycle(cycle, "tree_figure")
     n = int(cycle.tokens.shape[0])
     parents = cycle.parents.tolist()
     tokens = cycle.tokens.tolist()
@@ -280,6 +290,7 @@ def empty_figure(message: str, height: int = 320) -> go.Figure:
 # ----------------------------------------------------------------------------- draft heatmap, mask
 def draft_heatmap(cycle: Cycle, tokenizer=None) -> go.Figure:
     """The drafter's top-k tokens per drafted slot with their probabilities; accepted tokens outlined."""
+    cycle = one_cycle(cycle, "draft_heatmap")
     D, k = cycle.draft_topk_tokens.shape if cycle.draft_topk_tokens.ndim == 2 else (0, 0)
     if D == 0:
         return empty_figure(f"cycle {cycle.index} ({cycle.policy}): no drafted slots")
@@ -312,6 +323,7 @@ def draft_heatmap(cycle: Cycle, tokenizer=None) -> go.Figure:
 
 def mask_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = 256) -> go.Figure:
     """The tree part of the verify attention mask (row attends to column), labelled by token."""
+    cycle = one_cycle(cycle, "mask_figure")
     n = int(cycle.tokens.shape[0])
     m = n if max_nodes is None else min(n, max_nodes + 1)
     label = _labeller(tokenizer)

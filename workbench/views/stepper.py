@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from workbench.engine.core import SessionFinished
 from workbench.engine.policies import AR, DDTree, DFlash
+from workbench.records.cycle import Trace
 from workbench.views.figures import empty_figure, token_stream, tree_figure
 
 
@@ -58,6 +59,10 @@ class Stepper(StatusLine):
     cannot express (``DDTree(16, width=1)``) is kept until the user picks another."""
 
     def __init__(self, session, tokenizer=None, max_nodes: int | None = 512):
+        if not callable(getattr(session, "step", None)):
+            again = ", or engine.replay(trace) to step this trace's run again" if isinstance(session, Trace) else ""
+            raise TypeError(f"Stepper steps a live session, got {type(session).__name__}: pass "
+                            f"engine.session(...){again}")
         self.session = session
         self.tokenizer = tokenizer if tokenizer is not None else session.engine.tokenizer
         self.max_nodes = max_nodes
