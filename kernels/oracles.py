@@ -102,11 +102,11 @@ def build_tree_host_heap(logprobs: Tensor, root_tokens: Tensor, budget: int, wid
     logprobs [bs, D, V] -> Tree (the same as ``build_tree`` when no two log-probs tie at a slot's top-k
     boundary; ties inside the top-k follow torch.topk's order, which nothing promises).
     """
-    from ddtree_kernels.tree_build import Tree, _heap_build
+    from ddtree_kernels.tree_build import Tree, heap_build
 
     k = min(budget, width or budget, logprobs.shape[-1])
     top = torch.topk(logprobs.float(), k, dim=-1)
-    tree = _heap_build(top.values.cpu(), top.indices.cpu(), root_tokens.cpu(), budget)
+    tree = heap_build(top.values.cpu(), top.indices.cpu(), root_tokens.cpu(), budget)
     return Tree(*(t.to(logprobs.device) for t in (tree.tokens, tree.parents, tree.depth, tree.rank, tree.score)))
 
 
@@ -167,3 +167,22 @@ def compile_sglang_python(parents, seq_len: int) -> dict:
     anc = ancestors_python(parents)
     return {"positions": [seq_len + d for d in depth], "next_token": nxt, "next_sibling": sib,
             "mask": [[j in anc[i] for j in range(n)] for i in range(n)]}
+
+
+def spine_tree_python(logprobs: Tensor, root_token: int, siblings: int) -> dict:
+    """``spine_tree`` for one request ([D, V] log-probs) in plain Python: sort every slot by (log-prob
+    descending, token id), chain the first of each, then take the ``siblings`` best (log-prob, slot, rank)
+    of the rest, each a leaf under the chain node at its slot's depth."""
+    rows = logprobs.double().tolist()
+    ranked = [sorted(range(len(row)), key=lambda t, row=row: (-row[t], t)) for row in rows]
+    out = {"tokens": [root_token], "parents": [-1], "depth": [0], "rank": [0], "score": [0.0]}
+    chain_score = [0.0]
+    for d, order in enumerate(ranked):
+        chain_score.append(chain_score[-1] + rows[d][order[0]])
+        for key, v in zip(out, (order[0], d, d + 1, 0, chain_score[-1])):
+            out[key].append(v)
+    cands = sorted((-rows[d][order[r]], d, r, order[r]) for d, order in enumerate(ranked) for r in range(1, len(order)))
+    for neg, d, r, tok in cands[:siblings]:
+        for key, v in zip(out, (tok, d, d + 1, r, chain_score[d] - neg)):
+            out[key].append(v)
+    return out

@@ -145,7 +145,7 @@ def build_tree_from_topk(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget
     ``build_tree_vectorized``, which never waits for the device (the tests compare the two).
     """
     if topv.device.type == "cpu":
-        return _heap_build(topv, topi, root_tokens, budget)
+        return heap_build(topv, topi, root_tokens, budget)
     return build_tree_vectorized(topv, topi, root_tokens, budget)
 
 
@@ -198,7 +198,7 @@ def _entry_depths(sizes: tuple, device: torch.device) -> Tensor:
     return torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=device) for d, s in enumerate(sizes)])
 
 
-def _heap_build(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+def heap_build(topv: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
     """The host path of ``build_tree_from_topk``: one heap walk per request (``heap_tree_lists``)."""
     vals, ids = topv.tolist(), topi.tolist()  # Python floats: float64 sums, and cheap heap compares
     roots = root_tokens.reshape(-1).tolist()
