@@ -27,7 +27,7 @@ def cycle_fields(g: torch.Generator, n: int = 4) -> dict:
         visibility=torch.rand(n, n, generator=g) > 0.5, target_topk_ids=torch.randint(0, 50, (n, 2), generator=g),
         target_topk_values=torch.randn(n, 2, generator=g, dtype=torch.float64).to(torch.bfloat16),
         target_choice=torch.randint(0, 50, (n,), generator=g), accepted_nodes=torch.tensor([0, 1]), bonus=3,
-        committed_tokens=torch.tensor([8, 3]), next_context_len=9, state_from=torch.tensor([-1, 0, 0, 1][:n]),
+        committed_tokens=torch.tensor([8, 3]), kv_kept_nodes=torch.tensor([0, 1]), next_context_len=9, state_from=torch.tensor([-1, 0, 0, 1][:n]),
     )
 
 
@@ -166,3 +166,14 @@ def test_every_field_is_documented():
 
     for f in (*CYCLE_FIELDS, *REQUEST_FIELDS):
         assert f"`{f.name}`" in doc, f.name
+
+
+def test_reopen_cuts_the_end_line_and_goes_on(tmp_path):
+    w = DumpWriter(tmp_path / "run.dump", header())
+    w.cycle("a", 0, bonus=1)
+    w.close()
+    w.reopen()
+    w.cycle("a", 1, bonus=2)
+    w.close()
+    _, recs = read_dump(tmp_path / "run.dump")
+    assert [r["bonus"] for r in recs] == [1, 2] and recs.complete and recs.end["records"] == 2

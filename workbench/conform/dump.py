@@ -77,7 +77,8 @@ CYCLE_FIELDS = (
     Field("draft_topk_values", "tensor", "float", "[D, k]", "drafter output",
           "their values (``draft_values`` says log-probs or logits)", "draft"),
     Field("draft_values", "str", "", "", "drafter output", '"logprobs" or "logits": what the draft values are'),
-    Field("draft_logits", "tensor", "float", "[D, V]", "drafter output", "every slot's full logits", "draft"),
+    Field("draft_logits", "tensor", "float", "[D, V]", "drafter output",
+          "every slot's full distribution (``draft_values`` says log-probs or logits)", "draft"),
     Field("tree_tokens", "tensor", "int", "[n]", "tree", "each node's token; node 0 is the root"),
     Field("tree_parents", "tensor", "int", "[n]", "tree", "each node's parent (-1 at the root; parent < child)"),
     Field("tree_depths", "tensor", "int", "[n]", "tree", "each node's depth (0 at the root)"),
@@ -112,6 +113,8 @@ CYCLE_FIELDS = (
     Field("committed_tokens", "tensor", "int", "[t]", "commit",
           "tokens this step appended to the request's output (accepted drafts, then the bonus; fewer where "
           "end-of-text or the token limit cut the path)"),
+    Field("kv_kept_nodes", "tensor", "int", "[L + 1]", "commit",
+          "the nodes whose K/V rows the engine kept, in cache order (what it handed its compaction)"),
     Field("next_context_len", "int", "", "", "commit",
           "the engine's own count of tokens in its cache after this step (its host mirror)"),
     Field("state_from", "tensor", "int", "[n]", "recurrent state",
@@ -341,6 +344,18 @@ def make_header(engine: dict, pair: dict, policy=None, sampling: dict | None = N
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
+def check_dump_path(path) -> Path:
+    """A path a dump can be written to, or ValueError (one line) naming it: before any expensive work."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ValueError(f"dump={path!r:.60} must be a path (a str or pathlib.Path) to the file to write")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"dump={str(path)!r} is a directory; give a file path such as {str(p / 'run.dump')!r}")
+    if not p.parent.is_dir():
+        raise ValueError(f"dump={str(path)!r}: the folder {p.parent} does not exist; create it first")
+    return p
+
+
 class DumpWriter:
     """Writes one dump: the header now, then a line per ``request(...)`` / ``cycle(...)``, flushed as written
     (a run that stops early leaves a readable file), and the end line on ``close()``. A context manager.
@@ -351,11 +366,10 @@ class DumpWriter:
     def __init__(self, path, header: dict):
         if not isinstance(header, dict) or header.get("format") != DUMP_FORMAT:
             raise ValueError("header must come from workbench.conform.dump.make_header(...)")
-        self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise ValueError(f"dump={str(path)!r}: the folder {self.path.parent} does not exist; create it first")
+        self.path = check_dump_path(path)
         self.records = 0
-        self.bytes = 0
+        self.bytes = 0  # = characters: json.dumps writes ASCII only
+        self._end_at = None  # where the end line starts once written (reopen() cuts it off)
         self._fh = open(self.path, "w", encoding="utf-8")
         self._line(header)
 
@@ -399,10 +413,21 @@ class DumpWriter:
         self._write("cycle", {"request": str(request), "step": step, **fields})
 
     def close(self) -> None:
+        """Write the end line and close (again: nothing)."""
         if self._fh is not None:
+            self._end_at = self.bytes
             self._line({"kind": "end", "records": self.records})
             self._fh.close()
             self._fh = None
+
+    def reopen(self) -> None:
+        """Go on writing a closed dump (a finished session resumed under a larger token limit): the end line
+        is cut off and written again by the next close()."""
+        if self._fh is None and self._end_at is not None:
+            self._fh = open(self.path, "r+", encoding="utf-8")
+            self._fh.truncate(self._end_at)
+            self._fh.seek(self._end_at)
+            self.bytes, self._end_at = self._end_at, None
 
     @property
     def closed(self) -> bool:

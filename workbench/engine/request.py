@@ -74,6 +74,7 @@ class Request(SessionState):
         self.seed = seed  # validated and applied to the generator by the setter
         self.generated: list[int] = []
         self.finish_reason: str | None = None
+        self.dump = None  # a workbench.conform.engine_dump.EngineDump writing this request's cycles, or None
         # Every setting that changes results, as the session starts; a later change is appended to
         # meta["changes"] with the cycle it applies from (``Trace.note_change``), so ``replay`` re-runs it.
         self.trace = Trace(meta={
@@ -217,4 +218,6 @@ class Request(SessionState):
         """This request's record of the cycle just committed, appended to its trace."""
         cyc = cycle_record(len(self.trace.cycles), parts, self.record_topk, self.sampling)
         self.trace.append(cyc)
+        if self.dump is not None:
+            self.dump.cycle(self, parts, cyc)
         return cyc

@@ -616,6 +616,7 @@ class DraftKV:
         self.static: StaticInputs | None = None
         self._static_bufs: dict = {}
         self.graphs = None  # a workbench.engine.graphs.Graphs: the static draft captured and replayed
+        self.tap = None  # callable(state, roots, starts) before each draft: a cycle dump (workbench.conform)
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context
@@ -645,6 +646,8 @@ class DraftKV:
         m = self.models
         dev, Bk = m.device, m.block_size
         B = len(roots)
+        if self.tap is not None:  # a dump reads the pending context this forward takes in (None: costs one test)
+            self.tap(self, roots, starts)
         if self.static is not None:
             logits, rec = self._draft_static(roots, starts)
         elif B == 1:
