@@ -304,10 +304,9 @@ def cmd_bench(args, out, err) -> int:
         print(summary_table(res.summary), file=out)
         print(percentile_table(res.summary), file=out)
     if args.reference:
-        from workbench.engine.policies import DDTree
         from workbench.bench.reference import compare_reference, reference_table
 
-        budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+        budgets = _ddtree_budgets(policies)
         if not budgets:
             raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
         ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, _progress(args))
@@ -344,9 +343,10 @@ def cmd_bench(args, out, err) -> int:
 
 
 def _ddtree_budgets(policies) -> list[int]:
+    """The budgets of the plain DDTree policies listed (what the reference decoder and the op count run)."""
     from workbench.engine.policies import DDTree
 
-    return [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+    return [p.budget for p in policies if p.kind == DDTree.kind and p.width is None]
 
 
 def _check_bench_options(args, policies) -> None:
@@ -406,9 +406,8 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
 def _bench_ops(args, engine, policies, prompts) -> dict:
     """Ops per cycle (``workbench.bench.opcount``) on the first 2 prompts, after the timed runs."""
     from workbench.bench.opcount import count_ops
-    from workbench.engine.policies import DDTree
 
-    budgets = [p.budget for p in policies if isinstance(p, DDTree) and p.width is None]
+    budgets = _ddtree_budgets(policies)
     if not budgets:
         raise ValueError(f"--count-ops counts DDTree budgets; --policies {args.policies!r} has none")
     return count_ops(engine, [p["prompt"] for p in prompts[:2]], budgets, min(args.max_new_tokens, 32))

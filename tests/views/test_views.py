@@ -403,3 +403,26 @@ def test_write_report_from_trace_file(tmp_path, ddtree_trace, tiny):
     with pytest.raises(wb.TraceFileError):
         views.write_report(tmp_path / "bad.jsonl", tmp_path / "bad.html")
     assert not (tmp_path / "bad.html").exists()
+
+
+def test_stepper_labels_every_registered_policy(tiny):
+    """The menu is the policy registry: an EagleTree shows as one (not as DFlash), a Spine's siblings sit
+    in the first box, and a user's TreePolicy joins the menu while the session uses it."""
+    from ddtree_kernels import chain_tree
+
+    s = tiny.session("t1 t2", policy=wb.EagleTree(2, 3, 6), max_new_tokens=40)
+    st = views.Stepper(s)
+    assert st.policy_kind.value == "eagle" and dict(st.policy_kind.options)["EagleTree"] == "eagle"
+    assert st.budget.value == 6 and st.budget.description == "num_draft_tokens"
+    assert st.step().policy == "EagleTree(2, 3, 6)"
+    st.policy_kind.value = "spine"
+    assert s.policy == wb.Spine() and st.budget.description == "siblings" and st.width.disabled
+    st.budget.value = 4
+    assert st.step().policy == "Spine(4)"
+    st.policy_kind.value = "eagle"  # back: the EagleTree last used, not the defaults
+    assert s.policy == wb.EagleTree(2, 3, 6)
+    s.policy = wb.TreePolicy(lambda lp, r, b: chain_tree(lp.argmax(-1)[:, :b], r, lp[:, :b]), "mine", budget=3)
+    st.step()
+    assert ("mine", "tree") in st.policy_kind.options and st.policy_kind.value == "tree"
+    st.budget.value = 2
+    assert st.step().policy == "mine(2)"

@@ -15,8 +15,8 @@ import torch
 
 from workbench.engine import stages
 from workbench.records.forward import ForwardMode, ForwardRecord
+from workbench.models.layout import TreeLayout
 from workbench.models.registry import new_draft_state, new_target_state
-from workbench.engine.policies import AR
 from workbench.engine.sampling import target_choice
 from workbench.records.build import CycleParts
 
@@ -79,15 +79,7 @@ class Stopwatch:
 
 def static_nodes(policy, block_size: int) -> int:
     """Nodes (root included) every verify of ``policy`` is padded to under static shapes: its largest tree."""
-    from workbench.engine.policies import DFlash, EagleTree
-
-    if isinstance(policy, AR):
-        return 1
-    if isinstance(policy, DFlash):
-        return block_size
-    if isinstance(policy, EagleTree):
-        return policy.num_draft_tokens
-    return policy.budget + 1  # DDTree, TreePolicy
+    return policy.static_nodes(block_size)
 
 
 class SessionFinished(RuntimeError):
@@ -204,7 +196,7 @@ class Rows:
         self.target.select(rows)
         self.draft.select(rows)
 
-    def step(self, reqs: list) -> tuple[list, tuple, Stopwatch]:
+    def step(self, reqs: list) -> tuple[list, TreeLayout, tuple, Stopwatch]:
         m = self.models
         sw = Stopwatch(m.device)
         sw.start("other")  # checks and bookkeeping between the named stages
@@ -213,7 +205,7 @@ class Rows:
         # Never draft past a request's token limit or the model's positions.
         depths = [min(m.block_size - 1, s.max_new_tokens - len(s.generated) - 1, m.max_positions - 1 - s.start)
                   for s in reqs]
-        uses = [not isinstance(p, AR) and d > 0 for p, d in zip(policies, depths)]
+        uses = [p.drafts and d > 0 for p, d in zip(policies, depths)]
         max_depths = [d if u else 0 for d, u in zip(depths, uses)]  # a root-only tree needs no ancestry work
 
         nodes = None
@@ -233,7 +225,7 @@ class Rows:
         sw.start("verify")
         # A state that runs kernels inside its forward (a hybrid's GatedDeltaNet layers) takes the backend here.
         self.target.kernel_backend = reqs[0].kernel_backend
-        mode = ForwardMode.DECODE if all(isinstance(p, AR) for p in policies) else ForwardMode.TARGET_VERIFY
+        mode = ForwardMode.DECODE if not any(p.drafts for p in policies) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(self.target, layout, mode, [s.sampling for s in reqs],
                                  [s.generator for s in reqs], sync_free=self.static_shapes)
         sw.start("accept")

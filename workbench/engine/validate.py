@@ -107,11 +107,9 @@ def capture(value):
 
 
 def policy_fits(policy, slots: int):
-    """A policy that needs more drafted slots than the drafter has is refused now, not at step()."""
-    steps = getattr(policy, "steps", None)
-    if _is_int(steps) and steps > slots:
-        raise ValueError(f"{policy} has steps={steps} but this drafter drafts {slots} slots per cycle; "
-                         f"use steps <= {slots}")
+    """A policy that needs more drafted slots than the drafter has is refused now, not at step()
+    (``Policy.check_slots``)."""
+    policy.check_slots(slots)
     return policy
 
 

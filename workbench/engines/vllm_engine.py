@@ -111,7 +111,7 @@ class VllmEngine:
                 raise ValueError(f"{name}={value!r}: the vLLM engine runs greedy with vLLM's own kernels and "
                                  f"records top-{SESSION_DEFAULTS['record_topk']} drafts; leave {name} out")
         policy = as_policy(policy)
-        if self.num_speculative_tokens and not isinstance(policy, DFlash):
+        if self.num_speculative_tokens and policy != DFlash():
             raise ValueError(f"policy={policy} is not vLLM's: vLLM {self.version} runs its 'dflash' method "
                              "(a chain of drafts; 'ddtree' needs vLLM's TREE_ATTN backend on a GPU): pass "
                              "policy=wb.DFlash()")

@@ -21,11 +21,10 @@ import torch
 
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.forward import ForwardRecord
-from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, parse_policy
+from workbench.engine import policies
 
 WIRE_VERSION = 2  # the one place the wire version lives; 2: packed tensors, visibility from parents, pages
 VERSION_HEADER = "X-Workbench-Wire"
-POLICIES = {cls.name: cls for cls in (AR, DFlash, DDTree, EagleTree)}
 ECHO_CHARS = 80  # how much of a client's value an error message quotes
 
 
@@ -58,28 +57,18 @@ def loads(raw: bytes):
 
 # ------------------------------------------------------------------------------------------ policies
 def policy_to_wire(p) -> dict:
-    """AR() -> {"name": "ar"}; DDTree(32) -> {"name": "ddtree", "budget": 32, "width": None}.
-    A policy the wire cannot carry (a TreePolicy holds a Python function) is refused here."""
-    if POLICIES.get(getattr(p, "name", None)) is not type(p):
-        raise ValueError(f"policy {short(p)} cannot be served: the wire carries {', '.join(POLICIES)} "
-                         "(a TreePolicy's function runs only in-process; use a local engine)")
-    return {"name": p.name, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}}
+    """AR() -> {"name": "ar"}; DDTree(32) -> {"name": "ddtree", "budget": 32, "width": None}: the policy
+    registry's ``to_wire``. A policy the wire cannot carry (a TreePolicy holds a Python function) is refused."""
+    return policies.to_wire(p)
 
 
 def policy_from_wire(w):
     """The inverse of policy_to_wire; a string such as "ddtree:32" is accepted too (handy with curl)."""
     if isinstance(w, str):
-        return parse_policy(w[:200])  # parse_policy quotes its input in errors
+        return policies.parse_policy(w[:200])  # parse_policy quotes its input in errors
     if not isinstance(w, dict) or not isinstance(w.get("name"), str):
         raise ValueError(f"policy {short(w)} must be a string like 'ddtree:32' or an object with a 'name'")
-    cls = POLICIES.get(w["name"].lower())
-    if cls is None:
-        raise ValueError(f"unknown policy name {short(w['name'])}; use one of {', '.join(POLICIES)}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    extra = set(w) - known - {"name"}
-    if extra:
-        raise ValueError(f"policy {w['name']!r} has no field(s) {short(', '.join(sorted(map(str, extra))))}")
-    return cls(**{k: v for k, v in w.items() if k != "name"})
+    return policies.from_wire(w)
 
 
 # ------------------------------------------------------------------------------------------ tensors

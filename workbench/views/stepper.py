@@ -12,15 +12,9 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.engine.core import SessionFinished
-from workbench.engine.policies import AR, DDTree, DFlash
+from workbench.engine import policies
 from workbench.records.cycle import Trace
 from workbench.views.figures import empty_figure, token_stream, tree_figure
-
-
-def _policy_parts(p) -> tuple[str, int]:
-    if isinstance(p, DDTree):
-        return "ddtree", p.budget
-    return ("ar" if isinstance(p, AR) else "dflash"), 32
 
 
 def steady_rate_html(trace) -> str:
@@ -55,8 +49,9 @@ class Stepper(StatusLine):
     budget / temperature for the next cycle. Display it as the last expression of a cell.
 
     The session is the source of truth: the controls show its policy and temperature (also when code
-    changes them), and only a control the user changes is applied to it, so a policy the dropdown
-    cannot express (``DDTree(16, width=1)``) is kept until the user picks another."""
+    changes them), and only a control the user changes is applied to it. The menu lists the policy
+    registry's policies (and the session's own ``TreePolicy``); the two number boxes edit the policy's
+    knobs, so a setting the boxes do not show (``EagleTree``'s steps) is kept until the user picks another."""
 
     def __init__(self, session, tokenizer=None, max_nodes: int | None = 512):
         if not callable(getattr(session, "step", None)):
@@ -66,15 +61,17 @@ class Stepper(StatusLine):
         self.session = session
         self.tokenizer = tokenizer if tokenizer is not None else session.engine.tokenizer
         self.max_nodes = max_nodes
-        kind, budget = _policy_parts(session.policy)
         self.step_button = W.Button(description="Step", button_style="primary", tooltip="run one cycle")
         self.run_button = W.Button(description="Run N", tooltip="run N cycles")
         self.run_n = W.BoundedIntText(value=10, min=1, max=100000, description="N", layout=W.Layout(width="130px"))
         self.reset_button = W.Button(description="Reset", button_style="warning",
                                      tooltip="a new session with the same prompt and the settings shown")
-        self.policy_kind = W.Dropdown(options=[("DDTree", "ddtree"), ("DFlash", "dflash"), ("AR", "ar")], value=kind,
+        # The policies of the registry (workbench.engine.policies); the two number boxes edit the chosen
+        # policy's knobs (DDTree: budget, width; Spine: siblings; ...), disabled where it has fewer.
+        self.policy_kind = W.Dropdown(options=policies.choices(session.policy), value=session.policy.kind,
                                       description="policy", layout=W.Layout(width="180px"))
-        self.budget = W.BoundedIntText(value=budget, min=1, max=4096, description="budget",
+        self._last = {session.policy.kind: session.policy}  # per kind, the policy last used: kept on a switch
+        self.budget = W.BoundedIntText(value=32, min=0, max=4096, description="budget",
                                        layout=W.Layout(width="160px"))
         self.width = W.BoundedIntText(value=0, min=0, max=4096, description="width",
                                       tooltip="tokens considered per slot (0 = no cap, 1 = the argmax chain)",
@@ -160,33 +157,52 @@ class Stepper(StatusLine):
         return self._shown
 
     def _policy(self):
+        """The policy the controls show: the kind's last policy (its defaults when new) with the boxes'
+        values in its knobs (a width set in code stays shown, so a budget change keeps it)."""
         kind = self.policy_kind.value
-        if kind == "ddtree":  # the width control shows a width set in code, so a budget change keeps it
-            return DDTree(int(self.budget.value), int(self.width.value) or None)
-        return DFlash() if kind == "dflash" else AR()
+        p = self._last.get(kind) or policies.by_kind(kind)()
+        return policies.with_knobs(p, [self.budget.value, self.width.value][: len(p.knobs)])
 
     def _sync_controls(self) -> None:
         """Show the session's policy and temperature in the controls without applying them back."""
-        kind, budget = _policy_parts(self.session.policy)
+        p = self.session.policy
+        self._last[p.kind] = p
         self._syncing = True
         try:
-            self.policy_kind.value = kind
-            if kind == "ddtree":
-                self.budget.value = budget
-                self.width.value = self.session.policy.width or 0
+            options = tuple(policies.choices(p))
+            if tuple(self.policy_kind.options) != options:  # a TreePolicy joins the menu while it is used
+                self.policy_kind.options = options
+            self.policy_kind.value = p.kind
+            self._show_knobs(p)
             self.temperature.value = float(self.session.temperature)
         finally:
             self._syncing = False
-        self.budget.disabled = self.width.disabled = kind != "ddtree"
+
+    def _show_knobs(self, p) -> None:
+        """The boxes show ``p``'s knobs (named after them; 0 for None), the rest disabled."""
+        for box, knob, value in zip((self.budget, self.width), p.knobs + (None, None), policies.knob_values(p) + [None] * 2):
+            box.disabled = knob is None
+            if knob is not None:
+                box.description = knob
+                box.value = value or 0
 
     def _apply_settings(self) -> None:
         """A control changed by the user: apply it to the session's next cycle."""
         if self._syncing:
             return
-        self.budget.disabled = self.width.disabled = self.policy_kind.value != "ddtree"
-        p = self._policy()
+        kind = self.policy_kind.value
+        if kind != self.session.policy.kind:  # a new kind: its last (or default) policy, shown as it is
+            p = self._last.get(kind) or policies.by_kind(kind)()
+            self._syncing = True
+            try:
+                self._show_knobs(p)
+            finally:
+                self._syncing = False
+        else:
+            p = self._policy()
         if p != self.session.policy:
             self.session.policy = p
+            self._last[p.kind] = p
         t = float(self.temperature.value)
         if t != self.session.temperature:
             self.session.temperature = t

@@ -1,0 +1,22 @@
+"""Decoding policies. All run on the same engine, models and stages; they differ in the tree.
+
+``base`` declares what a policy offers (``Policy``) and holds the registry every reader goes through
+(``parse_policy``, ``as_policy``, ``to_wire`` / ``from_wire``, ``choices``); each built-in policy is one
+class in one module below, decorated ``@register``. Importing this package registers them, in the order
+a menu lists them.
+"""
+from workbench.engine.policies.base import (MAX_BUDGET, Policy, as_policy, by_kind, choices, from_wire,
+                                            knob_values, parse_policy, register, registered, to_wire, unregister,
+                                            usages, with_knobs)
+from workbench.engine.policies.ddtree import DDTree
+from workbench.engine.policies.dflash import DFlash
+from workbench.engine.policies.ar import AR
+from workbench.engine.policies.eagle import EagleTree
+from workbench.engine.policies.spine import Spine
+from workbench.engine.policies.custom import TreePolicy
+
+__all__ = [
+    "AR", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "Policy", "Spine", "TreePolicy", "as_policy", "by_kind",
+    "choices", "from_wire", "knob_values", "parse_policy", "register", "registered", "to_wire", "unregister",
+    "usages", "with_knobs",
+]
