@@ -66,9 +66,9 @@ def load_recurrent(device):
             warnings.simplefilter("ignore", UserWarning)
             mod = import_triton_module(RECURRENT_MODULE, device)
         if _interpreting():
-            from ddtree_kernels import _interp_ops
+            from ddtree_kernels import interp_ops
 
-            mod.exp = _interp_ops.exp
+            mod.exp = interp_ops.exp
         _modules[RECURRENT_MODULE] = mod
     return _modules[RECURRENT_MODULE]
 
