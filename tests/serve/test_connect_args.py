@@ -24,3 +24,13 @@ def test_token_and_token_file_together_are_refused(tmp_path):
     f.chmod(0o600)
     with pytest.raises(ValueError, match="give one of token= or token_file=, not both"):
         wb.connect("http://127.0.0.1:9", token=TOKEN, token_file=f)
+
+
+def test_the_serve_start_line_says_how_to_attach():
+    from pathlib import Path
+
+    from workbench.serve.main import attach_line
+
+    url = "http://127.0.0.1:8765"
+    assert attach_line(url, "~/tok") == f"attach with wb.connect({url!r}, token_file={str(Path.home() / 'tok')!r})"
+    assert attach_line(url, None) == f"attach with wb.connect({url!r}, token=...)"

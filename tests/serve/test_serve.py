@@ -472,6 +472,7 @@ def test_cli_serve_drains_on_sigterm(cli_server):
     assert [c.root_token for c in held] == s.generated[:len(held)]  # each cycle starts from the last one's bonus
     # The token went to the file, readable by its owner only, and nowhere else.
     assert f"token (generated, written to {tok})" in text and tok.read_text().strip() not in text + err
+    assert f"attach with wb.connect({url!r}, token_file={str(tok)!r})" in text  # not token=: it was not printed
     assert oct(tok.stat().st_mode & 0o777) == "0o600"
 
 

@@ -118,6 +118,14 @@ def _serve(args, out, err, load_engine, limits, token, origin, log, sock) -> int
     print(f"workbench serve: token ({origin}): {token}" if origin == "generated"
           else f"workbench serve: token ({origin})", file=out)
     print(f"workbench serve: limits {limits.to_dict()}", file=out)
-    print(f"workbench serve: attach with wb.connect({server.url!r}, token=...); stop with Ctrl-C", file=out, flush=True)
+    print(f"workbench serve: {attach_line(server.url, args.token_file)}; stop with Ctrl-C", file=out, flush=True)
     server.run()
     return 0
+
+
+def attach_line(url: str, token_file: str | None) -> str:
+    """How a notebook attaches: with the token file the server read (the token is not printed then), else
+    with the token printed above."""
+    if token_file is None:
+        return f"attach with wb.connect({url!r}, token=...)"
+    return f"attach with wb.connect({url!r}, token_file={str(Path(token_file).expanduser())!r})"
