@@ -22,6 +22,10 @@ from workbench.serve import client as remote  # wb.remote.UnknownSession, ... (d
 def __getattr__(name: str):
     """``wb.views`` and ``wb.Stepper`` import plotly / ipywidgets on first use, so the engine, the CLI's
     run/bench and tests/gpu/check_cuda.py run without the notebook stack."""
+    if name == "pays_off":  # does DDTree pay off here (workbench.payoff): imports the bench and analysis stack
+        from workbench.payoff import pays_off
+
+        return pays_off
     if name == "compare":  # the conformance report against a production engine (vLLM is optional)
         from workbench.engines.conformance import compare
 
@@ -35,9 +39,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AR", "Cycle", "compare", "DDTree", "DFlash", "Policy", "Spine", "register_policy", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
+    "AR", "Cycle", "compare", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
     "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]
-__version__ = "0.1.0"
+from workbench.version import __version__  # noqa: E402,F401

@@ -1,0 +1,138 @@
+"""The tree shapes ``pays-off`` decodes, and the input it refuses before any work (one line each).
+
+Shapes, all over the same drafter: AR (no drafter), DFlash's chain (the argmax of every slot), the chain cut
+to N nodes (``DDTree(N, width=1)``), the spine with k siblings (``Spine(k)``: the chain plus the k best
+rank-1+ candidates over all slots, each a leaf), and DDTree(N), the N best prefixes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.analysis.paired import MIN_PAIRS, check_pairs
+from workbench.engine.policies import AR, DDTree, DFlash
+
+CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
+SPINE_SIBLINGS = (1, 2, 4)
+BUDGETS = (4, 8, 16, 32, 64)
+FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", "other")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One policy of the sweep and its family (how the tables group it)."""
+
+    policy: object
+    family: str
+
+    @property
+    def label(self) -> str:
+        return str(self.policy)
+
+
+def spine(k: int):
+    """``wb.Spine(siblings=k)``, or None in a build without it."""
+    from workbench.engine import policies
+
+    cls = getattr(policies, "Spine", None)
+    return None if cls is None else cls(siblings=k)
+
+
+def family(policy) -> str:
+    if isinstance(policy, AR):
+        return "ar"
+    if isinstance(policy, DFlash):
+        return "chain"
+    if isinstance(policy, DDTree):
+        return "chain-cut" if policy.width == 1 else "tree"
+    return "spine" if type(policy).__name__ == "Spine" else "other"
+
+
+def capacity(policy, slots: int, vocab: int) -> int | None:
+    """The most drafted nodes this shape can hold over a drafter of ``slots`` slots and ``vocab`` tokens
+    (None: no limit it could reach): a tree with at most w tokens per slot holds sum_d w**d prefixes."""
+    if isinstance(policy, DDTree):
+        w = min(policy.width or vocab, vocab)
+        total, p = 0, 1
+        for _ in range(slots):
+            p *= w
+            total += p
+            if total >= policy.budget:
+                return None
+        return total
+    if type(policy).__name__ == "Spine":
+        return None if policy.siblings <= slots * (vocab - 1) else slots + slots * (vocab - 1)
+    return None
+
+
+def check_fills(policy, slots: int, vocab: int) -> None:
+    """Refuse a budget the drafter cannot fill (its tree would silently be smaller than its label)."""
+    cap = capacity(policy, slots, vocab)
+    if cap is not None:
+        asked = policy.budget if isinstance(policy, DDTree) else slots + policy.siblings
+        raise ValueError(f"{policy} asks for {asked} nodes but this drafter's block drafts {slots} slots, where "
+                         f"that shape holds at most {cap}: use a budget <= {cap}")
+
+
+def default_shapes(slots: int, vocab: int) -> list[Shape]:
+    """AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4) when the build has it, DDTree(4 ... 64): the
+    budgets the drafter can fill."""
+    pols = [AR(), DFlash(), *(DDTree(n, width=1) for n in CHAIN_CUTS if n < slots)]
+    pols += [p for p in (spine(k) for k in SPINE_SIBLINGS) if p is not None]
+    pols += [p for p in (DDTree(n) for n in BUDGETS) if capacity(p, slots, vocab) is None]
+    return [Shape(p, family(p)) for p in pols]
+
+
+def shapes_of(policies, slots: int, vocab: int) -> list[Shape]:
+    """The given policies (objects or 'ddtree:16'-style text) as shapes, AR and DFlash added when missing
+    (every speedup is over them); a budget the drafter cannot fill is refused."""
+    from workbench.engine.policies import as_policy
+
+    pols = [as_policy(p) for p in policies]
+    for p in pols:
+        check_fills(p, slots, vocab)
+    seen = []
+    for p in [AR(), DFlash(), *pols]:
+        if p not in seen:
+            seen.append(p)
+    return [Shape(p, family(p)) for p in seen]
+
+
+def check_prompts(n: int) -> None:
+    check_pairs(n, "prompts", MIN_PAIRS)
+
+
+def parse_batches(text) -> tuple[int, ...]:
+    """'1,8' or (1, 8) -> (1, 8); one line on anything else."""
+    items = [x.strip() for x in text.split(",")] if isinstance(text, str) else list(text)
+    out = []
+    for x in items:
+        try:
+            v = int(x)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or isinstance(x, bool) or v < 1:
+            raise ValueError(f"batch={text!r}: each batch size must be a positive integer, e.g. 1,8")
+        if v in out:
+            raise ValueError(f"batch={text!r}: batch size {v} is given twice")
+        out.append(v)
+    if not out:
+        raise ValueError(f"batch={text!r} names no batch size; e.g. 1,8")
+    return tuple(out)
+
+
+def check_batch_fits(engine, batch: int, context: int, nodes: int) -> None:
+    """Refuse a batch whose K/V and verify activations would not fit in the device's free memory, before
+    any work (``workbench.bench.sweep.check_fits_loaded``: the same estimate as the forward sweep)."""
+    from workbench.bench.sweep import check_fits_loaded
+    from workbench.shapes.families import load_config
+
+    m = engine.models
+    try:
+        tcfg, dcfg = load_config(m.target_dir), load_config(m.draft_dir)
+    except (OSError, ValueError):  # a pair without config files on disk: nothing to estimate from
+        return
+    tcfg.setdefault("_name", m.target_dir.name)
+    try:
+        check_fits_loaded(m, tcfg, dcfg, batch, nodes, context)
+    except ValueError as e:
+        raise ValueError(f"batch {batch} cannot be held: {e}") from None

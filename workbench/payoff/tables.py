@@ -1,0 +1,84 @@
+"""``PaysOff`` as text: per batch size the acceptance, cost and speedup tables and the verdict; then the
+branching rates and the counterfactual rows. Pure: result -> str."""
+from __future__ import annotations
+
+from workbench.records.texttable import legend, text_table
+
+CHAIN = "DFlash"
+
+
+def _x(v, fmt=".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _measured(m) -> list[str]:
+    if m is None:
+        return ["-", "-", "-", "-"]
+    lo, hi = m.iqr
+    return [f"{m.median:.2f}", f"{lo:.2f}-{hi:.2f}", f"{m.tails[0]:.2f}", f"{m.wilcoxon_p:.2g}/{m.sign_p:.2g}"]
+
+
+def batch_tables(v) -> str:
+    acc = [[r.label, r.family, f"{r.forwards_per_token:.3f}", f"{r.tau:.2f}", f"{r.tokens_per_forward:.2f}",
+            _x(r.gain_vs_chain)] for r in v.rows]
+    groups = ["draft", "tree", "verify", "accept", "commit", "host", "total"]
+    cost = [[r.label, *(f"{r.step_ms[g]:.2f}" for g in groups), _x(r.cost_vs_chain), str(r.steps)] for r in v.rows]
+    speed = [[r.label, _x(r.predicted_vs_chain), *_measured(r.measured_vs_chain),
+              (r.measured_vs_chain.order if r.measured_vs_chain else "-"), _x(r.predicted_vs_ar),
+              *_measured(r.measured_vs_ar)[:1], (r.measured_vs_ar.order if r.measured_vs_ar else "-")]
+             for r in v.rows]
+    unit = "prompts" if v.batch == 1 else f"windows of {v.batch} prompts"
+    lines = [f"== batch {v.batch}: {v.units} paired units ({unit}) ==", "", "acceptance (each shape its own decode)",
+             text_table(["shape", "family", "fwd/token", "tau", "tok/fwd", f"x {CHAIN}"], acc), "",
+             "cost per step (median ms over steps, first step of each decode left out)",
+             text_table(["shape", *groups, f"x {CHAIN}", "steps"], cost), "",
+             "speedup (predicted = tok/fwd gain x step cost ratio; measured = paired per-unit tok/s of cycle time)",
+             text_table(["shape", f"pred x {CHAIN}", f"meas x {CHAIN}", "IQR", "min", "p W/sign", "order",
+                         "pred x AR", "meas x AR", "order vs AR"], speed), ""]
+    if v.verdict:
+        lines += [f"verdict: {v.verdict}", f"  {v.decides}"]
+        best = f"best budget at batch {v.batch}: {v.best_budget} (measured median); predicted best: {v.predicted_best}"
+        if v.best_vs_runner_up is not None:
+            b = v.best_vs_runner_up
+            best += (f"; vs runner-up {b.baseline}: {b.median:.3f}x, p={b.wilcoxon_p:.2g} "
+                     f"({'separated' if b.significant else 'not separated'})")
+        lines.append(f"  {best}")
+    for f in v.lossless:
+        lines.append(f"  LOSSLESS CHECK FAILED: {f}")
+    return "\n".join(lines)
+
+
+def counterfactual_table(rows: list) -> str:
+    body = [[r["label"], f"{r['end_to_end_tau']:.2f}", f"{r['counterfactual_tau']:.2f}",
+             f"{100 * r['end_to_end_gain']:+.1f}%", f"{100 * r['counterfactual_gain']:+.1f}%",
+             f"{100 * r['bias_points']:+.1f}"] for r in rows]
+    return ("counterfactual from one trace (teaching row: the chain's trace replayed at budget N) vs the shape's "
+            "own decode, batch 1\n" + text_table(["shape", "tau e2e", "tau from trace", "gain e2e", "gain from trace",
+                                                   "bias (points)"], body))
+
+
+def render(res) -> str:
+    st = res.settings
+    mode = "greedy" if not st["temperature"] else f"temperature {st['temperature']:g}, seed {st['seed']}"
+    out = [f"pays-off: {st['target']}, {st['prompts']} prompts, {st['max_new_tokens']} new tokens, {mode}, "
+           f"{st['repeats']} repeat(s), {st['device']}, drafter block {st['block_size']}", ""]
+    for v in res.batches.values():
+        out += [batch_tables(v), ""]
+    if res.branching is not None:
+        out += ["why: the target's token among the drafter's candidates (DFlash traces, untimed pass)",
+                str(res.branching), res.branching.table(depths=8), ""]
+    if res.counterfactual:
+        out += [counterfactual_table(res.counterfactual), ""]
+    if res.spine_siblings_90 is not None:
+        out.append(f"Spine({res.spine_siblings_90}) reaches 90% of the best tree's tokens-per-forward gain over "
+                   f"{CHAIN} (batch 1, end to end)")
+    elif any(r.family == "spine" for v in res.batches.values() for r in v.rows):
+        out.append("no measured spine reaches 90% of the best tree's tokens-per-forward gain (batch 1)")
+    out.append(legend([
+        ("fwd/token", "target forwards per committed token, counted from the cycles (every row of a batch)"),
+        ("tau", "accepted + bonus per row and cycle"), ("tok/fwd", "tokens committed per target forward"),
+        ("draft .. host", "median ms per step: host = building the record (host reads) and the rest of the step"),
+        ("pred", "predicted speedup: tok/fwd gain x step time ratio"),
+        ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it"),
+        ("p W/sign", "Wilcoxon signed-rank / sign test p-values (scipy.stats); no order where p >= 0.05")]))
+    return "\n".join(out)

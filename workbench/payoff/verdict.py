@@ -1,0 +1,189 @@
+"""From the runs to the verdict: acceptance per shape, per-step cost per shape, predicted and measured speedup.
+
+    predicted speedup over X = (tokens per forward / X's) x (X's median step time / the shape's)
+                             = acceptance gain x per-step cost ratio
+
+A forward step is one target forward over every row (the cycle: draft, tree build and compile, verify,
+accept, commit, record); the measured speedup is the paired per-unit ratio of tokens per second of cycle
+time (prefill left out: it is the same forward for every shape). What decides is the largest term of
+log(predicted) in the direction of the outcome: the acceptance gain, the verify's extra width, or the
+rest of the step (per-step overhead).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from workbench.analysis.paired import PairedRatio, paired_ratio
+from workbench.records.cycle import STAGES
+
+NO_GAIN = 0.02  # an acceptance gain under 2% is no gain: losing then is acceptance's doing
+COST_GROUPS = {"draft": ("draft",), "tree": ("tree_build", "tree_compile"), "verify": ("verify",),
+               "accept": ("accept",), "commit": ("commit",), "host": ("record", "other")}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Log-terms of the predicted speedup of a shape over a baseline and which one decides it."""
+
+    gain: float  # tokens per forward, shape / baseline
+    verify_term: float  # -log(1 + extra verify time / baseline step)
+    overhead_term: float  # -log(1 + extra time outside the verify / baseline step)
+    factor: str  # "acceptance", "verify width" or "per-step overhead"
+    pays: bool  # the predicted speedup is above 1
+
+    @property
+    def predicted(self) -> float:
+        return self.gain * math.exp(self.verify_term + self.overhead_term)
+
+    def sentence(self, label: str, baseline: str) -> str:
+        v, o = math.exp(-self.verify_term) - 1, math.exp(-self.overhead_term) - 1
+        return (f"{self.factor} decides: {label} commits {self.gain:.2f}x the tokens per forward of {baseline} while "
+                f"its verify adds {100 * v:+.0f}% and the rest of its step {100 * o:+.0f}% of {baseline}'s step "
+                f"(predicted {self.predicted:.2f}x)")
+
+
+def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision:
+    """Which of acceptance, verify width and per-step overhead decides a shape against a baseline.
+
+    gain: tokens per forward over the baseline's; *_stages: median seconds per step, stage -> s (``STAGES``)."""
+    base = sum(base_stages.values())
+    if base <= 0 or gain <= 0:
+        raise ValueError(f"what_decides needs a positive gain and baseline step (gain={gain}, step={base})")
+    dv = shape_stages.get("verify", 0.0) - base_stages.get("verify", 0.0)
+    do = (sum(shape_stages.values()) - shape_stages.get("verify", 0.0)) - (base - base_stages.get("verify", 0.0))
+    tv, to = -math.log1p(dv / base), -math.log1p(do / base)
+    terms = {"acceptance": math.log(gain), "verify width": tv, "per-step overhead": to}
+    pays = sum(terms.values()) > 0
+    if pays:
+        factor = max(terms, key=terms.get)
+    elif gain < 1 + NO_GAIN:
+        factor = "acceptance"
+    else:
+        factor = min(("verify width", "per-step overhead"), key=terms.get)
+    return Decision(gain, tv, to, factor, pays)
+
+
+@dataclass
+class ShapeRow:
+    """One shape at one batch size: acceptance, cost, and speedups."""
+
+    label: str
+    family: str
+    tau: float  # accepted + bonus per row and cycle (pooled)
+    tokens_per_forward: float  # tokens committed per target forward (every row; pooled)
+    forwards_per_token: float
+    step_ms: dict  # group -> median ms per step ("total": median of whole steps)
+    steps: int
+    gain_vs_chain: float | None = None
+    cost_vs_chain: float | None = None  # step time / the chain's
+    predicted_vs_chain: float | None = None
+    predicted_vs_ar: float | None = None
+    measured_vs_chain: PairedRatio | None = None
+    measured_vs_ar: PairedRatio | None = None
+    decision: Decision | None = None
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("label", "family", "tau", "tokens_per_forward", "forwards_per_token",
+                                            "step_ms", "steps", "gain_vs_chain", "cost_vs_chain",
+                                            "predicted_vs_chain", "predicted_vs_ar")}
+        d["measured_vs_chain"] = self.measured_vs_chain.to_dict() if self.measured_vs_chain else None
+        d["measured_vs_ar"] = self.measured_vs_ar.to_dict() if self.measured_vs_ar else None
+        d["decides"] = self.decision.factor if self.decision else None
+        return d
+
+
+def stage_medians(steps: list) -> dict:
+    """Median seconds per step of every stage (``STAGES``) and of the whole step, over ``steps``."""
+    if not steps:
+        return {**{s: 0.0 for s in STAGES}, "total": 0.0}
+    out = {s: statistics.median(st.get(s, 0.0) for st in steps) for s in STAGES}
+    out["total"] = statistics.median(sum(st.values()) for st in steps)
+    return out
+
+
+def grouped_ms(med: dict) -> dict:
+    out = {g: 1e3 * sum(med[s] for s in stages) for g, stages in COST_GROUPS.items()}
+    out["total"] = 1e3 * med["total"]
+    return out
+
+
+@dataclass
+class BatchVerdict:
+    """Every shape at one batch size, the best DDTree budget and the verdict line."""
+
+    batch: int
+    units: int
+    rows: list  # ShapeRow, in the sweep's order
+    best_budget: str | None = None  # the DDTree(N) with the highest measured median speedup over the chain
+    best_vs_runner_up: PairedRatio | None = None
+    predicted_best: str | None = None
+    verdict: str = ""
+    decides: str = ""
+    lossless: list = field(default_factory=list)  # failure lines (greedy only)
+
+    def row(self, label: str) -> ShapeRow:
+        return next(r for r in self.rows if r.label == label)
+
+
+def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
+    """Tables of one batch size's sweep (``workbench.payoff.measure.Sweep``)."""
+    units = [[sw.unit(s.label, i) for i in range(len(sw.units))] for s in shapes]
+    meds, rows = {}, []
+    for s, us in zip(shapes, units):
+        steps = [st for u in us for st in u.steps]
+        med = meds[s.label] = stage_medians(steps)
+        tokens, forwards = sum(u.tokens for u in us), sum(u.forwards for u in us)
+        rc = sum(u.row_cycles for u in us)
+        rows.append(ShapeRow(s.label, s.family, sum(u.accepted for u in us) / rc if rc else 0.0,
+                             tokens / forwards if forwards else 0.0, forwards / tokens if tokens else 0.0,
+                             grouped_ms(med), len(steps)))
+    by = {r.label: r for r in rows}
+    tps = {s.label: [u.tokens_per_s for u in us] for s, us in zip(shapes, units)}
+    n = len(sw.units)
+    for r in rows:
+        if chain in by and by[chain].tokens_per_forward:
+            c = by[chain]
+            r.gain_vs_chain = r.tokens_per_forward / c.tokens_per_forward
+            r.cost_vs_chain = meds[r.label]["total"] / meds[chain]["total"] if meds[chain]["total"] else None
+            if r.cost_vs_chain:
+                r.predicted_vs_chain = r.gain_vs_chain / r.cost_vs_chain
+                r.decision = what_decides(r.gain_vs_chain, {s: meds[chain][s] for s in STAGES},
+                                          {s: meds[r.label][s] for s in STAGES})
+            if r.label != chain and n >= 2:
+                r.measured_vs_chain = paired_ratio(tps[r.label], tps[chain], r.label, chain, min_pairs=1,
+                                                   what="units")
+        if ar in by and meds[r.label]["total"] and by[ar].tokens_per_forward:
+            r.predicted_vs_ar = (r.tokens_per_forward / by[ar].tokens_per_forward) * meds[ar]["total"] / \
+                meds[r.label]["total"]
+            if r.label != ar and n >= 2:
+                r.measured_vs_ar = paired_ratio(tps[r.label], tps[ar], r.label, ar, min_pairs=1, what="units")
+    out = BatchVerdict(sw.batch, n, rows)
+    trees = [r for r in rows if r.family == "tree" and r.measured_vs_chain is not None]
+    if trees:
+        ranked = sorted(trees, key=lambda r: -r.measured_vs_chain.median)
+        best = ranked[0]
+        out.best_budget = best.label
+        out.predicted_best = max(trees, key=lambda r: r.predicted_vs_chain or 0.0).label
+        if len(ranked) > 1:
+            out.best_vs_runner_up = paired_ratio(tps[best.label], tps[ranked[1].label], best.label, ranked[1].label,
+                                                 min_pairs=1, what="units")
+        out.verdict, out.decides = verdict_line(sw.batch, best, chain)
+    return out
+
+
+def verdict_line(batch: int, best: ShapeRow, chain: str) -> tuple[str, str]:
+    """'DDTree pays off at batch 1: ...' / 'does not pay off' / 'no measurable difference', and what decides."""
+    m = best.measured_vs_chain
+    lo, hi = m.iqr
+    fig = (f"{best.label} {m.median:.2f}x {chain} (IQR {lo:.2f}-{hi:.2f}, worst {m.tails[0]:.2f}, "
+           f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units)")
+    if m.significant and m.median > 1:
+        head = f"at batch {batch} DDTree pays off over {chain}: {fig}"
+    elif m.significant:
+        head = f"at batch {batch} DDTree does not pay off over {chain}: its best budget is slower, {fig}"
+    else:
+        head = f"at batch {batch} no order between DDTree and {chain} (p >= 0.05): {fig}"
+    why = best.decision.sentence(best.label, chain) if best.decision else ""
+    return head, why
