@@ -1,0 +1,110 @@
+"""What a cycle dump costs: the engine with dumping off and on, interleaved per prompt, and the file size.
+
+    OMP_NUM_THREADS=1 .venv/bin/python tools/dump_cost.py [--prompts 12] [--tokens 64] [--policy ddtree:16]
+
+Per prompt (the evaluation prompts, none tuned on): a session with dumping off, one with dumping on, then off
+again, alternating so machine load hits both alike; cycles are identical (greedy). Reports per-cycle time
+with dumping off and on (medians over prompts of the per-prompt mean), the paired on/off ratio with its
+p10/p50/p90 and a Wilcoxon signed-rank p-value (scipy), the dump's bytes per cycle, and what dumping off adds
+to a cycle: the two ``is not None`` tests (``Request.dump``, ``DraftKV.tap``), timed alone. The time inside the
+writer is timed around its two entry points (a wrapper this tool installs), so it is measured apart from
+the machine's noise.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--policy", default="ddtree:16")
+    ap.add_argument("--batch", type=int, default=1, help="requests per batch session (1: engine.session)")
+    a = ap.parse_args(argv)
+    import workbench as wb
+    from workbench.bench.prompts import eval_prompts
+    from workbench.engine.policies import parse_policy
+
+    engine = wb.load()
+    policy = parse_policy(a.policy)
+    prompts = [p["prompt"] for p in eval_prompts()][: a.prompts * a.batch]
+    tmp = Path(tempfile.mkdtemp())
+
+    def run(i: int, dump: bool) -> tuple[float, int, int]:
+        path = tmp / f"p{i}.dump" if dump else None
+        if a.batch == 1:
+            s = engine.session(prompts[i], policy=policy, max_new_tokens=a.tokens, dump=path)
+            t0 = time.perf_counter()
+            s.run()
+            secs, cycles = time.perf_counter() - t0, len(s.trace.cycles)
+        else:
+            b = engine.batch_session(prompts[i * a.batch : (i + 1) * a.batch], policy=policy,
+                                     max_new_tokens=a.tokens, dump=path)
+            t0 = time.perf_counter()
+            b.run()
+            secs, cycles = time.perf_counter() - t0, sum(len(s.trace.cycles) for s in b.sessions)
+        return secs, cycles, path.stat().st_size if dump else 0
+
+    from workbench.conform.engine_dump import EngineDump
+
+    spent = [0.0]  # seconds inside the writer (its tap and its record), timed around the calls
+
+    def timed(fn):
+        def wrapper(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return wrapper
+
+    EngineDump.cycle, EngineDump.draft_tap = timed(EngineDump.cycle), timed(EngineDump.draft_tap)
+    run(0, False), run(0, True)  # warm-up
+    spent[0] = 0.0
+    off, on, size, rows = [], [], [], []
+    for i in range(a.prompts):
+        t_off1, n, _ = run(i, False)
+        t_on, n_on, b = run(i, True)
+        t_off2, _, _ = run(i, False)
+        assert n == n_on, "dumping changed the run"
+        off.append((t_off1 + t_off2) / 2 / n)
+        on.append(t_on / n)
+        size.append(b / n)
+        rows.append(n)
+
+    from workbench.engine.request import Request
+
+    class _Probe:
+        dump = None
+
+    probe = _Probe()
+    check_ns = min(timeit.repeat(lambda: probe.dump is not None, number=100_000, repeat=5)) / 100_000 * 1e9
+    ratio = np.array(on) / np.array(off)
+    p = stats.wilcoxon(on, off).pvalue
+    print(f"{a.policy}, {a.prompts} prompts x {a.tokens} new tokens, batch {a.batch}, {sum(rows)} cycle records, "
+          f"CPU, {engine.models.dtype}, shared 2-core machine")
+    print(f"  per cycle: dumping off {1e3 * statistics.median(off):.2f} ms, on {1e3 * statistics.median(on):.2f} ms "
+          f"(medians over prompts)")
+    print(f"  on / off per prompt: p10 {np.percentile(ratio, 10):.3f}  p50 {np.median(ratio):.3f}  "
+          f"p90 {np.percentile(ratio, 90):.3f}   Wilcoxon p = {p:.2g}")
+    print(f"  inside the writer: {1e3 * spent[0] / sum(rows):.3f} ms per cycle record (mean; the dump's whole "
+          "cost, timed around its calls)")
+    print(f"  dump size: {statistics.median(size) / 1024:.2f} KiB per cycle record (median; max "
+          f"{max(size) / 1024:.2f})")
+    print(f"  dumping off adds 2 `is not None` tests per cycle: {2 * check_ns:.0f} ns = "
+          f"{100 * 2 * check_ns * 1e-9 / statistics.median(off):.5f}% of a cycle ({Request.__name__}.record, "
+          "DraftKV.draft)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
