@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off,sweep}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.payoff.command import add_parser as add_pays_off_parser  # the command's code lives there
 
     add_pays_off_parser(sub)
+    from workbench.bench.sweep import add_parser as add_sweep_parser  # the command's code lives there
+
+    add_sweep_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
     p.add_argument("--budgets", default=None,
@@ -657,6 +660,12 @@ def cmd_bench_serve(args, out, err) -> int:
     return 0
 
 
+def cmd_sweep(args, out, err) -> int:
+    from workbench.bench.sweep import run_command
+
+    return run_command(args, out, err)
+
+
 def cmd_pays_off(args, out, err) -> int:
     from workbench.payoff.command import run
 
@@ -670,7 +679,7 @@ def cmd_serve(args, out, err) -> int:
 
 
 COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve,
-            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off}
+            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off, "sweep": cmd_sweep}
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,10 @@ Sections (each catches its own failure and reports it; the others still run):
   cuda_graphs        wb.load(cuda_graphs=True): graph replay == eager static shapes (and == dynamic) token
                      for token per budget; ms per cycle (p50/p90, per stage) eager dynamic / eager static /
                      graphs, AR ms per token, captures and replays (written without a GPU: not yet run)
+  cost_sweep         random-weight Qwen3-8B-sized target + drafter (bf16, no checkpoint): the verify forward over
+                     nodes 1..64 x rows 1/4/16 and the draft forward, eager and graphed (workbench.bench.sweep),
+                     beside the cost model's prediction: per-point error, median and max (written without a
+                     GPU: its CPU path runs in tests/bench/test_sweep.py on a tiny config; not yet run on a GPU)
 The report goes to --out, else $OUT/check_cuda.json when $OUT is set (and always to stdout).
 Exit 0 when every section passed, 1 otherwise; without CUDA it prints why and exits 0.
 Needs only torch, transformers, tokenizers, safetensors, dflash, numpy (+ sglang's kernels and
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -253,6 +258,44 @@ def cuda_graphs(wb, models, prompts, n, device: str = "cuda", budgets=(16, 64)) 
     return {"ok": ok, "unit": "ms [p50, p90]", **out}
 
 
+SWEEP_NODES = (1, 2, 4, 8, 16, 32, 64)
+SWEEP_ROWS = (1, 4, 16)
+
+
+def cost_sweep(device: str = "cuda", config="qwen3-8b", draft_config="qwen3-8b-dflash-b16", layers=None,
+               draft_layers=None, nodes=SWEEP_NODES, rows=SWEEP_ROWS, context: int = 512, repeats: int = 5,
+               warmup: int = 2, dtype: str = "bfloat16") -> dict:
+    """The measured verify/draft sweep on a random-weight layout and the cost model's error against it.
+    On a GPU: Qwen3-8B whole in bf16, eager and graphed; on a CPU (the test): a tiny config, eager only."""
+    from workbench.bench.sweep import random_models, sweep
+    from workbench.shapes.measured import sweep_error
+
+    t0 = time.perf_counter()
+    models = random_models(config, draft_config, device, dtype, layers, draft_layers, rows=max(rows),
+                           nodes=max(nodes), context=context)
+    build_s = time.perf_counter() - t0
+    graphs = torch.device(device).type == "cuda"
+    s = sweep(models, nodes, rows, context, repeats, warmup, graphs=graphs)
+    err = sweep_error(s)
+    del models
+    if graphs:
+        torch.cuda.empty_cache()
+    ms = {f"{p.kind}/{p.mode} rows={p.rows} nodes={p.nodes}": [round(p.median * 1e3, 3),
+                                                               [round(q * 1e3, 3) for q in p.quartiles]]
+          for p in s.points}
+    by = {f"{k}/{m}": {"median": round(v["median_rel_error"], 3), "max": round(v["max_rel_error"], 3)}
+          for (k, m), v in err.by_kind().items()}
+    dev = s.device
+    return {"ok": all(math.isfinite(r["rel_error"]) for r in err.rows), "model": s.settings["model"],
+            "dtype": s.settings["dtype"], "context": context, "repeats": repeats, "build_s": round(build_s, 1),
+            "device_roofline": {"tflops": round(dev.flops / 1e12, 1), "tb_s": round(dev.bandwidth / 1e12, 2),
+                                "us_per_op": round(dev.op_seconds * 1e6, 2)},
+            "median_rel_error": round(err.median_rel_error, 3), "max_rel_error": round(err.max_rel_error, 3),
+            "error_by_kind": by, "ms [median, [p25, p75]]": ms,
+            "predicted_ms": {f"{r['kind']}/{r['mode']} rows={r['rows']} nodes={r['nodes']}": round(r["predicted_s"] * 1e3, 3)
+                             for r in err.rows}}
+
+
 def one_screen(report: dict) -> str:
     """JSON with one line per top-level key and per section entry: fits a screen, still valid JSON."""
     def block(v):
@@ -306,6 +349,7 @@ def main(argv=None) -> int:
     run_section(report, "bf16_vs_ar", bf16_vs_ar, wb, models, prompts, n)
     run_section(report, "stages", stages, wb, models, prompts, 2 * n)
     run_section(report, "cuda_graphs", cuda_graphs, wb, models, prompts, 2 * n)
+    run_section(report, "cost_sweep", cost_sweep)
     sections = [k for k, v in report.items() if isinstance(v, dict) and "ok" in v]
     report["passed"] = [k for k in sections if report[k]["ok"]]
     report["failed"] = [k for k in sections if not report[k]["ok"]]

@@ -1,6 +1,9 @@
 """wb.shapes.cost: FLOPs equal FlopCounterMode's count of the real forwards; per-family bytes; free budget; speedup."""
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -406,3 +409,104 @@ def test_speedup_refuses_impossible_taus_in_one_line(taus, match):
     _one_line(lambda: t.speedup(taus), match)
     _one_line(lambda: t.speedup({16: 4.0}, overhead_s=float("inf")), "overhead_s=inf must be a finite number")
     assert "infx" not in repr(t.speedup({4: 5.0, 16: 17.0}))  # the largest possible taus still print numbers
+
+
+# ------------------------------------------------------------------- tensor parallelism, DFlash, the sweep
+def test_ring_collectives_match_the_formula_by_hand():
+    from workbench.shapes.parallel import Interconnect, all_gather_seconds, all_reduce_seconds
+
+    link = Interconnect("test", 100e9, 2e-6)
+    # all-reduce of 1 MB over 4 GPUs: 2 x 3/4 x 1e6 / 1e11 = 15 us of bandwidth + 2 x 3 steps x 2 us = 12 us
+    assert all_reduce_seconds(1e6, 4, link) == pytest.approx(15e-6 + 12e-6)
+    # all-gather of 1 MB over 8 GPUs: 7/8 x 1e6 / 1e11 = 8.75 us + 7 steps x 2 us = 14 us
+    assert all_gather_seconds(1e6, 8, link) == pytest.approx(8.75e-6 + 14e-6)
+    assert all_reduce_seconds(1e6, 1, link) == all_gather_seconds(1e6, 1, link) == 0.0
+
+
+def test_tp8_decode_of_qwen3_8b_by_hand():
+    """Qwen3-8B, one DECODE token, batch 1, TP8 over a link of 366 GB/s and 1 us per step, on H200."""
+    from workbench.shapes.parallel import resolve_interconnect
+
+    t1 = wb.shapes.cost("qwen3-8b", gpu="H200", batch=1, prompt_len=512, budgets=[16])
+    t8 = wb.shapes.cost("qwen3-8b", gpu="H200", batch=1, prompt_len=512, budgets=[16], tp=8, interconnect="nvlink")
+    d1, d8 = t1.decode, t8.decode
+    link = resolve_interconnect("nvlink")
+    assert (link.bandwidth, link.latency) == (366e9, 1e-6)
+    # two all-reduces per layer of 1 token x 4096 hidden x 2 bytes = 8192 bytes, 36 layers:
+    per = 2 * 7 / 8 * 8192 / 366e9 + 2 * 7 * 1e-6
+    # the LM head's logits all-gathered once: 151936 x 2 bytes
+    gather = 7 / 8 * 151936 * 2 / 366e9 + 7 * 1e-6
+    assert d8["all_reduce_s"] == pytest.approx(2 * 36 * per)
+    assert d8["all_gather_s"] == pytest.approx(gather)
+    # weights split 8 ways; K/V split by its 8 K/V heads: every byte / 8; FLOPs / 8
+    assert d8["bytes_per_gpu"] == pytest.approx(d1["bytes"] / 8, rel=1e-6)
+    assert d8["memory_s"] == pytest.approx(d1["bytes"] / 8 / 4.8e12, rel=1e-6)
+    assert d8["seconds"] == pytest.approx(max(d1["flops"] / 8 / 989e12, d1["bytes"] / 8 / 4.8e12) + d8["comm_s"],
+                                          rel=1e-6)
+    # TP1 is the plain roofline, no collectives
+    assert d1["comm_s"] == 0 and d1["seconds"] == pytest.approx(max(d1["flops"] / 989e12, d1["bytes"] / 4.8e12))
+
+
+def test_kv_splits_by_kv_heads_and_mla_latent_is_whole():
+    from workbench.shapes.parallel import kv_split
+
+    assert kv_split(arch("qwen3-8b"), 4) == 4 and kv_split(arch("qwen3-8b"), 16) == 8  # 8 K/V heads at most
+    assert kv_split(arch(DEEPSEEK_V3), 8) == 1
+    # at TP16 qwen3-8b: weights / 16 but K/V / 8
+    t = wb.shapes.cost("qwen3-8b", budgets=[0], prompt_len=4096, tp=16, interconnect="pcie5")
+    c = t.decode
+    assert c["bytes_per_gpu"] == pytest.approx((c["bytes"] - c["kv_bytes"]) / 16 + c["kv_bytes"] / 8, rel=1e-9)
+
+
+def test_bad_tp_and_interconnect_are_one_line():
+    with pytest.raises(ValueError, match=r"^tp=0 must be a positive integer"):
+        wb.shapes.cost("qwen3-8b", tp=0)
+    with pytest.raises(ValueError, match=r"^unknown interconnect='infiniband'; known: nvlink, pcie5"):
+        wb.shapes.cost("qwen3-8b", tp=2, interconnect="infiniband")
+    with pytest.raises(ValueError, match=r"^overhead_s=-1"):
+        wb.shapes.cost("qwen3-8b", overhead_s=-1)
+
+
+def test_linear_dflash_row_is_the_chain_verify_plus_the_draft_plus_overhead():
+    t = wb.shapes.cost("qwen3-8b", budgets=[16, 32], draft_config="qwen3-8b-dflash-b16", overhead_s=2e-3)
+    assert t.chain_budget == 15  # root + 15 drafted tokens = the block of 16
+    sp = t.speedup({16: 4.0, 32: 4.4}, dflash_tau=3.5)
+    chain = [r for r in sp.rows if r["policy"] == "DFlash"][0]
+    assert chain["cycle_s"] == pytest.approx(t.forward("DRAFT")["seconds"] + t.verify_seconds(15) + 2e-3)
+    assert chain["speedup"] == pytest.approx(3.5 * t.decode["seconds"] / chain["cycle_s"])
+    for r in sp.rows:
+        if r["policy"] == "DDTree":
+            assert r["vs_dflash"] == pytest.approx(r["speedup"] / chain["speedup"])
+    assert sp.best["policy"] == "DDTree"
+    # a larger per-step overhead shrinks every speedup
+    slower = t.speedup({16: 4.0, 32: 4.4}, overhead_s=10e-3, dflash_tau=3.5)
+    assert all(a["speedup"] > b["speedup"] for a, b in zip(sp.rows, slower.rows))
+
+
+def test_a_tree_is_dearer_under_tp_over_pcie_than_nvlink():
+    t = wb.shapes.parallelism_table(configs=("qwen3-8b",), nodes=(1, 17, 65))
+    row = {(r["system"][1], r["tp"]): r for r in t.rows}
+    assert row["nvlink", 1]["ratio"][17] == pytest.approx(1.0, abs=0.01)  # memory-bound at TP1: 16 nodes free
+    assert row["nvlink", 1]["comm_share"] == 0 and row["pcie5", 8]["comm_share"] > row["nvlink", 8]["comm_share"] > 0
+    assert row["pcie5", 8]["ratio"][65] > row["nvlink", 8]["ratio"][65] > row["nvlink", 1]["ratio"][65]
+    assert len(t.headline()) == 2 and "TP8" in t.headline()[0]
+
+
+def test_sweep_error_is_prediction_over_measurement():
+    """A synthetic sweep: the error is predicted / measured - 1 per point, with the median and max of |error|;
+    a planted slowdown (measured x2) is named as -50%."""
+    from workbench.shapes.measured import predict_forward, sweep_error
+
+    t = dict(json.loads(open("workbench/configs/qwen3-8b.json").read()), num_hidden_layers=2)
+    dev = {"name": "test", "flops": 1e12, "bandwidth": 1e11, "op_seconds": 1e-6, "dtype": "bfloat16", "threads": 1}
+    pts = []
+    for n in (1, 16):
+        pred = predict_forward(arch(t), "verify", 1, n, 512 + 16, 0, 2, SimpleNamespace(**dev), 100)["seconds"]
+        pts.append({"kind": "verify", "mode": "eager", "rows": 1, "nodes": n, "keys": 528, "context_rows": 0,
+                    "ops": 100, "median_s": pred * (2 if n == 16 else 1)})
+    err = sweep_error({"settings": {"model": "t", "dtype": "bfloat16", "device": "test"}, "device": dev,
+                       "points": pts, "target_config": t, "draft_config": None})
+    assert [round(r["rel_error"], 6) for r in err.rows] == [0.0, -0.5]
+    assert err.median_rel_error == pytest.approx(0.25) and err.max_rel_error == pytest.approx(0.5)
+    # launch term: 100 ops x 1 us
+    assert err.rows[0]["launch_s"] == pytest.approx(100e-6)

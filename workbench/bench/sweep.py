@@ -80,6 +80,7 @@ class Device:
     op_seconds: float
     dtype: str
     threads: int
+    flops_at: dict = field(default_factory=dict)  # {tokens (str): FLOP/s of a [tokens, H] x [H, 4H] matmul}
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -201,6 +202,7 @@ def random_models(target_config="qwen3-8b", draft_config="qwen3-8b-dflash-b16", 
     check_fits(t, d, rows, nodes, context, dt, dev)
     from dflash.model import DFlashDraftModel
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     tcfg, dcfg = _hf_config(t), _hf_config(d)
     dcfg.num_target_layers, dcfg.dflash_config = d["num_target_layers"], d["dflash_config"]
@@ -210,7 +212,7 @@ def random_models(target_config="qwen3-8b", draft_config="qwen3-8b-dflash-b16", 
     old = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dt)
-        with torch.device(dev):
+        with torch.device(dev), no_init_weights():  # _fill sets every weight once, below
             target = AutoModelForCausalLM.from_config(tcfg, dtype=dt)
             draft = DFlashDraftModel(dcfg).to(dt)
     finally:
@@ -399,8 +401,9 @@ def _time(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def measure_device(device, dtype, hidden: int = 4096, seconds: float = 2.0) -> Device:
-    """The device's roofline, measured apart from the sweep: a [M, H] x [H, 4H] matmul (FLOP/s), a
+def measure_device(device, dtype, hidden: int = 4096, tokens=()) -> Device:
+    """The device's roofline, measured apart from the sweep: a [M, H] x [H, 4H] matmul (FLOP/s; M = 2048 on
+    a GPU, 256 on a CPU, and each of ``tokens``, since a skinny matmul reaches less of the peak), a
     matrix-vector product over a matrix of 2^27 (CPU) or 2^29 (GPU) elements (bytes/s: weights read once,
     as a memory-bound forward reads them) and a chain of 200 one-element adds (seconds per op)."""
     dev = torch.device(device)
@@ -416,6 +419,10 @@ def measure_device(device, dtype, hidden: int = 4096, seconds: float = 2.0) -> D
 
     with torch.no_grad():
         flops = 2 * M * hidden * 4 * hidden / best(lambda: a @ w.T)
+        at = {}
+        for m in sorted(set(tokens)):
+            x = torch.randn(m, hidden, device=dev, dtype=dt)
+            at[str(m)] = 2 * m * hidden * 4 * hidden / best(lambda: x @ w.T, 3)
         del a, w
         n = 2 ** (29 if gpu else 27)
         cols = 8192
@@ -431,7 +438,7 @@ def measure_device(device, dtype, hidden: int = 4096, seconds: float = 2.0) -> D
 
         op = best(chain) / 200
     name = torch.cuda.get_device_name(dev) if gpu else f"CPU ({os.cpu_count()} cores)"
-    return Device(name, flops, bw, op, str(dt).replace("torch.", ""), torch.get_num_threads())
+    return Device(name, flops, bw, op, str(dt).replace("torch.", ""), torch.get_num_threads(), at)
 
 
 # ------------------------------------------------------------------------------------------ the sweep
@@ -522,7 +529,8 @@ def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, 
                 "device": str(dev), "context": context, "repeats": repeats, "warmup": warmup,
                 "threads": torch.get_num_threads(), "seed": seed, "nodes": nodes, "rows": rows, "modes": modes,
                 "block_size": models.block_size}
-    dprof = measure_device(dev, models.dtype, tc.hidden_size) if device_profile else None
+    tokens = {p.rows * p.nodes for p, _, _ in calls}
+    dprof = measure_device(dev, models.dtype, tc.hidden_size, tokens) if device_profile else None
     notes = ["verify: the engine's DenseKV/HybridGDN verify of a DDTree-built TreeLayout (tree_compile's visibility "
              "mask over the K/V cache); draft: DraftKV.draft of one block after block_size new context rows",
              "static-shape states attend over context + max(nodes) columns (the engine's graphed path); 'keys' "
@@ -553,3 +561,104 @@ def save(s: Sweep, path) -> None:
 
 def load(path) -> Sweep:
     return Sweep.from_dict(json.loads(Path(path).read_text()))
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        xs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{what} {text!r} must be comma-separated whole numbers, e.g. 1,4,16") from None
+    if not xs or any(x < 1 for x in xs):
+        raise ValueError(f"--{what} {text!r}: each must be 1 or more")
+    return xs
+
+
+def add_parser(sub) -> None:
+    """``python -m workbench sweep`` and its options (registered by workbench.cli)."""
+    p = sub.add_parser("sweep", help="the measured verify/draft forward sweep beside the cost model; --tp-table")
+    p.add_argument("--pair", default=None, help="an embedded pair: 'embedded' (the default dense pair) or 'hybrid'")
+    p.add_argument("--config", default=None, help="a shipped target config (e.g. qwen3-8b) built with random weights")
+    p.add_argument("--draft-config", default="qwen3-8b-dflash-b16", help="the drafter's config with --config")
+    p.add_argument("--layers", type=int, default=None, help="cut the target to this many layers (--config)")
+    p.add_argument("--draft-layers", type=int, default=None, help="cut the drafter to this many layers (--config)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default=None, help="default: float32 on a CPU (its bf16 GEMV is slow), bfloat16 on CUDA")
+    p.add_argument("--nodes", default=None, help=f"tree nodes per row (default {','.join(map(str, NODES))}; "
+                   f"CPU with --config: {','.join(map(str, CPU_NODES))})")
+    p.add_argument("--rows", default=None, help=f"rows (default {','.join(map(str, ROWS))}; CPU with --config: "
+                   f"{','.join(map(str, CPU_ROWS))})")
+    p.add_argument("--context", type=int, default=512, help="committed tokens per row (default 512)")
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per point, interleaved (default 7)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    p.add_argument("--graphs", action="store_true", help="also replay each point from a CUDA graph (CUDA only)")
+    p.add_argument("--no-draft", action="store_true", help="time the verify forward only")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", metavar="FILE", help="write the sweep as JSON to FILE (read it back with --from)")
+    p.add_argument("--from", dest="from_file", metavar="FILE", help="a saved sweep: print it and the model's error, "
+                   "measure nothing")
+    p.add_argument("--tp-table", action="store_true", help="print the TP1/4/8 verify table for the shipped "
+                   "configs (cost model only) and exit")
+    p.add_argument("--batch", type=int, default=1, help="batch of the --tp-table (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _models_for(args):
+    if args.config and args.pair:
+        raise ValueError("--config (random weights) and --pair (an embedded checkpoint) exclude each other")
+    nodes = _ints(args.nodes, "nodes") if args.nodes else None
+    rows = _ints(args.rows, "rows") if args.rows else None
+    dev = torch.device(args.device)
+    if args.config:
+        dtype = args.dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+        nodes = nodes or list(NODES if dev.type == "cuda" else CPU_NODES)
+        rows = rows or list(ROWS if dev.type == "cuda" else CPU_ROWS)
+        m = random_models(args.config, args.draft_config, args.device, dtype, args.layers, args.draft_layers,
+                          args.seed, max(rows), max(nodes), args.context)
+        return m, nodes, rows
+    from workbench.engine.core import load as load_engine
+
+    if args.layers or args.draft_layers:
+        raise ValueError("--layers / --draft-layers cut a random-weight --config; an embedded pair runs whole")
+    target = "hybrid" if args.pair == "hybrid" else None
+    if args.pair not in (None, "embedded", "hybrid"):
+        raise ValueError(f"--pair {args.pair!r} must be 'embedded' or 'hybrid'")
+    eng = load_engine(target=target, device=args.device, dtype=args.dtype or "auto")
+    return eng.models, nodes or list(NODES), rows or list(ROWS)
+
+
+def run_command(args, out, err) -> int:
+    """``python -m workbench sweep``: the measured sweep beside the cost model's prediction, or the TP table."""
+    from workbench.shapes.measured import sweep_error
+
+    if args.tp_table:
+        from workbench.shapes.parallel_table import parallelism_table
+
+        t = parallelism_table(batch=args.batch)
+        print(json.dumps(t.as_dict()) if args.json else repr(t), file=out)
+        return 0
+    if args.from_file:
+        s = load(args.from_file)
+    else:
+        for v, what, least in ((args.context, "context", 1), (args.repeats, "repeats", 1), (args.warmup, "warmup", 0)):
+            if v < least:
+                raise ValueError(f"--{what} {v} must be at least {least}")
+        if args.save:
+            from workbench.engine.validate import output_path
+
+            output_path(args.save, "--save")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        m, nodes, rows = _models_for(args)
+        s = sweep(m, nodes, rows, args.context, args.repeats, args.warmup, args.graphs, not args.no_draft, args.seed,
+                  progress=lambda msg: print(f"sweep: {msg}", file=err, flush=True))
+        if args.save:
+            save(s, args.save)
+    e = sweep_error(s)
+    if args.json:
+        print(json.dumps({"sweep": s.as_dict(), "model_error": e.as_dict()}), file=out)
+    else:
+        print(s.table(), file=out)
+        print(repr(e), file=out)
+    return 0

@@ -19,7 +19,8 @@ the tensors SGLang itself would build for the same forward.
 Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``contracts``
 (check_contracts), ``plan`` (meta-device plans), ``families`` (per-family facts from a config, the one
 home plan and cost share: config loading, layers, params, KV / latent / linear-state bytes, experts),
-``cost`` (FLOPs, bytes and roofline time per forward), ``sglang_layout`` (SGLang's tensors per mode),
+``cost`` (FLOPs, bytes and roofline time per forward; ``parallel``: its TP terms; ``measured``: its error
+against a measured sweep; ``parallel_table``: TP1/4/8 x nodes), ``sglang_layout`` (SGLang's tensors per mode),
 ``sglang_source`` (the SGLang rules mirrored, read from its installed source).
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 from workbench.shapes import families, sglang_layout
 from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_installed
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
+from workbench.shapes.measured import SweepError, sweep_error
+from workbench.shapes.parallel_table import ParallelTable, parallelism_table
 from workbench.shapes.contracts import _target_record, ancestor_matrix, check_contracts
 from workbench.shapes.plan import CONFIGS, ShapePlan, plan
 from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
@@ -38,4 +41,5 @@ __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePl
 
 # Kept importable under their old names (workbench/shapes.py was one module).
 __all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]  # issue 25: roofline cost
+__all__ += ["SweepError", "sweep_error", "ParallelTable", "parallelism_table"]  # issue 41: vs the sweep; TP
 __all__ += ["CONFIGS", "_target_record", "ancestor_matrix", "fmt_bytes"]

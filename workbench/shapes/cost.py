@@ -32,7 +32,7 @@ from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.shapes import families
+from workbench.shapes import families, parallel
 
 GPUS_FILE = Path(__file__).resolve().parent / "gpus.json"
 FREE_FACTOR = 1.1  # a verify is "free" while its roofline time stays within 10% of one DECODE forward
@@ -266,11 +266,28 @@ class CostTable:
             c = forward_cost(self.draft, mode, b, B, P, B - 1, e, context=s["draft_context"])
         else:
             raise ValueError(f"mode={mode!r}: expected EXTEND, DECODE, TARGET_VERIFY or DRAFT")
-        return {"mode": mode, "budget": budget if mode == "TARGET_VERIFY" else None, "tokens": b * n,
-                **_roofline(c, self.gpu)}
+        kept = n if mode == "TARGET_VERIFY" else (self.draft.draft["block_size"] - 1 if mode == "DRAFT" else 1)
+        arch_ = self.draft if mode == "DRAFT" else a
+        timed = parallel.tp_time(arch_, c, b * n, b * kept, s["tp"], s["interconnect"], self.gpu, e)
+        return {"mode": mode, "budget": budget if mode == "TARGET_VERIFY" else None, "tokens": b * n, **timed}
 
     def verify_seconds(self, budget: int) -> float:
         return self.forward("TARGET_VERIFY", budget)["seconds"]
+
+    @property
+    def chain_budget(self) -> int:
+        """Linear DFlash's verify: the root + the drafter's block_size - 1 drafted tokens (budget block - 1)."""
+        if self.draft is None:
+            raise ValueError("no draft_config was given, so there is no DFlash chain to cost")
+        return self.draft.draft["block_size"] - 1
+
+    def cycle_seconds(self, budget: int, overhead_s: float | None = None) -> dict:
+        """One speculative cycle at ``budget`` tree nodes: the drafter's block forward + TARGET_VERIFY(budget)
+        + the per-step overhead (seconds per cycle outside the forwards; default the table's)."""
+        over = self.settings["overhead_s"] if overhead_s is None else _seconds(overhead_s, "overhead_s")
+        draft = self.forward("DRAFT")["seconds"] if self.draft is not None else 0.0
+        ver = self.verify_seconds(budget)
+        return {"budget": budget, "draft_s": draft, "verify_s": ver, "overhead_s": over, "cycle_s": draft + ver + over}
 
     @property
     def decode(self) -> dict:
@@ -302,9 +319,10 @@ class CostTable:
                 "free_budget": self.free_budget, "free_factor": FREE_FACTOR, "gpu": self.gpu.name,
                 "model": self.target.name, "batch": self.settings["batch"], "prompt_len": self.settings["prompt_len"]}
 
-    def speedup(self, acceptance, budgets: Sequence[int] | None = None, overhead_s: float = 0.0) -> "Speedup":
+    def speedup(self, acceptance, budgets: Sequence[int] | None = None, overhead_s: float | None = None,
+                dflash_tau: float | None = None) -> "Speedup":
         """Predicted DDTree speedup over AR per budget: tau(B) x DECODE / (drafter + verify(B) + overhead)."""
-        return speedup(self, acceptance, budgets, overhead_s)
+        return speedup(self, acceptance, budgets, overhead_s, dflash_tau)
 
     def __repr__(self) -> str:
         s = self.settings
@@ -329,16 +347,25 @@ def _log_budgets(top: int) -> list[int]:
     return out
 
 
+def _seconds(v, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
+        raise ValueError(f"{name}={v!r} must be a finite number of seconds >= 0")
+    return float(v)
+
+
 def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
          budgets: Sequence[int] = (4, 16, 64, 256), draft_config=None, dtype: str = "bfloat16",
-         draft_context: int | None = None) -> CostTable:
+         draft_context: int | None = None, tp: int = 1, interconnect="nvlink", overhead_s: float = 0.0) -> CostTable:
     """Roofline cost of EXTEND (``prompt_len`` tokens), DECODE, TARGET_VERIFY at each budget (1 + B tokens) and,
     with ``draft_config``, the DFlash drafter's block forward, at ``batch`` requests with ``prompt_len`` cached.
 
     ``target_config`` / ``draft_config``: a dict, a config path, or a shipped config's name ("qwen3-8b").
     ``gpu``: a name (``wb.shapes.cost_gpus()``) or (peak FLOP/s, bytes/s). ``draft_context``: target-feature
     rows the drafter takes in per cycle (default its block size: a cycle that accepted everything).
-    Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts).
+    ``tp``: tensor-parallel degree over ``interconnect`` ("nvlink", "pcie5" or (bytes/s, s per ring step)):
+    weights and K/V heads split, two all-reduces per layer (``workbench.shapes.parallel``); times are per GPU.
+    ``overhead_s``: measured seconds per cycle outside the forwards (``cycle_seconds``, ``speedup``).
+    Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts; comm_s).
     """
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
         families.integer(v, name)
@@ -348,6 +375,9 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     if bad:
         raise ValueError(f"budgets {bad} must be non-negative integers")
     g = resolve_gpu(gpu)
+    parallel.check_tp(tp)
+    link = parallel.resolve_interconnect(interconnect) if tp > 1 else None
+    overhead_s = _seconds(overhead_s, "overhead_s")
     t = arch(target_config, "target")
     d = arch(draft_config, "draft") if draft_config is not None else None
     families.check_pair(t.facts, d.facts if d else None)
@@ -358,7 +388,8 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
         draft_context = d.draft["block_size"] if d else 0
     families.integer(draft_context, "draft_context", least=0)
     settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": e,
-                "budgets": budgets, "draft_context": int(draft_context)}
+                "budgets": budgets, "draft_context": int(draft_context), "tp": tp, "interconnect": link,
+                "overhead_s": overhead_s}
     table = CostTable(t, g, settings, draft=d)
     table.rows = ([table.forward("EXTEND"), table.forward("DECODE")]
                   + [table.forward("TARGET_VERIFY", B) for B in budgets]
@@ -372,6 +403,10 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
         f"TARGET_VERIFY(B): 1 + B tokens per request, logits on every row; free budget: verify <= "
         f"{FREE_FACTOR}x DECODE",
     ]
+    if tp > 1:
+        table.notes.append(f"TP{tp} over {link.name} ({link.bandwidth / 1e9:.0f} GB/s bus, {link.latency * 1e6:.1f} us per "
+                           "ring step): per-GPU time = roofline of 1/TP of FLOPs and weights (K/V by heads) + two "
+                           "ring all-reduces of the hidden states per layer + the logits' all-gather")
     if t.family == "mla":
         table.notes.append("MLA: DECODE/TARGET_VERIFY in the absorbed form over the cached latent "
                            "(kv_lora_rank + qk_rope_head_dim per token per layer), EXTEND decompressed")
@@ -396,16 +431,17 @@ class Speedup:
 
     @property
     def best(self) -> dict:
-        """The row with the highest predicted speedup (the smaller budget on a tie)."""
-        return max(self.rows, key=lambda r: (r["speedup"], -r["budget"]))
+        """The DDTree row with the highest predicted speedup (the smaller budget on a tie)."""
+        return max((r for r in self.rows if r.get("policy", "DDTree") == "DDTree"),
+                   key=lambda r: (r["speedup"], -r["budget"]))
 
     def __repr__(self) -> str:
         s = self.settings
         lines = [f"predicted speedup ({s['model']} on {s['gpu']}, batch {s['batch']}, prompt {s['prompt_len']}): "
                  f"best DDTree({self.best['budget']}) at {self.best['speedup']:.2f}x AR",
-                 f"  {'budget':>6} {'tau':>6} {'verify us':>10} {'draft us':>9} {'tok/s':>10} {'speedup':>8}"]
+                 f"  {'policy':<7}{'budget':>6} {'tau':>6} {'verify us':>10} {'draft us':>9} {'tok/s':>10} {'speedup':>8}"]
         for r in self.rows:
-            lines.append(f"  {r['budget']:>6} {r['tau']:>6.2f} {r['verify_s'] * 1e6:>10.1f} {r['draft_s'] * 1e6:>9.1f} "
+            lines.append(f"  {r.get('policy', 'DDTree'):<7}{r['budget']:>6} {r['tau']:>6.2f} {r['verify_s'] * 1e6:>10.1f} {r['draft_s'] * 1e6:>9.1f} "
                          f"{r['tokens_per_s']:>10.0f} {r['speedup']:>7.2f}x")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
@@ -448,24 +484,34 @@ def _taus(acceptance, budgets) -> dict[int, float]:
                     f"got {type(acceptance).__name__}")
 
 
-def speedup(table: CostTable, acceptance, budgets: Sequence[int] | None = None, overhead_s: float = 0.0) -> Speedup:
+def speedup(table: CostTable, acceptance, budgets: Sequence[int] | None = None, overhead_s: float | None = None,
+            dflash_tau: float | None = None) -> Speedup:
     """DDTree's predicted speedup over AR at each budget: a cycle commits tau(B) tokens per request for one
     drafter forward and one TARGET_VERIFY(B); AR commits 1 per DECODE forward. ``acceptance``: {budget: tau}
-    (from a sweep) or ``wb.analysis.budget_needed(trace)``; ``overhead_s``: per-cycle time outside the forwards."""
+    (from a sweep) or ``wb.analysis.budget_needed(trace)``; ``overhead_s``: per-cycle time outside the forwards
+    (default: the table's). ``dflash_tau``: linear DFlash's tau (same drafter, the chain of block_size - 1
+    drafted tokens): adds its row (policy "DFlash") and each DDTree row's ``vs_dflash``."""
     taus = _taus(acceptance, budgets)
     if not taus:
         raise ValueError("acceptance holds no budgets")
-    if isinstance(overhead_s, bool) or not isinstance(overhead_s, Real) or not 0 <= overhead_s < math.inf:
-        raise ValueError(f"overhead_s={overhead_s!r} must be a finite number of seconds >= 0")
+    overhead_s = table.settings.get("overhead_s", 0.0) if overhead_s is None else _seconds(overhead_s, "overhead_s")
     dec = table.decode["seconds"]
-    draft_s = table.forward("DRAFT")["seconds"] if table.draft is not None else 0.0
     b = table.settings["batch"]
-    rows = []
-    for B, tau in sorted(taus.items()):
-        ver = table.verify_seconds(B)
-        cyc = draft_s + ver + overhead_s
-        rows.append({"budget": B, "tau": tau, "verify_s": ver, "draft_s": draft_s, "cycle_s": cyc,
-                     "tokens_per_s": b * tau / cyc, "speedup": tau * dec / cyc})
+
+    def row(policy, B, tau):
+        c = table.cycle_seconds(B, overhead_s)
+        return {"policy": policy, "budget": B, "tau": tau, "verify_s": c["verify_s"], "draft_s": c["draft_s"],
+                "overhead_s": overhead_s, "cycle_s": c["cycle_s"], "tokens_per_s": b * tau / c["cycle_s"],
+                "speedup": tau * dec / c["cycle_s"]}
+
+    rows = [row("DDTree", B, tau) for B, tau in sorted(taus.items())]
+    if dflash_tau is not None:
+        chain = table.chain_budget
+        (tau,) = _taus({chain: dflash_tau}, None).values()
+        ref = row("DFlash", chain, tau)
+        for r in rows:
+            r["vs_dflash"] = r["speedup"] / ref["speedup"]
+        rows.append(ref)
     notes = [f"AR: {b / dec:.0f} tok/s ({dec * 1e6:.1f} us per DECODE forward); roofline times, no launch overhead"]
     if table.draft is None:
         notes.append("no draft_config: the drafter's forward is costed as 0 s (an upper bound)")

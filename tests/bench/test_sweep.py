@@ -1,0 +1,102 @@
+"""workbench.bench.sweep: the measured verify/draft sweep runs the engine's own states on embedded and
+random-weight models, refuses what would not fit before allocating, and reads back; the GPU check's sweep
+section runs on a tiny config on the CPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.bench import sweep as sw
+from workbench.shapes.measured import sweep_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A Qwen3 layout small enough to build and sweep in a second (the random-weight path, no checkpoint).
+TINY = dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+            tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, _name="tiny-qwen3")
+TINY_DRAFT = dict(TINY, num_hidden_layers=2, num_target_layers=3, block_size=8,
+                  dflash_config={"block_size": 8, "target_layer_ids": [0, 2]}, architectures=["DFlashDraftModel"],
+                  _name="tiny-dflash")
+
+
+def test_cut_configs_keep_widths_and_the_drafters_feature_count():
+    t, d = sw.cut_configs("qwen3-8b", "qwen3-8b-dflash-b16", layers=2, draft_layers=1)
+    assert (t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]) == (2, 4096, 151936)
+    assert d["num_hidden_layers"] == 1 and d["num_target_layers"] == 2
+    assert d["dflash_config"]["target_layer_ids"] == [1, 1, 1, 1, 1]  # five features (fc width), clamped into 2 layers
+    assert "2 of 36 layers" in t["_name"]
+    with pytest.raises(ValueError, match="layers=40 must be an integer from 1 to the config's 36"):
+        sw.cut_configs("qwen3-8b", None, layers=40)
+
+
+def test_a_sweep_that_would_not_fit_is_refused_in_one_line_before_allocating():
+    t, d = sw.cut_configs("qwen3-8b", "qwen3-8b-dflash-b16")
+    need = sw.needed_bytes(t, d, 1, 1, 16, "bfloat16")
+    assert need["weights"] > 15e9  # ~8B target + drafter layers in bf16
+    with pytest.raises(ValueError) as e:
+        sw.random_models("qwen3-8b", "qwen3-8b-dflash-b16", "cpu", "float32", rows=4096, nodes=64, context=4096)
+    msg = str(e.value)
+    assert "\n" not in msg and "qwen3-8b" in msg and "GiB" in msg and "cut layers" in msg
+    # more rows need more bytes (K/V and activations), the same weights
+    more = sw.needed_bytes(t, d, 16, 64, 512, "bfloat16")
+    assert more["weights"] == sw.needed_bytes(t, d, 1, 64, 512, "bfloat16")["weights"]
+    assert more["kv"] == 16 * sw.needed_bytes(t, d, 1, 64, 512, "bfloat16")["kv"]
+
+
+def test_sweep_times_every_point_and_reads_back(engine, tmp_path):
+    s = sw.sweep(engine, nodes=(1, 4), rows=(1, 2), context=24, repeats=2, warmup=1, device_profile=False)
+    verify, draft = s.select("verify"), s.select("draft")
+    assert [(p.rows, p.nodes) for p in verify] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [p.rows for p in draft] == [1, 2] and all(p.nodes == engine.models.block_size for p in draft)
+    assert all(len(p.samples) == 2 and min(p.samples) > 0 and p.ops > 0 for p in s.points)
+    assert all(p.keys == 24 + 4 for p in verify)  # static shapes: context + max(nodes) columns
+    sw.save(s, tmp_path / "s.json")
+    back = sw.load(tmp_path / "s.json")
+    assert [p.as_dict() for p in back.points] == [p.as_dict() for p in s.points]
+    err = sweep_error(back, device=(1e11, 1e10))
+    assert len(err.rows) == 6 and err.max_rel_error >= err.median_rel_error >= 0
+
+
+def test_random_weight_sweep_counts_more_ops_with_more_layers():
+    """The verify really runs the built model: one more target layer dispatches more ops, and the drafter's
+    forward gives finite logits."""
+    ops = {}
+    for layers in (1, 3):
+        m = sw.random_models(TINY, TINY_DRAFT, "cpu", "float32", layers=layers, rows=1, nodes=4, context=16)
+        s = sw.sweep(m, nodes=(4,), rows=(1,), context=16, repeats=1, warmup=0, device_profile=False)
+        ops[layers] = s.select("verify")[0].ops
+    assert ops[3] > ops[1]
+    d = sw._Draft(m, 1, 16, 0)
+    with torch.no_grad():
+        logits, _ = d.call()()
+    assert logits.shape == (1, 7, 256) and torch.isfinite(logits).all()
+
+
+def test_the_gpu_checks_sweep_section_runs_on_a_tiny_config_on_cpu():
+    from shared_checks import load_script
+
+    check = load_script(ROOT / "tests" / "gpu" / "check_cuda.py", "check_cuda_sweep")
+    out = check.cost_sweep("cpu", TINY, TINY_DRAFT, nodes=(1, 4), rows=(1, 2), context=16, repeats=1, warmup=0,
+                           dtype="float32")
+    assert out["ok"] and 0 <= out["median_rel_error"] <= out["max_rel_error"]
+    assert len(out["ms [median, [p25, p75]]"]) == 4 + 2  # verify rows x nodes + draft per rows (eager only on CPU)
+    json.dumps(out)
+
+
+def test_cli_reads_a_saved_sweep_and_refuses_bad_input(engine, tmp_path, capsys):
+    from workbench.cli import main
+
+    s = sw.sweep(engine, nodes=(1, 2), rows=(1,), context=20, repeats=1, warmup=0, draft=False)
+    sw.save(s, tmp_path / "s.json")
+    assert main(["sweep", "--from", str(tmp_path / "s.json"), "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert len(obj["model_error"]["rows"]) == 2 and obj["sweep"]["settings"]["context"] == 20
+    assert main(["sweep", "--nodes", "0,4"]) == 2
+    assert main(["sweep", "--pair", "hybrid", "--layers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["workbench: error: --nodes '0,4': each must be 1 or more",
+                   "workbench: error: --layers / --draft-layers cut a random-weight --config; an embedded pair runs whole"]
