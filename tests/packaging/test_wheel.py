@@ -1,31 +1,56 @@
-"""A wheel of the package works as well as the editable install.
+"""A wheel of the package works as well as the editable install, with only what it declares.
 
-The wheel is built from this checkout, installed without its dependencies into a fresh virtual
-environment that sees the CPU venv's site-packages (a .pth line: the dependencies, not the editable
-workbench, whose finder is only read from a site directory's own .pth files), and imported from
-outside the checkout: both embedded pairs load from the installed package data and run a cycle."""
+The wheel is built from this checkout and installed without its dependencies into a fresh virtual
+environment; the distributions its metadata requires (Requires-Dist without an extra, followed through
+theirs) are linked in from the CPU venv, and nothing else: no extra, no dflash. There, from outside the
+checkout: loading a pair and every CLI command that needs an extra say so in one line naming the pip
+command; with dflash added as its extra's note says (``--no-deps``), both embedded pairs load from the
+installed package data and run a cycle."""
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import venv
 import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
-SCRIPT = r"""
-import sys
+WITHOUT_EXTRAS = r"""
+import contextlib, importlib.util, io, sys
 import workbench as wb, ddtree_kernels
-prefix = sys.argv[1]
+from workbench.cli import main
+from workbench.extras import EXTRA_OF
+prefix, bench_file = sys.argv[1], sys.argv[2]
 for mod in (wb, ddtree_kernels):
     assert mod.__file__.startswith(prefix), f"{mod.__name__} imported from {mod.__file__}, not the wheel"
+present = [m for m in EXTRA_OF if importlib.util.find_spec(m) is not None]
+assert not present, f"not a core-only environment: {present}"
+try:
+    wb.load()
+    raise AssertionError("wb.load() ran without dflash")
+except ImportError as e:
+    print("load:", e)
+for argv in (["run", "--prompt", "def f():", "--max-new-tokens", "2"], ["serve"], ["report", bench_file],
+             ["bench", "--engine", "vllm", "--max-new-tokens", "4"], ["bench-serve"]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    print(argv[0], code, err.getvalue().strip().splitlines()[-1])
+"""
+
+WITH_DFLASH = r"""
+import sys
+import workbench as wb
 for name in ("dense", "hybrid"):
     engine = wb.load() if name == "dense" else wb.load(name)
     s = engine.session("def parse(line):", policy=wb.DDTree(budget=8), temperature=0.0, seed=0)
@@ -33,6 +58,31 @@ for name in ("dense", "hybrid"):
     assert c.committed >= 1, c
     print(name, "ok", c.committed)
 """
+
+
+def declared_closure(requires: list[str]) -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions ``requires`` (Requires-Dist lines) need, without any extra: what pip
+    would install for the wheel, as the CPU venv holds them."""
+    out: dict = {}
+    todo = [Requirement(r) for r in requires]
+    while todo:
+        r = todo.pop()
+        if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+            continue
+        key = canonicalize_name(r.name)
+        if key in out:
+            continue
+        out[key] = importlib.metadata.distribution(r.name)
+        todo += [Requirement(x) for x in out[key].requires or []]
+    return out
+
+
+def link_in(dist: importlib.metadata.Distribution, site: Path) -> None:
+    """``dist``'s top-level files and folders (its packages, its .dist-info) linked into ``site``."""
+    tops = {f.parts[0] for f in dist.files or [] if f.parts and f.parts[0] != ".."}
+    for top in tops:
+        if not (site / top).exists():
+            (site / top).symlink_to(dist.locate_file(top))
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +112,33 @@ def test_wheel_holds_every_package_and_asset(wheel):
     assert kernels <= names, sorted(kernels - names)
 
 
-def test_wheel_installs_imports_and_runs_both_pairs(wheel, tmp_path):
+def test_the_wheel_with_only_what_it_declares(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    # The CPU venv's packages come after the wheel's own site directory.
-    (site / "cpu_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps",
                     str(wheel)], check=True, capture_output=True)
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    declared = Parser().parsestr(zipfile.ZipFile(wheel).read(meta).decode()).get_all("Requires-Dist") or []
+    closure = declared_closure(declared)
+    assert "dflash" not in closure and "fastapi" not in closure  # extras, not dependencies
+    for dist in closure.values():
+        link_in(dist, site)
+    bench_file = tmp_path / "bench.jsonl"  # `report` imports its page writer before it reads a row
+    bench_file.write_text("{}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = subprocess.run([str(py), "-c", SCRIPT, str(site)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "dense ok" in run.stdout and "hybrid ok" in run.stdout, run.stdout
+
+    def run(script: str, *args: str) -> str:
+        r = subprocess.run([str(py), "-c", script, str(site), *args], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout
+
+    out = run(WITHOUT_EXTRAS, str(bench_file))
+    print(out)
+    assert "Traceback" not in out
+    link_in(importlib.metadata.distribution("dflash"), site)  # as `pip install --no-deps dflash==0.1.0` would
+    out = run(WITH_DFLASH)
+    assert "dense ok" in out and "hybrid ok" in out, out

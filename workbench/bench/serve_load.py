@@ -199,7 +199,10 @@ def bench_serve(model_args: list[str], prompts: list[str], clients: list[int], p
 
 
 def table(res: dict) -> str:
-    lines = [f"served engine under load: {res['policy']}, {res['max_new_tokens']} new tokens per session, "
+    from workbench.serve import wire
+
+    policy = wire.policy_from_wire(res["policy"])  # the wire's object, named as the CLI's --policy names it
+    lines = [f"served engine under load: {policy}, {res['max_new_tokens']} new tokens per session, "
              f"{res['repeats']} repeat(s), one step per request",
              f"{'clients':>7}  {'mode':<9} {'tok/s':>7}  {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}   batched/unbatched"]
     for r in res["rows"]:

@@ -506,6 +506,19 @@ def own_drafter(tdir: Path) -> Path:
                          "draft=<the DFlash drafter trained for it>")
 
 
+def require_dflash() -> None:
+    """The drafter's model code is dflash's, an extra (its metadata pins tqdm, requests and datasets exactly):
+    missing, one line naming the pip command, before anything loads."""
+    try:
+        import dflash.model  # noqa: F401
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "dflash":
+            raise
+        from workbench.extras import missing
+
+        raise ModuleNotFoundError(missing("loading a DFlash drafter", "dflash"), name="dflash") from None
+
+
 def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=None,
                 trust_remote_code: bool = False) -> Models:
     """Load and validate a (target, drafter) pair from local directories (defaults: the embedded pair).
@@ -515,6 +528,7 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
     the device of the target's embedding. ``trust_remote_code``: run a checkpoint's own Python code.
     """
     tdir, ddir = pair_dirs(target, draft)
+    require_dflash()
     dev = resolve_device(device)
     if dev.type == "cpu":
         from workbench.models.run import quiet_cpu_kernel_notes

@@ -25,8 +25,9 @@ try:
     import fastapi  # noqa: F401  (app.py builds on it)
     import uvicorn
 except ImportError as e:  # the engine and wb.connect run without the server's stack
-    raise ImportError(f"`workbench serve` needs the {e.name!r} package, which is not installed: "
-                      "pip install -e '.[serve]' (fastapi, uvicorn)", name=e.name) from e
+    from workbench.extras import missing
+
+    raise ImportError(missing("`workbench serve`", e.name or "fastapi"), name=e.name) from e
 
 from workbench.serve.app import create_app
 from workbench.serve.store import Limits, ServeError, SessionStore

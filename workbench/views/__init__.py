@@ -5,7 +5,6 @@
     views.Stepper(engine.session("def f(x):"))          # a notebook widget; .step(), .run(n), .reset()
     views.save_html(fig, "tree.html"); views.write_report("run.jsonl", "report.html")
 """
-NOTEBOOK_STACK = "pip install plotly ipywidgets anywidget"
 
 try:
     from workbench.views.analysis_figures import budget_needed_figure, policy_compare_figure, reliability_figure
@@ -20,8 +19,10 @@ try:
     from workbench.views.batch_stepper import BatchStepper
 except ImportError as e:  # the engine runs without the notebook stack; only the views need it
     if e.name and e.name.split(".")[0] in ("plotly", "ipywidgets"):
-        raise ImportError(f"workbench.views needs the {e.name.split('.')[0]!r} package, which is not installed; "
-                          f"the engine and CLI run/bench work without it ({NOTEBOOK_STACK})", name=e.name) from e
+        from workbench.extras import missing
+
+        raise ImportError(missing("workbench.views (the engine and CLI run/bench work without it)", e.name),
+                          name=e.name) from e
     raise
 
 from workbench.views.static import install_png_renderer

@@ -1,0 +1,27 @@
+"""bench-serve's own checks, before any server starts, and its table's policy by name (issue 44)."""
+from __future__ import annotations
+
+import time
+
+from workbench.__main__ import main
+
+
+def test_more_new_tokens_than_its_servers_allow_is_refused_before_they_start(capsys):
+    t = time.perf_counter()
+    assert main(["bench-serve", "--max-new-tokens", "5000", "--clients", "1"]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - t < 5  # no server was started (each loads the pair)
+    assert "--max-new-tokens 5000: bench-serve's servers allow 1024 new tokens per session" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_table_names_the_policy():
+    from workbench.bench.serve_load import table
+    from workbench.engine.policies import parse_policy
+    from workbench.serve import wire
+
+    row = {"tok_s": 10.0, "p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0}
+    res = {"policy": wire.policy_to_wire(parse_policy("ddtree:16")), "max_new_tokens": 48, "repeats": 1,
+           "rows": [{"clients": 1, "batched": row, "unbatched": row, "batched_over_unbatched": [1.0]}]}
+    head = table(res).splitlines()[0]
+    assert head.startswith(f"served engine under load: {parse_policy('ddtree:16')}, 48 new tokens") and "{" not in head
