@@ -15,8 +15,7 @@ TARGET = os.environ.get("WB_TARGET", "/models/Qwen3-8B")              # your tar
 DRAFT = os.environ.get("WB_DRAFT", "/models/Qwen3-8B-DFlash-b16")     # its DFlash drafter
 has_cuda = torch.cuda.is_available()
 if not (os.path.isdir(TARGET) and os.path.isdir(DRAFT)):
-    sys.path.insert(0, str(pathlib.Path(wb.__file__).parents[1] / "tests"))
-    from real_layouts import write_draft, write_qwen3     # the test suite's writers of published layouts
+    from workbench.models.stand_ins import write_draft, write_qwen3     # tiny random models in published layouts
     stand_in = pathlib.Path(tempfile.mkdtemp())
     TARGET, DRAFT = write_qwen3(stand_in / "target"), write_draft(stand_in / "draft", "zlab")
     print("stand-in: a tiny random Qwen3 target and DFlash drafter in the published layout")

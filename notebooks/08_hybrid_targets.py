@@ -9,7 +9,7 @@
 # full size? (5) DDTree against DFlash on a hybrid pair.
 
 # %%
-import sys, tempfile
+import tempfile
 from pathlib import Path
 import torch
 import workbench as wb
@@ -24,8 +24,7 @@ if PAIR == "hybrid":
 else:  # a random Qwen3.5 checkpoint in the layout Qwen3.5 / 3.6 ship in (text model under text_config), random drafter
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    sys.path.insert(0, str(Path("..") / "tests"))
-    from tiny_hybrid import make_hybrid_pair
+    from workbench.models.stand_ins import make_hybrid_pair
     target_dir, draft_dir = make_hybrid_pair(Path(tempfile.mkdtemp()), "qwen3_5", nested=True, vocab=24)
     engine = wb.load(target=target_dir, draft=draft_dir)
 model = engine.models.target

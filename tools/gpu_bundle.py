@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/gpu_bundle.py --out gpu-bundle      # then copy gpu-bundle/ to the host
 
-The host (as described in the README's GPU section) has Python 3.12, torch 2.11 (CUDA 13),
+The host (as described in docs/gpu.md) has Python 3.12, torch 2.11 (CUDA 13),
 triton 3.6, transformers 5.17, tokenizers 0.23.2, safetensors, numpy and nvcc. The bundle holds:
 
   wheels/         Python 3.12 manylinux wheels: dflash==0.1.0 (installed --no-deps: dflash.model

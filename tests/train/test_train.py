@@ -216,7 +216,7 @@ def test_default_recipe_is_the_one_that_trained_the_shipped_target():
     assert {k: v for k, v in shipped.items() if k in default} == {
         k: (list(v) if isinstance(v, tuple) else v) for k, v in default.items() if k in shipped}
     assert set(V1) <= set(default) and any(V1[k] != default[k] for k in V1)
-    assert default["ul_rounds"] == 0 and default["kd_weight"] == 0.0  # tried, not shipped (README)
+    assert default["ul_rounds"] == 0 and default["kd_weight"] == 0.0  # tried, not shipped (docs/training.md)
 
 
 def _repeats_oracle(row: list[int], start: int, n: int) -> list[bool]:

@@ -52,7 +52,7 @@ class Recipe:
     table_keep_one_in: int = 4  # generated codec tables kept in the target's corpus (1 in N)
     # The loops phase (off: ul_rounds 0): rounds of unlikelihood against the target's own greedy
     # repeats. Tried on the 6-layer target, it raised the distinct-token share to ~0.6 but the
-    # target escaped its loops into junk tokens (README, "The embedded default").
+    # target escaped its loops into junk tokens (docs/training.md, "Earlier pairs").
     ul_rounds: int = 0
     ul_steps: int = 10  # steps per round; each round continues fresh prompts first
     ul_prompts: int = 32
@@ -68,7 +68,7 @@ class Recipe:
     # z-lab's rule (1 to N-3, one id per draft layer) would give 2 ids of 6 layers; 4 ids read more.
     target_layer_ids: tuple[int, ...] = (1, 2, 3, 4)
     block_size: int = 16
-    distill_prompts: int = 12288  # 6,144 before: twice the data raised DFlash tau 2.66 / 2.81 to 2.77 / 3.07 (README)
+    distill_prompts: int = 12288  # 6,144 before: twice the data raised DFlash tau 2.66 / 2.81 to 2.77 / 3.07 (docs/training.md)
     distill_prompt_tokens: int = 96
     distill_new_tokens: int = 96
     short_share: float = 0.55  # share of distillation prompts in the short shapes people type
