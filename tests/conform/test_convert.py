@@ -208,3 +208,70 @@ def test_pack_flashinfer_matches_numpy_little_bitorder():
 def test_parents_from_links_refuses_a_cycle():
     with pytest.raises(ValueError, match="twice or out of range"):
         parents_from_links(torch.tensor([1, 0]), torch.tensor([-1, -1]))
+
+
+def test_sglang_hook_on_a_stand_in_worker_module(tmp_path):
+    """hooks_sglang.install wraps eagle_sample where the worker calls it; a stand-in module plays SGLang's (the
+    real worker needs a GPU): the dump holds each request's tree, visibility, target top-k and accept."""
+    import types
+
+    from ddtree_kernels.mask_layout import flat_tree_mask as flat
+    from workbench.conform import hooks_sglang
+
+    g = torch.Generator().manual_seed(9)
+    n, seq = 5, [3, 6]
+    tree = tree_of([torch.tensor([-1, 0, 1, 0, 3]), torch.tensor([-1, 0, 0, 1, 2])], g)
+    ct = compile_tree(tree, torch.tensor(seq), n - 1)
+    vi = types.SimpleNamespace(draft_token=tree.tokens.reshape(-1), positions=ct.positions.reshape(-1),
+                               custom_mask=flat(ct.visibility, torch.tensor(seq), "FULL_MASK"),
+                               retrieve_index=ct.retrieve_index, retrieve_next_token=ct.retrieve_next_token,
+                               retrieve_next_sibling=ct.retrieve_next_sibling)  # sglang 0.5.23's spelling
+    logits = torch.randn(2 * n, 40, generator=g)
+    accept_index = torch.tensor([[0, 1, -1, -1], [5, -1, -1, -1]], dtype=torch.int32)
+    predict = torch.arange(2 * n, dtype=torch.int32)
+
+    def eagle_sample(verify_input, batch, logits_output):  # what SGLang's returns: (predict, lens, accept_index)
+        return predict, None, accept_index
+
+    mod = types.ModuleType("stand_in_worker")
+    mod.eagle_sample = eagle_sample
+    dump = hooks_sglang.install(tmp_path / "sg.dump", {"vocab_size": 40}, "DDTree(4)", module=mod, topk=3)
+    batch = types.SimpleNamespace(seq_lens=torch.tensor(seq), reqs=[types.SimpleNamespace(rid="a"),
+                                                                    types.SimpleNamespace(rid="b")])
+    assert mod.eagle_sample(vi, batch, types.SimpleNamespace(next_token_logits=logits))[2] is accept_index
+    hooks_sglang.uninstall(mod)
+    assert mod.eagle_sample is eagle_sample and dump.writer.closed
+    head, recs = read_dump(tmp_path / "sg.dump")
+    cycles = [r for r in recs if r.kind == "cycle"]
+    assert head["engine"]["name"] == "sglang" and [c.request for c in cycles] == ["a", "b"]
+    for b, c in enumerate(cycles):
+        assert c["tree_parents"].tolist() == tree.parents[b].tolist()
+        assert torch.equal(dense_visibility(c), expected_visibility(tree.parents[b], seq[b]))
+        assert c["target_topk_ids"].tolist() == logits[b * n:(b + 1) * n].topk(3).indices.tolist()
+    assert cycles[0]["accepted_nodes"].tolist() == [0, 1] and cycles[0]["bonus"] == 1
+    assert cycles[1]["accepted_nodes"].tolist() == [0] and cycles[1]["bonus"] == 5
+    assert "notes" not in cycles[0] and "draft (draft_topk_ids or draft_topk_values or draft_logits)" in cycles[0].missing()
+
+
+def test_vllm_tree_hook_wraps_a_proposer_method(tmp_path):
+    from workbench.conform.hooks_vllm import VllmTreeDump
+
+    g = torch.Generator().manual_seed(10)
+    parents = torch.tensor([-1, 0, 0, 1])
+    tokens, depth = torch.randint(0, 30, (4,), generator=g), torch.tensor([0, 1, 1, 2])
+    bias = torch.where(ancestor_closure(parents), 0.0, float("-inf"))
+
+    class Proposer:  # stands in for a vLLM tree proposer
+        def verify(self, step):
+            return step
+
+    p = Proposer()
+    dump = VllmTreeDump(tmp_path / "v.dump", {"vocab_size": 30}, "DDTree(3)")
+    dump.wrap(p, "verify", lambda args, kw, result: [dict(request_id="r", step=result, tokens=tokens,
+                                                          positions=9 + depth, attn_bias=bias, context_len=9,
+                                                          parents=parents if result == 0 else None)])
+    assert p.verify(0) == 0 and p.verify(1) == 1
+    dump.close()
+    c0, c1 = [r for r in read_dump(tmp_path / "v.dump")[1] if r.kind == "cycle"]
+    assert torch.equal(dense_visibility(c0), ancestor_closure(parents)) and c0["cycle"] == 0 and c1["cycle"] == 1
+    assert c1["notes"].startswith("tree_parents:") and "tree_parents" in c1.missing()

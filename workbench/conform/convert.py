@@ -24,6 +24,11 @@ from ddtree_kernels.tree_compile import ancestor_matrix
 
 SGLANG_VERIFY_TENSORS = ("draft_token", "custom_mask", "positions", "retrive_index", "retrive_next_token",
                          "retrive_next_sibling")
+# sglang 0.5.23 spells them retrieve_*; older releases (and the DDTree pull request's base) retrive_*
+SPELLINGS = {"retrive_index": ("retrieve_index", "retrive_index"),
+             "retrive_next_token": ("retrieve_next_token", "retrive_next_token"),
+             "retrive_next_sibling": ("retrieve_next_sibling", "retrive_next_sibling"),
+             "retrive_parent_token": ("retrieve_parent_token", "retrive_parent_token")}
 
 
 # ------------------------------------------------------------------------------------------ trees
@@ -237,12 +242,16 @@ def _sglang_masks(custom_mask, mode: str, seq: list[int], n: int, notes: list[st
 def from_verify_input(spec_info, seq_lens, mask_mode: str = "FULL_MASK", **outputs) -> tuple[list[dict], list[str]]:
     """``sglang_verify_fields`` on an ``EagleVerifyInput`` (or anything with its attribute names). A tensor
     the object does not hold is named in one line; without the tree links nothing can be converted."""
-    got = {name: getattr(spec_info, name, None) for name in SGLANG_VERIFY_TENSORS}
+    def read(name):
+        return next((getattr(spec_info, n) for n in SPELLINGS.get(name, (name,))
+                     if getattr(spec_info, n, None) is not None), None)
+
+    got = {name: read(name) for name in SGLANG_VERIFY_TENSORS}
     absent = [name for name, v in got.items() if v is None and name != "custom_mask"]
     if absent:
         raise ValueError(f"{type(spec_info).__name__} has no {', '.join(absent)}: not an EagleVerifyInput layout "
-                         f"(needs {', '.join(SGLANG_VERIFY_TENSORS)})")
-    parent = getattr(spec_info, "retrive_parent_token", None)
+                         f"(needs {', '.join(SGLANG_VERIFY_TENSORS)}; retrieve_* spellings too)")
+    parent = read("retrive_parent_token")
     return sglang_verify_fields(got["draft_token"], got["positions"], got["retrive_index"], got["retrive_next_token"],
                                 got["retrive_next_sibling"], seq_lens, got["custom_mask"], mask_mode,
                                 retrive_parent_token=parent if isinstance(parent, Tensor) else None, **outputs)

@@ -119,6 +119,8 @@ CYCLE_FIELDS = (
           "the engine's own count of tokens in its cache after this step (its host mirror)"),
     Field("state_from", "tensor", "int", "[n]", "recurrent state",
           "hybrid targets: the node whose recurrent state each node continued from (-1: the committed state)"),
+    Field("notes", "str", "", "", "record",
+          "what the writer could not read for this record, one line per field (a converter's notes)"),
 )
 REQUEST_FIELDS = (
     Field("kind", "str", "", "", "record", '"request"'),
@@ -218,7 +220,7 @@ class Record:
         for name, f in self._spec.items():
             if f.alt:
                 groups.setdefault(f.alt, []).append(name)
-            elif name not in self.raw:
+            elif name not in self.raw and name != "notes":  # no notes: nothing went unread
                 out.append(name)
         out += [f"{g} ({' or '.join(names)})" for g, names in groups.items() if not any(n in self.raw for n in names)]
         return out
