@@ -19,6 +19,7 @@ from workbench.engine.validate import as_arg
 
 EXIT_FAILED = 1  # the command ran, but what it checks failed (the lossless check)
 EXIT_USAGE = 2  # bad input
+SERVED_MAX_NEW_TOKENS = 1024  # `serve --max-new-tokens`'s default: the limit of bench-serve's servers too
 
 
 class UsageError(Exception):
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off,sweep}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
@@ -181,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.payoff.command import add_parser as add_pays_off_parser  # the command's code lives there
 
     add_pays_off_parser(sub)
+    from workbench.bench.sweep import add_parser as add_sweep_parser  # the command's code lives there
+
+    add_sweep_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
     p.add_argument("--budgets", default=None,
@@ -592,7 +596,8 @@ def _add_serve_parser(sub) -> None:
     g.add_argument("--session-ttl", type=_finite_float, default=600.0, metavar="S",
                    help="drop a session idle for S seconds (default 600)")
     g.add_argument("--max-sessions", type=_positive_int, default=16, help="live sessions at once (default 16)")
-    g.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="per session (default 1024)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=SERVED_MAX_NEW_TOKENS,
+                   help=f"per session (default {SERVED_MAX_NEW_TOKENS})")
     g.add_argument("--max-budget", type=_positive_int, default=1024, help="largest DDTree budget (default 1024)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=2**20, metavar="N",
                    help="largest request body; a larger one is answered 413 unread (default 1 MiB)")
@@ -625,6 +630,15 @@ def _add_bench_serve_parser(sub) -> None:
 
 
 def cmd_bench_serve(args, out, err) -> int:
+    import importlib.util
+
+    for name in ("fastapi", "uvicorn"):  # its servers would fail to start, one by one: said before any starts
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)  # main() names the extra
+    if args.max_new_tokens > SERVED_MAX_NEW_TOKENS:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: bench-serve's servers allow "
+                         f"{SERVED_MAX_NEW_TOKENS} new tokens per session (serve's default limit); give "
+                         f"{SERVED_MAX_NEW_TOKENS} or fewer")
     from workbench.bench.prompts import eval_prompts
     from workbench.bench.serve_load import bench_serve, table
     from workbench.engine.policies import parse_policy
@@ -655,6 +669,12 @@ def cmd_bench_serve(args, out, err) -> int:
     return 0
 
 
+def cmd_sweep(args, out, err) -> int:
+    from workbench.bench.sweep import run_command
+
+    return run_command(args, out, err)
+
+
 def cmd_pays_off(args, out, err) -> int:
     from workbench.payoff.command import run
 
@@ -668,7 +688,7 @@ def cmd_serve(args, out, err) -> int:
 
 
 COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve,
-            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off}
+            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off, "sweep": cmd_sweep}
 
 
 def main(argv=None) -> int:
@@ -682,6 +702,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("workbench: interrupted", file=err)
         return 130
+    except ImportError as e:  # an optional extra (or dflash) not installed: the pip command, in one line
+        from workbench.extras import missing_package
+
+        if os.environ.get("WORKBENCH_DEBUG") or (e.name or "").split(".")[0] in ("workbench", "ddtree_kernels"):
+            raise  # our own module missing is a bug: its traceback
+        print(f"workbench: error: {missing_package(e, f'`workbench {args.command}`')}", file=err)
+        return EXIT_USAGE
     except (UsageError, ValueError, RuntimeError, OSError) as e:
         if os.environ.get("WORKBENCH_DEBUG"):  # the full traceback, for bug reports
             raise
