@@ -35,11 +35,27 @@ def pair_identity(models) -> dict:
             "hybrid": "linear_attention" in (getattr(t, "layer_types", None) or ())}
 
 
+def cycle_fields(c: Cycle) -> dict:
+    """The dump fields a ``Cycle`` record holds: the tree, its verify inputs (positions, dense visibility),
+    the drafter's top-k log-probs, the target's top-2 and choice, the accepted path (what any engine that
+    records Cycles can write; the drafter's context and the commit come from the engine itself)."""
+    f = {"cycle": c.index, "policy": c.policy, "context_len": c.start, "root_token": c.root_token,
+         "tree_tokens": c.tokens, "tree_parents": c.parents, "tree_depths": c.depth, "verify_ids": c.tokens,
+         "verify_positions": c.position_ids, "visibility_form": "dense", "visibility": c.visibility,
+         "target_choice": c.target_choice, "accepted_nodes": c.accepted_nodes, "bonus": c.bonus,
+         "state_from": c.state_from}
+    if c.draft_topk_tokens.numel():  # none where no draft ran (a request at its last token)
+        f.update(draft_topk_ids=c.draft_topk_tokens, draft_topk_values=c.draft_topk_logprobs, draft_values="logprobs")
+    if c.target_top2_tokens is not None:
+        f.update(target_topk_ids=c.target_top2_tokens, target_topk_values=c.target_top2_logits)
+    return f
+
+
 class EngineDump:
     """One dump written by one ``Session`` or ``BatchSession`` (its requests share the file)."""
 
     def __init__(self, engine, requests: list, rows, path):
-        from workbench import __version__
+        from workbench.version import __version__
 
         m = engine.models
         self.models, self.rows, self.requests = m, rows, list(requests)
@@ -93,8 +109,7 @@ class EngineDump:
     def _fields(self, request, parts: CycleParts, c: Cycle, row: int) -> dict:
         m = self.models
         drafts = self._step_drafts
-        f = {"cycle": c.index, "row": row, "rows": self.rows.rows, "policy": c.policy,  # rows: retired after the records
-             "context_len": c.start, "root_token": c.root_token}
+        f = {"row": row, "rows": self.rows.rows, **cycle_fields(c)}  # rows: retired only after the records
         if drafts is not None:  # the forward ran for every row (one that keeps no slot this step too)
             root, start, ctx, cache_len, static = drafts[row]
             first = cache_len if static else start - ctx
@@ -103,17 +118,8 @@ class EngineDump:
                      draft_context_positions=torch.arange(first, first + ctx),
                      draft_block_tokens=torch.tensor([root] + [m.mask_token_id] * (m.block_size - 1)),
                      draft_block_positions=torch.arange(start, start + m.block_size))
-        if c.draft_topk_tokens.numel():
-            f.update(draft_topk_ids=c.draft_topk_tokens, draft_topk_values=c.draft_topk_logprobs,
-                     draft_values="logprobs")
-        f.update(tree_tokens=c.tokens, tree_parents=c.parents, tree_depths=c.depth, verify_ids=c.tokens,
-                 verify_positions=c.position_ids, visibility_form="dense", visibility=c.visibility,
-                 target_choice=c.target_choice, accepted_nodes=c.accepted_nodes, bonus=c.bonus,
-                 committed_tokens=torch.tensor(parts.committed.tokens[: parts.kept], dtype=torch.long),
-                 kv_kept_nodes=c.accepted_nodes if parts.committed.nodes is None else parts.committed.nodes,
-                 state_from=c.state_from)
-        if c.target_top2_tokens is not None:
-            f.update(target_topk_ids=c.target_top2_tokens, target_topk_values=c.target_top2_logits)
+        f.update(committed_tokens=torch.tensor(parts.committed.tokens[: parts.kept], dtype=torch.long),
+                 kv_kept_nodes=parts.committed.nodes)
         lengths = getattr(self.rows.target, "lengths", None)
         if lengths is not None and row < len(lengths):
             f["next_context_len"] = int(lengths[row])
