@@ -91,3 +91,15 @@ def test_the_checks_name_a_planted_fault(tmp_path):
 def test_build_refuses_an_unknown_notebook_with_the_known_ones():
     with pytest.raises(SystemExit, match="no notebook source starts with '99': one of 01_quickstart"):
         builder().main(["99"])
+
+
+def test_nbval_collects_every_notebook_and_no_source():
+    """`make test` runs every notebook under nbval; a source beside it is not mistaken for a test module."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "notebooks"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    collected = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}
+    assert collected == {f"notebooks/{p.name}" for p in NOTEBOOKS.glob("*.ipynb")}
