@@ -1,10 +1,13 @@
-"""The package's import graph: module-level imports between workbench's modules, and any circle in it.
+"""The package's import graph: imports between workbench's modules (function-level ones too), and any circle.
 
     python tools/import_graph.py            # rooms (packages) and arrows between them, then circles
     python tools/import_graph.py --dot      # Graphviz of the same, one node per package
 
-Only imports that run when a module is imported count (the module body, not function bodies): those are
-the ones that can make a circle. ``tests/packaging/test_import_graph.py`` asserts there is none.
+It also lists private names (``_x``) used across module boundaries (``private_reach_ins``): none may be.
+
+Every import counts, the module body's and those inside function bodies alike: a function-level import
+only defers a circle to the first call, it does not remove it. Imports under ``if TYPE_CHECKING:`` are left
+out (type hints only, never run). ``tests/packaging/test_import_graph.py`` asserts there is no circle.
 """
 from __future__ import annotations
 
@@ -24,36 +27,37 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def top_level_imports(path: Path, name: str) -> set[str]:
-    """Modules of workbench that ``path`` imports at module level (``if TYPE_CHECKING`` excluded)."""
+def imports_of(path: Path, name: str) -> set[str]:
+    """Modules of workbench that ``path`` imports anywhere in its body (``if TYPE_CHECKING`` excluded)."""
     tree = ast.parse(path.read_text())
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
 
-    def visit(body):
-        for node in body:
-            if isinstance(node, ast.If):
-                test = ast.unparse(node.test)
-                if "TYPE_CHECKING" not in test:
-                    visit(node.body)
-                    visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-            elif isinstance(node, ast.Import):
-                out.update(a.name for a in node.names if a.name.startswith("workbench"))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    pkg = name if is_pkg else name.rsplit(".", 1)[0]
-                    for _ in range(node.level - 1):
-                        pkg = pkg.rsplit(".", 1)[0]
-                    base = f"{pkg}.{base}" if base else pkg
-                if not base.startswith("workbench"):
-                    continue
+    def visit(node: ast.AST) -> None:  # every statement, function and class bodies included
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for n in child.orelse:  # the `else:` of a TYPE_CHECKING block does run
+                    visit_one(n)
+            else:
+                visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("workbench"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name if is_pkg else name.rsplit(".", 1)[0]
+                for _ in range(node.level - 1):
+                    pkg = pkg.rsplit(".", 1)[0]
+                base = f"{pkg}.{base}" if base else pkg
+            if base.startswith("workbench"):
                 for a in node.names:  # `from workbench.engine import stages` imports that module alone
                     out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
+        else:
+            visit(node)
 
-    visit(tree.body)
+    visit(tree)
     return out
 
 
@@ -64,7 +68,7 @@ def graph() -> dict[str, set[str]]:
     """module -> the modules it imports by name. Python also runs every enclosing package's __init__ first;
     those implicit edges are left out, as import linters do (otherwise every module would sit in a circle
     with the top-level package, which imports the public API)."""
-    return {name: {d for d in top_level_imports(path, name) if d in MODULES and d != name}
+    return {name: {d for d in imports_of(path, name) if d in MODULES and d != name}
             for name, path in MODULES.items()}
 
 
@@ -121,6 +125,79 @@ def room_arrows(g: dict[str, set[str]]) -> dict[str, set[str]]:
     return arrows
 
 
+# --------------------------------------------------------------------------------------------- private names
+KERNELS = ROOT / "kernels"  # installed as ddtree_kernels
+
+
+def _our_name(path: Path) -> str:
+    if path.is_relative_to(KERNELS):
+        rel = path.relative_to(KERNELS).with_suffix("")
+        parts = ["ddtree_kernels", *rel.parts]
+    else:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reach_ins(files=None) -> list[str]:
+    """Private names (``_x``) used across a module boundary, one line each ("path:line: what").
+
+    Ours (workbench, ddtree_kernels): ``from m import _x`` and ``m._x`` on a module bound by an import, from any
+    other module. A third-party private (``dflash.model._draft_value``, ``torch.autograd._profiler_enabled``)
+    may be used in one module of ours only, the one place that wraps it."""
+    files = list(files) if files is not None else [*PACKAGE.rglob("*.py"), *KERNELS.rglob("*.py")]
+    ours = ("workbench", "ddtree_kernels")
+    out: list[str] = []
+    foreign: dict[str, list[str]] = {}
+    for path in files:
+        name, is_pkg = _our_name(path), path.name == "__init__.py"
+        tree = ast.parse(path.read_text())
+        modules: dict[str, str] = {}  # local name -> the module it is bound to
+        where = f"{path.relative_to(ROOT)}"
+
+        def report(line: int, module: str, attr: str, how: str) -> None:
+            if module.split(".")[0] in ours:
+                if module != name:
+                    out.append(f"{where}:{line}: {how}")
+            else:
+                foreign.setdefault(f"{module}.{attr}", []).append(f"{where}:{line}")
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = name if is_pkg else name.rsplit(".", 1)[0]
+                    for _ in range(node.level - 1):
+                        pkg = pkg.rsplit(".", 1)[0]
+                    base = f"{pkg}.{base}" if base else pkg
+                for a in node.names:
+                    if _private(a.name):
+                        report(node.lineno, base, a.name, f"from {base} import {a.name}")
+                    else:  # `from pkg import module` binds a module (or a name; attributes of either are checked)
+                        modules[a.asname or a.name] = f"{base}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    modules[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                chain, v = [], node.value
+                while isinstance(v, ast.Attribute):
+                    chain.append(v.attr)
+                    v = v.value
+                if isinstance(v, ast.Name) and v.id in modules and not any(_private(c) for c in chain):
+                    module = ".".join([modules[v.id], *reversed(chain)])
+                    report(node.lineno, module, node.attr, f"{ast.unparse(node)} ({module})")
+    for what, uses in sorted(foreign.items()):
+        if len({u.rsplit(":", 1)[0] for u in uses}) > 1:
+            out.append(f"{what} (a third-party private) used in more than one module: {', '.join(uses)}")
+    return out
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     g = graph()
@@ -135,11 +212,16 @@ def main(argv=None) -> int:
     for a in sorted({room(m) for m in g}):
         print(f"{a:28s} -> {', '.join(sorted(arrows.get(a, ()))) or '-'}")
     found = circles(g)
-    print(f"\n{len(g)} modules, {sum(len(v) for v in g.values())} module-level imports, "
+    print(f"\n{len({room(m) for m in g})} rooms, {sum(len(v) for v in arrows.values())} arrows between them; "
+          f"{len(g)} modules, {sum(len(v) for v in g.values())} imports (function-level included), "
           f"{len(found)} circle(s)")
     for c in found:
         print("  circle: " + " <-> ".join(c))
-    return 1 if found else 0
+    private = private_reach_ins()
+    print(f"{len(private)} private name(s) used across modules")
+    for line in private:
+        print("  " + line)
+    return 1 if found or private else 0
 
 
 if __name__ == "__main__":

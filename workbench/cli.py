@@ -98,7 +98,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbench import __version__
+    from workbench.version import __version__
     from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
 
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")

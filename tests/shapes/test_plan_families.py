@@ -48,7 +48,8 @@ def test_param_formulas_equal_the_meta_model(name):
     import transformers
 
     t = families.text_config(load(name))
-    _, config_cls, model_cls = families.FAMILIES[t["model_type"]]
+    row = families.FAMILIES[t["model_type"]]
+    config_cls, model_cls = row.config_class, row.model_class
     conf = getattr(transformers, config_cls)(**{k: v for k, v in t.items() if not k.startswith("_")})
     with torch.device("meta"):
         model = getattr(transformers, model_cls)(conf)

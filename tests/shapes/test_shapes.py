@@ -11,7 +11,7 @@ import torch
 import workbench as wb
 from workbench.shapes.hooks import hooks_installed
 from workbench.records.forward import ForwardMode
-from workbench.shapes import CONFIGS, _target_record
+from workbench.shapes import CONFIGS, target_record
 
 PROMPT = "t1 t2 t3 t4 t5"
 
@@ -125,7 +125,7 @@ def test_table_compare_and_errors(traces):
     dd = traces["DDTree(16)"]
     t = wb.shapes.table(dd, mode="TARGET_VERIFY", model="target")
     rows = {(r["module"], r["io"], r["tensor"]): r for r in t}
-    c = next(c for c in dd if _target_record(c).modules)  # the captured cycle
+    c = next(c for c in dd if target_record(c).modules)  # the captured cycle
     n = int(c.tokens.shape[0])
     assert rows[("model.layers.*.self_attn.q_proj", "out", "output")]["layers"] == "0-3 (x4)"
     assert rows[("(forward)", "out", "logits")]["shape"] == [1, n, 64]
@@ -169,7 +169,7 @@ def _broken(trace, cycle_pred, change):
 
 
 def _with_target(c, **kw):
-    rec = _target_record(c)
+    rec = target_record(c)
     new = dataclasses.replace(rec, **kw)
     return dataclasses.replace(c, forwards=tuple(new if r is rec else r for r in c.forwards))
 
@@ -181,10 +181,10 @@ def _has_siblings(c):
 
 BREAKS = {
     # one logits row per request instead of one per verified token
-    "logits rows": lambda c: _with_target(c, outputs={**_target_record(c).outputs,
+    "logits rows": lambda c: _with_target(c, outputs={**target_record(c).outputs,
                                                       "logits": {"shape": [1, 1, 64], "dtype": "float32"}}),
     # hidden states kept for the last token only
-    "hidden states": lambda c: _with_target(c, outputs={**_target_record(c).outputs,
+    "hidden states": lambda c: _with_target(c, outputs={**target_record(c).outputs,
                                                         "draft_context": {"shape": [1, 1, 64], "dtype": "float32"}}),
     # positions by index, not depth: siblings would get different positions
     "positions": lambda c: dataclasses.replace(c, position_ids=c.start + torch.arange(c.tokens.shape[0])),
@@ -210,7 +210,7 @@ def test_each_contract_fails_on_broken_input(traces, check):
 def test_tree_mask_shape_contract_fails_on_wrong_mask_shape(traces):
     good = traces["DFlash"]
     broken, _ = _broken(good, lambda c: c.tokens.shape[0] > 1, lambda c: _with_target(
-        c, inputs={**_target_record(c).inputs, "attention_mask": {"shape": [1, 1, 8, 8], "dtype": "bool"}}))
+        c, inputs={**target_record(c).inputs, "attention_mask": {"shape": [1, 1, 8, 8], "dtype": "bool"}}))
     res = wb.shapes.check_contracts(broken)
     assert [r["check"] for r in res.failures()] == ["tree mask = ancestors"]
     assert "[1, 1, 8, 8]" in res.failures()[0]["got"]
@@ -265,7 +265,7 @@ def test_plan_matches_a_real_run(tiny):
     p = wb.shapes.plan(cfg, batch=1, prompt_len=5, budget=7, draft_config=dcfg, dtype="float32")
     s = tiny.session(PROMPT, policy=wb.DFlash(), max_new_tokens=24, capture=wb.shapes.ShapeCapture(tiny))
     c = s.step()
-    real = {(m["name"], k): v for m in _target_record(c).modules for k, v in m["outputs"].items()}
+    real = {(m["name"], k): v for m in target_record(c).modules for k, v in m["outputs"].items()}
     planned = {(m["name"], k): v for m in dict(p.forwards)["DFlash verify (8 tokens)"].modules
                for k, v in m["outputs"].items()}
     assert real == planned

@@ -74,3 +74,9 @@ def eval_prompts(split: str = "long") -> list[dict]:
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     return load_prompts(SPLITS[split])
+
+
+def default_prompts(n: int = 8) -> list:
+    """The first ``n`` prompts of the shipped long split: what the conformance runs (in process and served)
+    use when given none."""
+    return eval_prompts()[:n]

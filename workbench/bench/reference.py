@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from ddtree_kernels.oracles import accept_walk_python, heap_tree_lists
+from workbench.models.config_facts import draft_value
 
 STAGES = ("draft", "tree_build", "tree_compile", "verify", "accept_commit")
 
@@ -38,7 +39,7 @@ def _now(device) -> float:
 @torch.inference_mode()
 def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) -> ReferenceRun:
     """Greedy DDTree(budget) on one prompt with ``models`` (a ``workbench.engine.loading.Models``)."""
-    from dflash.model import _draft_value, extract_context_feature
+    from dflash.model import extract_context_feature
 
     dev, target, draft = models.device, models.target, models.draft
     B, layer_ids = models.block_size, models.target_layer_ids
@@ -52,7 +53,7 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
                  past_key_values=cache, use_cache=True, output_hidden_states=True)
     context = extract_context_feature(out.hidden_states, layer_ids)
     generated = [int(out.logits[0, -1].argmax())]
-    emb, scale = target.get_input_embeddings(), float(_draft_value(draft.config, "input_embedding_scale", 1.0))
+    emb, scale = target.get_input_embeddings(), float(draft_value(draft.config, "input_embedding_scale", 1.0))
 
     # Preallocated verify inputs: token ids, positions and an additive mask (0 visible, -inf hidden).
     n_max = budget + 1

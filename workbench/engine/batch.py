@@ -167,7 +167,7 @@ class BatchSession:
         """Step until every request has finished (end-of-text or ``max_new_tokens``). A new limit applies to
         the live requests: a retired request has left the batch's buffers and does not resume."""
         if max_new_tokens is not None:
-            Session._check_max_new(max_new_tokens)
+            Session.check_max_new(max_new_tokens)
             for i in self._live:
                 self.sessions[i].max_new_tokens = max_new_tokens
         while not self.finished:

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from workbench.models.config_facts import (
+    DEFAULT_BLOCK_SIZE, DRAFT_CLASSES, DTYPE_ALIASES, RUN_DTYPES, draft_value, run_dtype, torch_dtype,
+)
 from workbench.models.registry import pair_mismatch, refusal
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # workbench/assets
@@ -66,13 +69,6 @@ def resolve_model_ref(ref) -> Path | None:
         return ASSETS / parts[-1]
     return None
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
-DRAFT_CLASSES = ("DFlashDraftModel", "DFlash2DraftModel")  # dflash's own names, as ``architectures`` gives them
-DEFAULT_BLOCK_SIZE = 16  # dflash's default when a drafter config names none
 
 
 class ModelPairError(ValueError):
@@ -125,9 +121,10 @@ def resolve_dtype(dtype, checkpoint: torch.dtype | None = None) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype.lower() == "auto":
         return checkpoint or torch.float32
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"dtype={dtype!r} is not 'auto', one of {', '.join(sorted(_DTYPES))} or a torch.dtype")
+    if isinstance(dtype, str) and run_dtype(dtype) is not None:
+        return torch_dtype(dtype)
+    names = sorted({*RUN_DTYPES, *DTYPE_ALIASES})
+    raise ValueError(f"dtype={dtype!r} is not 'auto', one of {', '.join(names)} or a torch.dtype")
 
 
 def resolve_device(device) -> torch.device:
@@ -207,12 +204,6 @@ def check_weight_files(directory: Path, role: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the drafter
-def draft_value(dcfg: dict, name: str, default=None):
-    """A drafter setting read as dflash's ``_draft_value`` reads it: ``dflash_config`` first, top level second."""
-    dfc = dcfg.get("dflash_config") or {}
-    return dfc.get(name, dcfg.get(name, default))
-
-
 @dataclass(frozen=True)
 class DraftSettings:
     """What the drafter's config tells the engine, read the way dflash reads it."""

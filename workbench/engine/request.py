@@ -62,7 +62,7 @@ class Request(SessionState):
         validate.record_topk(record_topk), validate.capture(capture)
         validate.policy_fits(policy, m.block_size - 1)
         check_backend(kernel_backend, m.device)
-        self._check_max_new(max_new_tokens)
+        self.check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
         self._policy, self.sampling = policy, sampling
         self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
@@ -150,7 +150,7 @@ class Request(SessionState):
     def max_new_tokens(self, n: int) -> None:
         """Raise or lower the limit. Below the tokens already generated is refused; a session that
         ended at the old limit goes on under a larger one; reaching the new one ends it now."""
-        self._check_max_new(n)
+        self.check_max_new(n)
         have = len(self.generated)
         if n < have:
             raise ValueError(f"max_new_tokens={n} is below the {have} new tokens this session already has; "
@@ -165,7 +165,8 @@ class Request(SessionState):
         self.trace.finish_reason = self.finish_reason
 
     @staticmethod
-    def _check_max_new(n) -> None:
+    def check_max_new(n) -> None:
+        """A positive integer, or a one-line ValueError naming ``max_new_tokens`` (sessions and batches alike)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"max_new_tokens={n!r} must be a positive integer")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-from pathlib import Path
+
+from workbench.models.config_facts import RUN_DTYPES, run_dtype
+from workbench.records.files import output_dir, output_path, write_text_atomic  # noqa: F401  (validation of outputs)
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-DTYPES = ("float32", "bfloat16", "float16")  # what the models run in (aliases: fp32, bf16, fp16, half, float)
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+DTYPES = RUN_DTYPES  # what the models run in (aliases: config_facts.DTYPE_ALIASES)
 
 
 def _is_int(v) -> bool:
@@ -93,7 +93,7 @@ def dtype(value):
     if value is None or value == "auto":
         return value
     name = str(value).replace("torch.", "") if isinstance(value, torch.dtype) else value
-    if isinstance(name, str) and _DTYPE_ALIASES.get(name.lower(), name.lower()) in DTYPES:
+    if isinstance(name, str) and run_dtype(name) is not None:
         return value
     raise ValueError(f"dtype={value!r} is not one the models run in: use auto, {', '.join(DTYPES)}")
 
@@ -131,80 +131,3 @@ def as_arg(check):
 
 _INT_CHECKS = {seed, threads, record_topk, port}
 _FLOAT_CHECKS = {temperature}
-
-
-# ---------------------------------------------------------------------------------------------- outputs
-def output_path(path, what: str = "output") -> Path:
-    """An output file that can be written now: refused (one line naming it) when it is a directory,
-    its parent directory does not exist (nothing is created to make it so), or it cannot be written."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{what} '{p}' is a directory; give a file name, e.g. {p / 'out'}")
-    parent = p.parent
-    if not parent.is_dir():
-        why = "is not a directory" if parent.exists() else "does not exist"
-        raise ValueError(f"{what} '{p}': the folder '{parent}' {why}; create it first or give another path")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"{what} '{p}' cannot be written (no permission)")
-    if p.exists() and not p.is_file():  # /dev/null, a fifo: an atomic write would replace it with a file
-        raise ValueError(f"{what} '{p}' exists and is not a regular file; give a file name")
-    _probe(parent, p, what)
-    return p
-
-
-def _probe(parent: Path, p: Path, what: str) -> None:
-    """Create and remove a temporary file where ``p`` will be written (as the atomic write will): a folder
-    that only looks writable (/proc, a read-only mount, root's view of permissions) is refused now."""
-    import tempfile
-
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
-    except OSError as e:
-        raise ValueError(f"{what} '{p}' cannot be written: no file can be created in '{parent}' "
-                         f"({e.strerror or e}); give a path in a writable folder") from None
-    os.close(fd)
-    os.unlink(tmp)
-
-
-def output_dir(path, what: str = "output folder") -> Path:
-    """An output folder: an existing writable directory, or a new one whose parent exists."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{what} '{p}' is a file; give a directory")
-    target = p if p.is_dir() else p.parent
-    if not target.is_dir():
-        raise ValueError(f"{what} '{p}': the folder '{target}' does not exist; create it first or give another path")
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} '{p}' cannot be written (no permission)")
-    return p
-
-
-def _file_mode() -> int:
-    """What open() would give a new file here (0o666 less the umask): every output gets the same mode."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def write_text_atomic(path, text_: str) -> Path:
-    """Write to a temporary file beside ``path``, then rename over it: never half-written. The parent
-    folder must exist (nothing is created); an error names ``path``, never the temporary file."""
-    import tempfile
-
-    path = output_path(path, "output")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise OSError(f"cannot write '{path}': {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text_)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(f"cannot write '{path}': {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

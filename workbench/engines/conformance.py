@@ -209,23 +209,27 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     ``prompts``: texts (default: the first 8 of the shipped long evaluation split). ``repeats``: timed
     repeats, interleaved engine by engine (tokens, drafts and acceptance come from the first). ``vllm_ar``:
     also run vLLM without speculation (a second vLLM engine in this process)."""
-    import workbench as wb
+    from workbench.bench.prompts import default_prompts
+    from workbench.engine.core import Engine
+    from workbench.engine.policies import AR, DFlash
     from workbench.engine.loading import load_models
-    from workbench.engines.vllm_engine import VllmEngine
+    from workbench.engines import registry
 
-    if engine != "vllm":
-        raise ValueError(f"engine={engine!r}: the in-process report runs vLLM; for a server use "
-                         "workbench.engines.served.compare_served(url, ...)")
+    production = [n for n in registry.engine_names() if n != "workbench"]  # the report's other side
+    if engine not in production:
+        raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
+                         "for a server use workbench.engines.served.compare_served(url, ...)")
+    production_engine = registry.engine_class(engine)  # its sessions keep proposals; it takes workarounds
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be a positive integer")
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
     models = load_models(target, draft, dtype="float32")
-    ours = wb.Engine(models)
-    texts = list(prompts) if prompts is not None else _default_prompts()
+    ours = Engine(models)
+    texts = list(prompts) if prompts is not None else default_prompts()
     ids = [list(models.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in texts]
     say(f"vLLM: loading the pair (workarounds {'on' if workarounds else 'off'})")
-    vengine = VllmEngine(target, draft, workarounds=workarounds, layers=localise)
+    vengine = production_engine(target, draft, workarounds=workarounds, layers=localise)
     try:
         runs = {n: EngineRun(n, [], [], []) for n in ("workbench AR", "workbench DFlash",
                                                        f"vLLM {vengine.version} DFlash")}
@@ -236,11 +240,11 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
             secs = {k: 0.0 for k in runs}
             for i, p in enumerate(ids):
                 say(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(ids)}")
-                toks, t, sec = _ours(ours, p, max_new_tokens, wb.AR())
+                toks, t, sec = _ours(ours, p, max_new_tokens, AR())
                 new[ar.name] += len(toks); secs[ar.name] += sec
                 if r == 0:
                     ar.tokens.append(toks)
-                toks, t, sec = _ours(ours, p, max_new_tokens, wb.DFlash())
+                toks, t, sec = _ours(ours, p, max_new_tokens, DFlash())
                 new[df.name] += len(toks); secs[df.name] += sec
                 if r == 0:
                     df.tokens.append(toks)
@@ -266,7 +270,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         vengine.close()
     if vllm_ar:
         say("vLLM without speculation")
-        plain = VllmEngine(target, draft, speculative=False)
+        plain = production_engine(target, draft, speculative=False)
         try:
             vtoks = [plain.generate(prompt_ids=p, max_new_tokens=max_new_tokens) for p in ids]
         finally:
@@ -278,12 +282,6 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
 
 def _equal(a: list, b: list) -> str:
     return f"{sum(x == y for x, y in zip(a, b))}/{len(b)} prompts"
-
-
-def _default_prompts(n: int = 8) -> list[str]:
-    from workbench.bench.prompts import eval_prompts
-
-    return [p for p in eval_prompts()][:n]
 
 
 # ---------------------------------------------------------------------------------------------- localise

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from workbench.models.config_facts import draft_value
+
 
 class Reference:
     """Reference computations on a loaded pair (``workbench.engine.loading.Models``), float32 on its device."""
@@ -34,13 +36,11 @@ class Reference:
     @torch.inference_mode()
     def draft_logits(self, ids: list[int], k: int) -> Tensor:
         """[k, V]: the drafter's logits for slots 1..k of the block [ids[-1], mask x k] after ids[:-1]."""
-        from dflash.model import _draft_value
-
         ctx = torch.cat(self.features(ids[:-1]), dim=-1)[None].to(self.models.device, self.models.dtype)  # [1, P, L*H]
         p = len(ids) - 1
         block = torch.tensor([[ids[-1]] + [self.models.mask_token_id] * k], device=self.models.device)
         emb = self.target.get_input_embeddings()
-        noise = emb(block) * float(_draft_value(self.draft.config, "input_embedding_scale", 1.0))
+        noise = emb(block) * float(draft_value(self.draft.config, "input_embedding_scale", 1.0))
         positions = torch.arange(p + k + 1, device=self.models.device)[None]
         hidden = self.draft(position_ids=positions, noise_embedding=noise, target_hidden=ctx, use_cache=False)
         return self.draft.compute_logits(hidden[:, 1:], self.target.lm_head)[0].float().cpu()

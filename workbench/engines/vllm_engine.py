@@ -136,7 +136,7 @@ class VllmEngine:
 
     def spec_counters(self) -> dict:
         """vLLM's own speculative counters (``LLM.get_metrics()``), summed over requests so far."""
-        from workbench.engines.served import spec_counters_from_metrics
+        from workbench.engines.spec_metrics import spec_counters_from_metrics
 
         return spec_counters_from_metrics(self.llm.get_metrics())
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral")
+from workbench.models.config_facts import FAMILIES, layer_kinds
+
 
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
 _draft_plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
@@ -42,9 +43,10 @@ class Plan:
 
 def _why_not(target) -> str | None:
     cfg = target.config
-    if cfg.model_type not in FAMILIES:
+    row = FAMILIES.get(cfg.model_type)
+    if row is None or not row.own_forward:
         return f"family {cfg.model_type!r}"
-    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
+    if any(t != "full_attention" for t in layer_kinds(cfg)):
         return "sliding-window layers"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return "a sliding window"

@@ -38,7 +38,7 @@ from workbench.models.gdn_layer import gdn_layer_tree_forward
 from workbench.models.layout import TreeLayout
 from workbench.models.base import StepOut
 from workbench.models.dense import DenseKV, KVBuffers, kv_specs
-from workbench.models.registry import StateSpec, check_supported, layer_types, linear_attention, text_fields
+from workbench.models.registry import StateSpec, check_supported, layer_kinds, linear_attention
 
 # -------------------------------------------------------------------------------------------- the cache
 @dataclass
@@ -71,7 +71,7 @@ class HybridCache(Cache):
 
     def __init__(self, config, lengths: list[int], kv: KVBuffers | None = None):
         """``kv``: the attention layers' buffers to hold (default: new ones, ``lengths`` rows)."""
-        types = list(layer_types(text_fields(config)))
+        types = list(layer_kinds(config))
         self.attn_ids = [i for i, t in enumerate(types) if t != "linear_attention"]
         self.linear_ids = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.kv = KVBuffers(config, lengths, num_layers=len(self.attn_ids)) if kv is None else kv
@@ -320,7 +320,7 @@ def linear_specs(config, batch: int, nodes: int, dtype: torch.dtype) -> list[Sta
     """A hybrid config's linear-attention state at ``batch`` rows (conv windows in ``dtype``, recurrent states
     in float32) and, with ``nodes`` tree nodes per row, a verify's per-node scratch and parent links."""
     lin = linear_attention(config)
-    n_lin = layer_types(text_fields(config)).count("linear_attention")
+    n_lin = layer_kinds(config).count("linear_attention")
     conv, ssm = lin.conv_shape, (lin.value_heads, lin.key_dim, lin.value_dim)  # ours: [HV, Dk, Dv] (transformers')
     out = [StateSpec("conv_window", "per_request", n_lin, (batch, *conv), dtype),
            StateSpec("ssm_state", "per_request", n_lin, (batch, *ssm), torch.float32)]

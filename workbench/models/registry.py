@@ -10,69 +10,25 @@
 Loading (``workbench.engine.loading``), the states (``workbench.models``), the shape plan and the cost
 model (``workbench.shapes``) all read these. ``config`` is a transformers config (its text config is
 used), a dict as config.json holds it (a nested ``text_config`` is unwrapped) or any object with the
-fields as attributes. No torch and no weights: the state classes are imported when one is built.
+fields as attributes. No torch and no weights: the state classes are imported when one is built. The
+config fields themselves (families, layer kinds, drafter settings, dtypes) are read in ``config_facts``.
 """
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
-# model_type (the text model's, after unwrapping text_config) -> (family, transformers config, causal LM)
-FAMILIES = {
-    "qwen3": ("dense", "Qwen3Config", "Qwen3ForCausalLM"),
-    "llama": ("dense", "LlamaConfig", "LlamaForCausalLM"),
-    "qwen3_moe": ("moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-    "deepseek_v3": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
-    # Kimi-K2 ships remote code for the DeepSeek-V3 architecture (its config names DeepseekV3ForCausalLM).
-    "kimi_k2": ("mla", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
-    "qwen3_next": ("hybrid", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
-    "qwen3_5_text": ("hybrid", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
-    "qwen3_5_moe_text": ("hybrid", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
-}
-# A nested checkpoint's outer model_type -> its text model's (when text_config omits model_type).
-TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "kimi_k25": "deepseek_v3"}
+from workbench.models.config_facts import (  # noqa: F401  (the config readers: one place, config_facts.py)
+    DTYPE_BYTES, FAMILIES, TEXT_OF, attention_layers, dtype_bytes, has_linear_attention, layer_kinds, text_config,
+    text_fields,
+)
+
 # The state class of each family ("module:Class"); a model type outside FAMILIES without linear-attention
 # layers gets the dense one (any transformers causal LM whose cache is per-token K/V).
 STATES = {"dense": "workbench.models.dense:DenseKV", "moe": "workbench.models.dense:DenseKV",
           "mla": "workbench.models.dense:DenseKV", "hybrid": "workbench.models.hybrid:HybridGDN"}
 DRAFT_STATE = "workbench.models.dense:DraftKV"  # DFlash drafters: dense attention (full, causal or sliding)
-
-
-# --------------------------------------------------------------------------------------------- config fields
-def text_config(cfg: Mapping) -> dict:
-    """The text model's config dict: ``text_config`` of a nested checkpoint (Qwen3.5/3.6, Kimi-K2.5), else ``cfg``."""
-    inner = cfg.get("text_config")
-    if not isinstance(inner, Mapping):
-        return dict(cfg)
-    out = dict(inner)
-    outer = cfg.get("model_type")
-    out.setdefault("model_type", TEXT_OF.get(outer, outer))
-    for k in ("tie_word_embeddings", "architectures"):  # shipped at the top level of nested checkpoints
-        if k in cfg and k not in out:
-            out[k] = cfg[k]
-    return out
-
-
-def text_fields(config) -> dict:
-    """The text model's fields as a dict, from a config dict, a transformers config or any object."""
-    if isinstance(config, Mapping):
-        return text_config(config)
-    get = getattr(config, "get_text_config", None)
-    c = get(decoder=True) if callable(get) else config
-    out = c.to_dict() if callable(getattr(c, "to_dict", None)) else dict(vars(c))
-    out["model_type"] = getattr(c, "model_type", out.get("model_type"))  # to_dict writes the class's
-    return out
-
-
-def layer_types(t: Mapping) -> tuple:
-    return tuple(t.get("layer_types") or ())
-
-
-def has_linear_attention(t: Mapping) -> bool:
-    """Any linear-attention layer (a dense state would verify such a target wrongly)."""
-    return "linear_attention" in layer_types(t)
 
 
 # --------------------------------------------------------------------------------------------- routing
@@ -82,14 +38,14 @@ def family_of(config) -> str | None:
     t = text_fields(config)
     mt = t.get("model_type")
     if mt in FAMILIES:
-        return FAMILIES[mt][0]
+        return FAMILIES[mt].kind
     if has_linear_attention(t):
         return "hybrid"
     return "dense" if mt else None
 
 
 def _hybrid_types() -> tuple:
-    return tuple(mt for mt, (fam, *_) in FAMILIES.items() if fam == "hybrid")
+    return tuple(mt for mt, row in FAMILIES.items() if row.kind == "hybrid")
 
 
 def refusal(config) -> str | None:
@@ -196,13 +152,6 @@ def kv_layout(config) -> KVLayout:
     return KVLayout(heads, dim, dim)
 
 
-def attention_layers(config) -> int:
-    """How many layers hold per-token K/V: every layer but the linear-attention ones."""
-    t = text_fields(config)
-    kinds = layer_types(t)
-    return sum(k != "linear_attention" for k in kinds) if kinds else int(t["num_hidden_layers"])
-
-
 @dataclass(frozen=True)
 class LinearAttention:
     """A GatedDeltaNet layer's per-request state, as SGLang's ``Mamba2StateShape`` lays it out."""
@@ -234,21 +183,6 @@ def linear_attention(config) -> LinearAttention | None:
     return LinearAttention(int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"]),
                            int(t["linear_key_head_dim"]), int(t["linear_value_head_dim"]),
                            int(t.get("linear_conv_kernel_dim") or 4))
-
-
-# float8 / fp8: the roofline's shorthand for a one-byte weight format.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8": 1, "fp8": 1, "int8": 1}
-
-
-def dtype_bytes(dtype) -> int:
-    """Bytes per element of a dtype: a name above, or a torch dtype (any, by its ``itemsize``)."""
-    size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int) and not isinstance(dtype, str):
-        return size
-    d = str(dtype).replace("torch.", "")
-    if d not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[d]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from workbench.models.config_facts import draft_value
 from workbench.records.forward import ForwardMode, ForwardRecord, shape_of
 
 FALLBACK_NOTE = "is falling back to its reference PyTorch implementation"
@@ -82,7 +83,7 @@ def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode,
         # What output_hidden_states would have returned: one [bs, n, hidden] per layer and the embeddings.
         hidden = (target.config.num_hidden_layers + 1, chosen[0]) if chosen else None
     else:
-        with capture.forward("target", mode) if capture else _nullctx():
+        with capture.forward("target", mode) if capture else nullctx():
             out = target(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
                          use_cache=True, output_hidden_states=layer_ids is not None, logits_to_keep=logits_to_keep)
         logits = out.logits
@@ -107,14 +108,12 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
 
     -> (logits [bs, B-1, V] for the masked slots, ForwardRecord)
     """
-    from dflash.model import _draft_value
-
     from workbench.models import dense_forward
 
     before = cache_length(cache)
     emb = target.get_input_embeddings()
-    scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
-    with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else _nullctx():
+    scale = float(draft_value(draft.config, "input_embedding_scale", 1.0))
+    with capture.forward("draft", ForwardMode.TARGET_VERIFY) if capture else nullctx():
         noise = emb(block_ids) * scale
         # The engine's own drafter forward where it applies (bit-identical on a CPU); a capture records dflash's.
         hidden = None if capture else dense_forward.draft_forward(draft, noise, positions, context, cache, mask)
@@ -132,7 +131,10 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
     return logits, rec
 
 
-class _nullctx:
+class nullctx:
+    """The context a forward runs in when nothing captures it (cheaper than contextlib.nullcontext: no
+    __init__, nothing stored)."""
+
     def __enter__(self):
         return None
 

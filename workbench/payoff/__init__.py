@@ -98,7 +98,8 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
     policies: the shapes (default: AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the
     drafter's block allows; AR and DFlash are always added); repeats: timed decodes per unit and shape
     (medians kept)."""
-    import workbench as wb
+    from workbench.engine.core import load
+    from workbench.engine.policies import DFlash
     from workbench.engine import validate
 
     texts, ids = _prompt_texts(prompts)
@@ -110,7 +111,7 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
     for name, v in (("max_new_tokens", max_new_tokens), ("repeats", repeats)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
-    engine = wb.load() if engine is None else engine
+    engine = load() if engine is None else engine
     m = engine.models
     slots, vocab = m.block_size - 1, int(m.target.config.get_text_config().vocab_size)
     shapes = default_shapes(slots, vocab) if policies is None else shapes_of(policies, slots, vocab)
@@ -146,7 +147,7 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
             traces = []
             for t in texts:
                 bar.set_postfix_str("branching traces", refresh=False)
-                traces += decode_unit(engine, wb.DFlash(), [t], max_new_tokens, 0.0, seed,
+                traces += decode_unit(engine, DFlash(), [t], max_new_tokens, 0.0, seed,
                                       record_topk=min(max(budgets), vocab))[1]
                 bar.update(1)
             from workbench.analysis.branching import branching, siblings_to_share

@@ -49,7 +49,7 @@ def _prompts(args) -> list[dict]:
 
 
 def run(args, out, err) -> int:
-    import workbench as wb
+    from workbench.engine.core import load
     from workbench.bench.runs import parse_policies
     from workbench.engine import validate
     from workbench.payoff import pays_off
@@ -72,7 +72,7 @@ def run(args, out, err) -> int:
 
     hf_logging.disable_progress_bar()
     target = None if args.target == "dense" else args.target
-    engine = wb.load(target=target, draft=args.draft, device=args.device, threads=args.threads)
+    engine = load(target=target, draft=args.draft, device=args.device, threads=args.threads)
     temps = [0.0] + ([args.temperature] if args.temperature > 0 else [])
     results = [pays_off(engine, prompts, batch=args.batch, policies=policies, max_new_tokens=args.max_new_tokens,
                         temperature=t, seed=args.seed, repeats=args.repeats, progress=not args.quiet) for t in temps]

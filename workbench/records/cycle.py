@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from workbench.records.files import write_text_atomic
 from workbench.records.forward import ForwardRecord
 
 TRACE_FORMAT = "ddtree-workbench-trace"
@@ -474,8 +475,6 @@ class Trace:
     def save(self, path) -> Path:
         """Write atomically (a temporary file beside ``path``, renamed over it), with the mode of every
         other output. The folder must exist: a missing one is refused, naming the path."""
-        from workbench.engine.validate import write_text_atomic
-
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": self.meta,
                 "prefill": self.prefill.to_dict() if self.prefill else None,
                 "prefill_seconds": self.prefill_seconds, "setup_seconds": self.setup_seconds,

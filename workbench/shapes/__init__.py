@@ -30,7 +30,7 @@ from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_install
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.measured import SweepError, sweep_error
 from workbench.shapes.parallel_table import ParallelTable, parallelism_table
-from workbench.shapes.contracts import _target_record, ancestor_matrix, check_contracts
+from workbench.shapes.contracts import ancestor_matrix, check_contracts, target_record
 from workbench.shapes.plan import CONFIGS, ShapePlan, plan
 from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
 from workbench.shapes.tables import CheckTable, CompareTable, LayoutTable, ShapeTable, compare, fmt_bytes, table
@@ -42,4 +42,4 @@ __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePl
 # Kept importable under their old names (workbench/shapes.py was one module).
 __all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]  # issue 25: roofline cost
 __all__ += ["SweepError", "sweep_error", "ParallelTable", "parallelism_table"]  # issue 41: vs the sweep; TP
-__all__ += ["CONFIGS", "_target_record", "ancestor_matrix", "fmt_bytes"]
+__all__ += ["CONFIGS", "target_record", "ancestor_matrix", "fmt_bytes"]

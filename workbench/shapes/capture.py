@@ -15,15 +15,16 @@ def bench(engine=None, policy=None, prompt: str = "def parse(line):", cycles: in
     and the exact cost of the capture-off branch in run_target/run_draft (timed in isolation).
 
     capture=None runs the same code as an engine without a capture argument except for the
-    ``capture.forward(...) if capture else _nullctx()`` / ``capture.take() if capture else ()``
+    ``capture.forward(...) if capture else nullctx()`` / ``capture.take() if capture else ()``
     expressions, two per forward; ``off_overhead_pct`` is their cost per cycle over the median
     cycle time.
     """
-    import workbench as wb
-    from workbench.models.run import _nullctx
+    from workbench.engine.core import load
+    from workbench.engine.policies import DDTree
+    from workbench.models.run import nullctx
 
-    engine = engine or wb.load()
-    policy = policy or wb.DDTree(64)
+    engine = engine or load()
+    policy = policy or DDTree(64)
 
     def median_cycle(cap_on: bool) -> float:
         s = engine.session(prompt, policy=policy, max_new_tokens=10_000)
@@ -48,7 +49,7 @@ def bench(engine=None, policy=None, prompt: str = "def parse(line):", cycles: in
     capture_none = None
 
     def off_branch():
-        with (capture_none.forward("target", ForwardMode.TARGET_VERIFY) if capture_none else _nullctx()):
+        with (capture_none.forward("target", ForwardMode.TARGET_VERIFY) if capture_none else nullctx()):
             pass
         return capture_none.take() if capture_none else ()
 

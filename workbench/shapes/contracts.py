@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from workbench.records.forward import ForwardRecord
-from workbench.shapes.tables import CheckTable, _fmt_shape, _trace_of
+from workbench.shapes.rows import CheckTable, fmt_shape
+from workbench.shapes.tables import trace_of
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """bool [n, n]: out[i, j] is True when node j is node i or one of its ancestors."""
@@ -19,7 +20,7 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _target_record(c) -> ForwardRecord | None:
+def target_record(c) -> ForwardRecord | None:
     return next((r for r in c.forwards if r.model == "target"), None)
 
 
@@ -46,7 +47,7 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
       index) have no counterpart in this engine's forward: see ``table(..., view="sglang")``.
     """
     obj = trace_or_session
-    trace = _trace_of(obj)
+    trace = trace_of(obj)
     cycles = list(trace.cycles)
     if not cycles:
         raise ValueError("the trace has no cycles to check; step() the session first")
@@ -62,7 +63,7 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
     if any(c.state_from is not None for c in cycles):  # a hybrid target: its linear layers' recurrent state
         results["recurrent state from the parent"] = []
     for i, c in enumerate(cycles):
-        rec = _target_record(c)
+        rec = target_record(c)
         n = int(c.tokens.shape[0])
         if rec is None:
             for k in results:
@@ -73,13 +74,13 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
         got = lg[0] * lg[1] if lg and len(lg) == 3 else None
         results["logits rows = bs x tokens/request"].append(
             (c.index, got == bs * n, f"{bs} x {n} = {bs * n} rows ({rec.mode.value})",
-             f"logits {_fmt_shape(lg) if lg else 'missing'} = {got} rows"))
+             f"logits {fmt_shape(lg) if lg else 'missing'} = {got} rows"))
         ctx = rec.outputs.get("draft_context", {}).get("shape")
         hs = rec.outputs.get("hidden_states", {}).get("shape")
         ok = ctx is not None and ctx[:2] == [bs, n] and (hs is None or hs[1:3] == [bs, n])
         results["hidden states for all tokens"].append(
             (c.index, ok, f"[{bs}, {n}, F] context for {n} tokens",
-             f"context {_fmt_shape(ctx) if ctx else 'not captured'}, hidden {_fmt_shape(hs) if hs else '-'}"))
+             f"context {fmt_shape(ctx) if ctx else 'not captured'}, hidden {fmt_shape(hs) if hs else '-'}"))
         want = c.start + c.depth
         bad = int((c.position_ids != want).sum())
         sib = sum(1 for p in set(c.parents.tolist()) if p >= 0 and int((c.parents == p).sum()) > 1)
@@ -87,15 +88,15 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
         results["positions = start + depth"].append(
             (c.index, bad == 0 and pos_shape == [bs, n],
              f"{c.start} + depth for {n} nodes ({sib} sibling groups share a position)",
-             f"{bad} of {n} differ; positions {_fmt_shape(pos_shape)}"))
+             f"{bad} of {n} differ; positions {fmt_shape(pos_shape)}"))
         if n > 1:
             mask = rec.inputs.get("attention_mask", {}).get("shape")
             exp_shape = [bs, 1, n, c.start + n]
             wrong = int((c.visibility != ancestor_matrix(c.parents)).sum()) if c.visibility.shape == (n, n) else n * n
             results["tree mask = ancestors"].append(
                 (c.index, mask == exp_shape and rec.kv_before == c.start and wrong == 0,
-                 f"{_fmt_shape(exp_shape)}, ancestor pattern",
-                 f"{_fmt_shape(mask) if mask else 'no mask'}, {wrong} entries off the ancestor pattern"))
+                 f"{fmt_shape(exp_shape)}, ancestor pattern",
+                 f"{fmt_shape(mask) if mask else 'no mask'}, {wrong} entries off the ancestor pattern"))
         dev = rec.outputs.get("logits", {}).get("device")
         placed = [(f"{r.model}.{k}", d) for r in c.forwards for k, d in r.devices().items()]
         if dev is not None and all(d != "unknown" for _, d in placed):
@@ -120,7 +121,7 @@ def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
             results["recurrent state from the parent"].append(
                 (c.index, off == 0, f"each of {n} nodes continues its parent's conv window and state",
                  f"{off} of {n} continue another node's"))
-        nxt = _target_record(cycles[i + 1]) if i + 1 < len(cycles) else None
+        nxt = target_record(cycles[i + 1]) if i + 1 < len(cycles) else None
         kv_after = nxt.kv_before if nxt is not None else live_kv
         if kv_after is not None:
             exp = c.start + c.accepted + 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from workbench.shapes.sglang_source import DFLASH_WORKER, _parsed, find_def
+from workbench.shapes.sglang_source import DFLASH_WORKER, parsed_source, find_def
 
 DFLASH_UTILS = "srt/speculative/dflash_utils.py"
 # The functions of dflash_utils.py the worker runs on the verify logits, and the argument values it
@@ -63,7 +63,7 @@ def _callee(node: ast.Call) -> str:
 
 def _call_paths(name: str) -> list[str]:
     """For each call of ``name`` in the worker's verify methods: the if/elif tests around it."""
-    tree = _parsed(DFLASH_WORKER)
+    tree = parsed_source(DFLASH_WORKER)
     out: list[str] = []
 
     def visit(node, where, tests):
@@ -150,7 +150,7 @@ def dflash_verify_checks(node_counts: list[int], vocab: int = 151_936, block_siz
     """
     if not node_counts or any(not isinstance(n, int) or n < 1 for n in node_counts):
         raise ValueError(f"node_counts={node_counts!r} must be positive integers, one per request")
-    tree = _parsed(DFLASH_UTILS)
+    tree = parsed_source(DFLASH_UTILS)
     out = []
     for name in CHECKED:
         fn = find_def(tree, name)
@@ -165,7 +165,7 @@ def dflash_verify_checks(node_counts: list[int], vocab: int = 151_936, block_siz
 def greedy_accept_call() -> tuple[str, str]:
     """(function, the test that selects it) for the greedy accept in ``DFlashWorkerV2._accept_block``:
     the call in the ``else`` branch after the sampling path, read from the source."""
-    fn = find_def(_parsed(DFLASH_WORKER), "DFlashWorkerV2._accept_block")
+    fn = find_def(parsed_source(DFLASH_WORKER), "DFlashWorkerV2._accept_block")
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
             name = _callee(node)

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.models.registry import (DTYPE_BYTES, FAMILIES, TEXT_OF, LinearAttention, StateSpec,  # noqa: F401
-                                       dtype_bytes, kv_layout, linear_attention, pair_mismatch, text_config)
+from workbench.models.config_facts import (DTYPE_BYTES, FAMILIES, TEXT_OF, draft_value, dtype_bytes,  # noqa: F401
+                                           is_drafter, layer_kinds, text_config)
+from workbench.models.registry import LinearAttention, StateSpec, kv_layout, linear_attention, pair_mismatch
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped config.json files, by model name
 
@@ -76,8 +77,9 @@ def model_type(cfg: dict, what: str = "target", purpose: str = "shape plan") -> 
     """The text model's model_type; a ValueError naming it when no family here covers it."""
     t = text_config(cfg)
     mt = t.get("model_type")
-    if mt not in FAMILIES:
-        known = ", ".join(sorted({*FAMILIES, *TEXT_OF}))  # nested checkpoints by their outer model_type too
+    if mt not in FAMILIES or not FAMILIES[mt].shapes:
+        # nested checkpoints by their outer model_type too
+        known = ", ".join(sorted({*(m for m, row in FAMILIES.items() if row.shapes), *TEXT_OF}))
         raise ValueError(f"{what} config model_type={mt!r} has no {purpose}; known: {known}")
     return mt
 
@@ -123,7 +125,7 @@ def require(cfg: dict, what: str = "target") -> None:
     """Every field the family needs is there and a positive integer; optional integer fields that are set
     are integers too (a string, a zero head count, a zero stride: one line naming the field)."""
     t = text_config(cfg)
-    for f in REQUIRED[FAMILIES[model_type(cfg, what)][0]]:
+    for f in REQUIRED[FAMILIES[model_type(cfg, what)].kind]:
         integer(_field(t, f, what), f"{what} config field {f}")
     for names, least in ((OPTIONAL_POSITIVE, 1), (OPTIONAL_COUNTS, 0)):
         for f in names:
@@ -142,10 +144,9 @@ class DFlash:
 
 def dflash(cfg: dict, what: str = "draft") -> DFlash | None:
     """The DFlash settings of a drafter config (``dflash_config`` or top level), None for any other model."""
-    d = cfg.get("dflash_config") or {}
-    if not (d or cfg.get("target_layer_ids") is not None or "DFlash" in " ".join(cfg.get("architectures") or [])):
+    if not is_drafter(cfg):
         return None
-    got = {k: d.get(k, cfg.get(k)) for k in ("block_size", "target_layer_ids")}
+    got = {k: draft_value(cfg, k) for k in ("block_size", "target_layer_ids")}
     for k, v in got.items():
         if v is None:
             raise ValueError(f"{what} config lacks the field {k!r} (top level or in dflash_config)")
@@ -255,20 +256,6 @@ class ModelFacts:
         routed = p.get("experts", 0)
         active_routed = routed * self.experts_per_token // self.experts if self.experts else 0
         return p["total"] - p["embed"] - routed + active_routed
-
-
-def _layer_kinds(t: dict, fam: str) -> tuple:
-    n = t["num_hidden_layers"]
-    if fam != "hybrid":
-        return ("full_attention",) * n
-    kinds = t.get("layer_types")
-    if kinds is None:  # as transformers builds it from full_attention_interval
-        every = int(t.get("full_attention_interval", 4))
-        kinds = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    if len(kinds) != n or set(kinds) - {"full_attention", "linear_attention"}:
-        raise ValueError(f"target config layer_types {kinds!r} must name full_attention / linear_attention "
-                         f"for each of the {n} layers")
-    return tuple(kinds)
 
 
 def _moe_layers(t: dict, mt: str, fam: str) -> tuple:
@@ -381,8 +368,9 @@ def facts(cfg: dict, what: str = "target", purpose: str = "shape plan") -> Model
     mt = model_type(cfg, what, purpose)
     require(cfg, what)
     t = text_config(cfg)
-    fam = FAMILIES[mt][0]
-    kinds = _layer_kinds(t, fam)
+    fam = FAMILIES[mt].kind
+    # The shape formulas model every attention layer as full (a sliding window caches K/V per token too).
+    kinds = tuple(k if k == "linear_attention" else "full_attention" for k in layer_kinds(t))
     moe = _moe_layers(t, mt, fam)
     draft = dflash(t, what)
     lin = linear_attention(t)

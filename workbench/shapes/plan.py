@@ -10,7 +10,8 @@ import torch
 from workbench.shapes.hooks import TARGET_MODULES, ShapeCapture
 from workbench.records.forward import ForwardMode
 from workbench.shapes import families
-from workbench.shapes.tables import CompareTable, LayoutTable, _mode, compare, fmt_bytes, sglang_view, table
+from workbench.shapes.rows import CompareTable, LayoutTable, fmt_bytes
+from workbench.shapes.tables import compare, forward_mode, sglang_view, table
 
 CONFIGS = families.CONFIGS  # kept importable from here
 
@@ -50,7 +51,7 @@ class ShapePlan:
         if model not in (None, "target", "draft"):
             raise ValueError(f"model={model!r} must be None, 'target' or 'draft'")
         recs = {lbl: r for lbl, r in self.forwards
-                if (model is None or r.model == model) and (mode is None or r.mode == _mode(mode))}
+                if (model is None or r.model == model) and (mode is None or r.mode == forward_mode(mode))}
         if not recs:
             raise ValueError(f"no planned {model or ''} forward{'' if mode is None else ' in mode ' + str(mode)}")
         cmp = compare(recs, mode=mode, sglang=sglang)
@@ -71,7 +72,7 @@ class ShapePlan:
     def sglang(self, mode=None, model=None) -> LayoutTable:
         """SGLang's layout of every planned forward (flat tokens, indptrs, masks, kept logits rows)."""
         picked = [(lbl, r) for lbl, r in self.forwards
-                  if (model is None or r.model == model) and (mode is None or r.mode == _mode(mode))]
+                  if (model is None or r.model == model) and (mode is None or r.mode == forward_mode(mode))]
         if not picked:
             raise ValueError(f"no planned forward matches mode={mode!r}, model={model!r}")
         rows = sglang_view(self, picked)
@@ -163,7 +164,8 @@ def _meta_model(tcfg: dict, dtype):
     """(transformers config, causal LM built on the meta device) for a text config of a known family."""
     import transformers
 
-    _, config_cls, model_cls = families.FAMILIES[tcfg["model_type"]]
+    row = families.FAMILIES[tcfg["model_type"]]
+    config_cls, model_cls = row.config_class, row.model_class
     keep = {k: v for k, v in tcfg.items() if not k.startswith("_") and k != "model_type"}
     conf = getattr(transformers, config_cls)(**keep)
     with torch.device("meta"):

@@ -34,9 +34,10 @@ from typing import Sequence
 import torch
 
 from ddtree_kernels.mask_layout import mask_elements
+from workbench.shapes.rows import LayoutTable, fmt_shape
 from workbench.shapes.sglang_source import (  # noqa: F401  (re-exported: the rules and source helpers)
     AUX_HIDDEN, CUDA_GRAPH_RUNNER, DFLASH_INFO, DFLASH_WORKER, EAGLE_UTILS, FLASHINFER, FORWARD_BATCH_INFO,
-    LOGITS_PROCESSOR, RAGGED_VERIFY, SGLANG_RULES, SGLANG_VERSION, SPEC_TREE, Rule, _sglang_enums, expressions_in,
+    LOGITS_PROCESSOR, RAGGED_VERIFY, SGLANG_RULES, SGLANG_VERSION, SPEC_TREE, Rule, sglang_enums, expressions_in,
     find_def, rule_holds, sglang_available, sglang_def, sglang_dir, sglang_file, sglang_forward_modes,
 )
 
@@ -179,7 +180,7 @@ def sglang_positions(prefix_lens, token_lens) -> tuple[list[int], list[int]]:
 
 def sglang_logits_rows(mode: str, token_lens, return_logprob: bool = False, logprob_start_lens=None) -> list[int]:
     """LogitsProcessor._get_pruned_states (logits_processor.py) run on row ids: the rows it keeps."""
-    fm, _, _ = _sglang_enums()
+    fm, _, _ = sglang_enums()
     t = _lens("token_lens", token_lens)
     starts = _lens("logprob_start_lens", logprob_start_lens if logprob_start_lens is not None else 0, len(t))
     fn = sglang_def(LOGITS_PROCESSOR, "LogitsProcessor._get_pruned_states", torch=torch,
@@ -227,7 +228,7 @@ def sglang_verify_args(prefix_lens, token_lens, with_mask: bool = False) -> dict
 
 def sglang_tree_mask(prefix_lens, tokens_per_req: int, mask_mode: str) -> torch.Tensor:
     """eagle_utils.build_tree_kernel_efficient's mask allocation for ``mask_mode`` (the tree kernel not run)."""
-    _, _, tmm = _sglang_enums()
+    _, _, tmm = sglang_enums()
     p = _lens("prefix_lens", prefix_lens)
     bs, n = len(p), int(tokens_per_req)
     fn = sglang_def(EAGLE_UTILS, "build_tree_kernel_efficient", torch=torch, math=math, TreeMaskMode=tmm,
@@ -279,8 +280,6 @@ def layout(mode, prefix_lens, token_lens, *, model: str = "target", vocab_size: 
     block forward. ``aux_layers``: target layers captured for the drafter. ``ours``: {tensor: text}
     shown beside SGLang's rows. ``use_sglang=False`` uses only the workbench rules.
     """
-    from workbench.shapes.tables import LayoutTable
-
     mode = _mode_name(mode)
     p, t = _batch(prefix_lens, token_lens)
     bs, T = len(t), sum(t)
@@ -383,8 +382,6 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
     ``ragged``: (prefix lengths, token counts) per request for a padded batched forward (a batch
     session's verify), which SGLang flattens without the padding; by default every row has n tokens.
     """
-    from workbench.shapes.tables import _fmt_shape
-
     mode = rec.mode.value
     ids = rec.inputs.get("input_ids", {}).get("shape")
     if not ids or len(ids) != 2:
@@ -393,7 +390,7 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
     prefix = rec.kv_before
     if rec.model == "draft":  # SGLang's drafter holds its whole context in its KV cache (see the last row)
         prefix += (rec.inputs.get("target_hidden") or {"shape": [0, 0]})["shape"][1]
-    ours = {k: f"{_fmt_shape(v['shape'])} {v['dtype']}" for k, v in {**rec.inputs, **rec.outputs}.items()}
+    ours = {k: f"{fmt_shape(v['shape'])} {v['dtype']}" for k, v in {**rec.inputs, **rec.outputs}.items()}
     logits = rec.outputs.get("logits", {}).get("shape")
     vocab_size = vocab_size or (logits[-1] if logits else None)
     ctx = rec.outputs.get("draft_context", {}).get("shape")
@@ -411,7 +408,7 @@ def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=
     if rec.model == "draft" and "target_hidden" in rec.inputs:
         th = rec.inputs["target_hidden"]
         tbl.append(_row("target hidden (context)", None, "", "dflash verify hidden", "workbench rule",
-                        f"{_fmt_shape(th['shape'])} {th['dtype']} (an input here)",
+                        f"{fmt_shape(th['shape'])} {th['dtype']} (an input here)",
                         "not an input in SGLang: written once into the draft KV cache after each target forward"))
     tbl += recurrent_layout(rec)
     if label:

@@ -133,7 +133,8 @@ def sglang_file(rel: str) -> Path:
 
 
 @lru_cache(maxsize=None)
-def _parsed(rel: str) -> ast.Module:
+def parsed_source(rel: str) -> ast.Module:
+    """The syntax tree of one file of the installed sglang (``rel``: its path under the package), parsed once."""
     return ast.parse(sglang_file(rel).read_text())
 
 
@@ -165,7 +166,7 @@ def expressions_in(node: ast.AST) -> set[str]:
 
 def rule_holds(rule: Rule, tree: ast.Module | None = None) -> bool:
     """True when ``rule.expression`` occurs in ``rule.where`` of the installed (or given) source."""
-    tree = tree if tree is not None else _parsed(rule.file)
+    tree = tree if tree is not None else parsed_source(rule.file)
     try:
         node = find_def(tree, rule.where)
     except ValueError:
@@ -180,7 +181,7 @@ def sglang_def(rel: str, where: str, **globals_):
     a method comes back as a plain function taking ``self``) is compiled from the file with the
     given module globals. Annotations are not evaluated (the names they use need not exist).
     """
-    node = find_def(_parsed(rel), where)
+    node = find_def(parsed_source(rel), where)
     if isinstance(node, ast.FunctionDef):
         node.decorator_list = []  # e.g. @staticmethod: the bare function is what we call
     mod = ast.Module(body=[node], type_ignores=[])
@@ -191,7 +192,7 @@ def sglang_def(rel: str, where: str, **globals_):
 
 
 @lru_cache(maxsize=None)
-def _sglang_enums():
+def sglang_enums():
     """sglang's ForwardMode, CaptureHiddenMode (forward_batch_info.py) and TreeMaskMode (spec_tree.py).
 
     TreeMaskMode is read from source too: importing spec_tree would define its Triton kernels
@@ -228,6 +229,6 @@ def sglang_forward_modes(try_import: bool = False) -> tuple[list[str], str]:
             mod = None
     if mod is not None:
         return list(mod.ForwardMode.__members__), "import"
-    node = find_def(_parsed(FORWARD_BATCH_INFO), "ForwardMode")
+    node = find_def(parsed_source(FORWARD_BATCH_INFO), "ForwardMode")
     names = [t.id for st in node.body if isinstance(st, ast.Assign) for t in st.targets if isinstance(t, ast.Name)]
     return names, "source (ast)"

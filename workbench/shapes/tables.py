@@ -4,146 +4,25 @@ Tables are lists of plain dict rows with a text ``__str__`` and an HTML ``_repr_
 """
 from __future__ import annotations
 
-import html
 import re
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from workbench.models.registry import nbytes
 from workbench.records.forward import ForwardMode, ForwardRecord
+from workbench.shapes.rows import CheckTable, CompareTable, LayoutTable, ShapeTable, fmt_bytes, fmt_shape  # noqa: F401
+from workbench.shapes.sglang_layout import layout_of_record
+
 
 # --------------------------------------------------------------------------------------------- formatting
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
 def _nbytes(shape, dtype: str) -> int:
     return nbytes(shape, getattr(torch, dtype))  # a torch dtype's name ("int64", "bool", ...)
 
 
-def _fmt_shape(shape) -> str:
-    if shape is None:
-        return "None"
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-class _Rows(list):
-    """A list of dict rows rendered as a text or HTML table over ``columns``."""
-
-    columns: tuple = ()
-    title: str = ""
-    blank_repeats: tuple = ()  # columns shown only when they change from the row above
-
-    def _cells(self) -> list[list[str]]:
-        out, prev = [], {}
-        for r in self:
-            row = []
-            for c in self.columns:
-                v = self._cell(r, c)
-                row.append("" if c in self.blank_repeats and prev.get(c) == v else v)
-                prev[c] = v
-            out.append(row)
-        return out
-
-    def _cell(self, row: dict, col: str) -> str:
-        v = row.get(col)
-        if v is None:
-            return ""
-        if col == "shape":
-            return _fmt_shape(v)
-        if col == "bytes":
-            return fmt_bytes(v)
-        return str(v)
-
-    def _row_style(self, row: dict) -> str:
-        return ""
-
-    def __str__(self) -> str:
-        cells = self._cells()
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(self.columns)]
-        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
-        out = ([self.title] if self.title else []) + [line(self.columns), line(["-" * w for w in widths])]
-        return "\n".join(out + [line(r) for r in cells])
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join(f"<tr{self._row_style(r)}>" + "".join(f"<td style='text-align:left'>{html.escape(v)}</td>"
-                                                             for v in row) + "</tr>"
-                       for r, row in zip(self, self._cells()))
-        cap = f"<caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>" if self.title else ""
-        return f"<table>{cap}<tr>{head}</tr>{body}</table>"
-
-
-class ShapeTable(_Rows):
-    """Rows {forward, module, layers, io, tensor, shape, dtype, device, bytes}; bytes is per tensor."""
-
-    columns = ("forward", "module", "layers", "io", "tensor", "shape", "dtype", "device", "bytes")
-    blank_repeats = ("forward",)
-
-
-class LayoutTable(_Rows):
-    """SGLang's tensors for a forward: rows {forward, tensor, shape, dtype, bytes, ours, by, source, note}.
-
-    ``by``: what computed the row (sglang import / sglang source / workbench rule); ``source``: the
-    sglang file its rule comes from (``sglang_layout.SGLANG_RULES[row["rule"]]`` has the expression).
-    """
-
-    columns = ("forward", "tensor", "shape", "dtype", "bytes", "ours", "by", "source", "note")
-    blank_repeats = ("forward",)
-
-    def row(self, tensor: str) -> dict:
-        hit = [r for r in self if r["tensor"] == tensor]
-        if not hit:
-            raise KeyError(f"no SGLang tensor {tensor!r}; this layout has {', '.join(r['tensor'] for r in self)}")
-        return hit[0]
-
-
-class CompareTable(_Rows):
-    """Rows {module, layers, io, tensor, <label>: {shape, dtype, bytes} or None} aligned by module name."""
-
-    def __init__(self, rows, labels, title=""):
-        super().__init__(rows)
-        self.labels = tuple(labels)
-        self.columns = ("module", "layers", "io", "tensor") + self.labels
-        self.title = title
-
-    def _cell(self, row, col):
-        if col in self.labels:
-            v = row.get(col)
-            if v is None:
-                return "-"  # this run has no such tensor
-            if v["shape"] is None:
-                return "None"  # SGLang passes None here (e.g. DFlash's verify mask)
-            return f"{_fmt_shape(v['shape'])} {v['dtype']} ({fmt_bytes(v['bytes'])})"
-        return super()._cell(row, col)
-
-
-class CheckTable(_Rows):
-    """Contract checks: rows {check, result (PASS/FAIL), cycles, expected, got}."""
-
-    columns = ("check", "result", "cycles", "expected", "got")
-
-    def _row_style(self, row: dict) -> str:
-        return "" if row.get("ok", True) else " style='background:#fdd'"
-
-    @property
-    def passed(self) -> bool:
-        return all(r["ok"] for r in self)
-
-    def failures(self) -> list[dict]:
-        return [r for r in self if not r["ok"]]
-
-
 # --------------------------------------------------------------------------------------------- selecting forwards
-def _mode(mode) -> ForwardMode:
+def forward_mode(mode) -> ForwardMode:
+    """A ForwardMode from itself or its name (any case); a one-line ValueError naming the known ones."""
     if isinstance(mode, ForwardMode):
         return mode
     try:
@@ -152,11 +31,17 @@ def _mode(mode) -> ForwardMode:
         raise ValueError(f"mode={mode!r} is not one of {', '.join(m.value for m in ForwardMode)}") from None
 
 
-def _is_plan(obj) -> bool:
-    return hasattr(obj, "forwards") and hasattr(obj, "settings")  # a ShapePlan (plan.py), without the import cycle
+@runtime_checkable
+class PlannedForwards(Protocol):
+    """What the tables read from a shape plan (``shapes.plan.ShapePlan``, which builds on this module):
+    its forwards, each labelled, and its settings."""
+
+    forwards: list  # [(label, ForwardRecord)]
+    settings: dict
 
 
-def _trace_of(obj):
+def trace_of(obj):
+    """The trace of a Session or BatchSession; anything else as it is."""
     if hasattr(obj, "verify_layout") and hasattr(obj, "sessions"):  # a BatchSession: its requests' traces
         return obj.sessions[0].trace  # share the batched forwards, so any one of them shows them
     return obj.trace if hasattr(obj, "trace") and hasattr(obj, "step") else obj
@@ -173,10 +58,10 @@ def _ragged_lens(obj, rec) -> tuple[list[int], list[int]] | None:
 
 def _all_forwards(obj) -> list[tuple[str, ForwardRecord]]:
     """(label, record) for every forward of a Trace / Session / ShapePlan / ForwardRecord, in run order."""
-    obj = _trace_of(obj)
+    obj = trace_of(obj)
     if isinstance(obj, ForwardRecord):
         return [(f"{obj.model} {obj.mode.value}", obj)]
-    if _is_plan(obj):
+    if isinstance(obj, PlannedForwards):
         return list(obj.forwards)
     if hasattr(obj, "cycles"):
         out = [("prefill", obj.prefill)] if obj.prefill is not None else []
@@ -194,14 +79,14 @@ def _ran(forwards) -> str:
 def _pick(obj, mode=None, model=None) -> list[tuple[str, ForwardRecord]]:
     """Forwards matching mode/model. From a trace: the first of each (model, mode), preferring a captured one."""
     fw = _all_forwards(obj)
-    m = _mode(mode) if mode is not None else None
+    m = forward_mode(mode) if mode is not None else None
     if model is not None and model not in ("target", "draft"):
         raise ValueError(f"model={model!r} must be 'target' or 'draft'")
     hits = [(lbl, r) for lbl, r in fw if (m is None or r.mode == m) and (model is None or r.model == model)]
     if not hits:
         what = " ".join(x for x in (model, m.value if m else None) if x) or "any"
         raise ValueError(f"no {what} forward ran; modes that ran: {_ran(fw)}")
-    if _is_plan(_trace_of(obj)):
+    if isinstance(trace_of(obj), PlannedForwards):
         return hits
     first: dict = {}
     for i, (lbl, r) in enumerate(hits):
@@ -285,7 +170,7 @@ def _kv_rows(fwd: str, rec: ForwardRecord) -> list[dict]:
 
 def _is_tree(obj, label: str) -> bool:
     """A tree verify (DDTree) needs SGLang's custom mask; a DFlash chain runs causal."""
-    return "DDTree" in label or "DDTree" in str(getattr(_trace_of(obj), "policy", ""))
+    return "DDTree" in label or "DDTree" in str(getattr(trace_of(obj), "policy", ""))
 
 
 def _prompt_logprobs(obj) -> bool:
@@ -297,8 +182,6 @@ def _prompt_logprobs(obj) -> bool:
 
 def sglang_view(obj, picked, use_sglang: bool = True) -> LayoutTable:
     """SGLang's layout (sglang_layout.layout) of each picked forward, with our recorded shapes beside it."""
-    from workbench.shapes.sglang_layout import layout_of_record
-
     rows = LayoutTable()
     titles = []
     for lbl, rec in picked:
@@ -377,8 +260,6 @@ def compare(runs: dict, mode=None, model: str = "target", layers=None, sglang: b
 
 def _sglang_rows(rec: ForwardRecord, tree: bool) -> list[dict]:
     """compare() rows for SGLang's layout of ``rec``: module "(sglang layout)", one per tensor it builds."""
-    from workbench.shapes.sglang_layout import layout_of_record
-
     return [{"module": "(sglang layout)", "layers": "", "io": "sglang", "tensor": r["tensor"], "shape": r["shape"],
              "dtype": r["dtype"] or "-", "bytes": r["bytes"]}
             for r in layout_of_record(rec, tree=tree and rec.mode == ForwardMode.TARGET_VERIFY)]

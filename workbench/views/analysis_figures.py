@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.views.figures import _PALETTE, empty_figure
+from workbench.views.figures import PALETTE, empty_figure
 
 
 def _nan_to_none(a) -> list:
@@ -26,15 +26,15 @@ def reliability_figure(cal) -> go.Figure:
     mid = (cal.edges[:-1] + cal.edges[1:]) / 2
     has = cal.count > 0
     fig.add_trace(go.Bar(x=mid[has].tolist(), y=_nan_to_none(cal.rate[has]), width=np.diff(cal.edges)[has].tolist(),
-                         name="accepted share", marker_color=_PALETTE[0], opacity=0.55,
+                         name="accepted share", marker_color=PALETTE[0], opacity=0.55,
                          customdata=np.stack([cal.count[has], cal.mean_prob[has]], 1).tolist(),
                          hovertemplate="%{customdata[0]} nodes, mean p %{customdata[1]:.3f}: "
                                        "accepted %{y:.1%}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=_nan_to_none(cal.mean_prob[has]), y=_nan_to_none(cal.rate[has]), mode="markers",
-                             name="bin mean", marker=dict(color=_PALETTE[1], size=8), hoverinfo="skip"), row=1, col=1)
+                             name="bin mean", marker=dict(color=PALETTE[1], size=8), hoverinfo="skip"), row=1, col=1)
     r = cal.depth_reached > 0
-    for name, ys, color in (("measured", cal.depth_rate, _PALETTE[0]), ("drafter's mass on drafted children",
-                                                                       cal.depth_predicted, _PALETTE[1])):
+    for name, ys, color in (("measured", cal.depth_rate, PALETTE[0]), ("drafter's mass on drafted children",
+                                                                       cal.depth_predicted, PALETTE[1])):
         fig.add_trace(go.Scatter(x=cal.depth[r].tolist(), y=_nan_to_none(ys[r]), mode="lines+markers", name=name,
                                  line=dict(color=color), customdata=cal.depth_reached[r].tolist(),
                                  hovertemplate=f"{name}<br>depth %{{x}}: %{{y:.1%}} of %{{customdata}} cycles"
@@ -62,14 +62,14 @@ def budget_needed_figure(need, budgets: Sequence[int] | None = None, measured: M
                              hovertemplate="B=%{x}: %{y:.1%} of cycles<extra>accepted path</extra>"), row=1, col=1)
     for i, L in enumerate(x for x in lengths if x in cur["by_length"]):
         fig.add_trace(go.Scatter(x=B, y=cur["by_length"][L], mode="lines", name=f"prefix of length {L}",
-                                 line=dict(color=_PALETTE[i % len(_PALETTE)], dash="dot"),
+                                 line=dict(color=PALETTE[i % len(PALETTE)], dash="dot"),
                                  hovertemplate=f"L={L}, B=%{{x}}: %{{y:.1%}}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=B, y=cur["tau"], mode="lines+markers", name="predicted tau",
-                             line=dict(color=_PALETTE[0])), row=1, col=2)
+                             line=dict(color=PALETTE[0])), row=1, col=2)
     if measured:
         pts = sorted((int(b), float(t)) for b, t in measured.items())
         fig.add_trace(go.Scatter(x=[b for b, _ in pts], y=[t for _, t in pts], mode="markers", name="measured tau",
-                                 marker=dict(color=_PALETTE[3], size=10, symbol="x")), row=1, col=2)
+                                 marker=dict(color=PALETTE[3], size=10, symbol="x")), row=1, col=2)
     fig.update_xaxes(type="log", title_text="budget B (nodes)")
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%", title_text="share of cycles", row=1, col=1)
     fig.update_yaxes(title_text="tau (tokens / cycle)", row=1, col=2)
@@ -91,7 +91,7 @@ def policy_compare_figure(rows: Sequence[Mapping]) -> go.Figure:
     for i, (fam, rs) in enumerate(fams.items()):
         rs = sorted(rs, key=lambda r: r["verified"])
         x = [r["verified"] for r in rs]
-        c = _PALETTE[i % len(_PALETTE)]
+        c = PALETTE[i % len(PALETTE)]
         esc = html.escape(fam)
         labels = [html.escape(str(r.get("policy", fam))) for r in rs]
         fig.add_trace(go.Scatter(x=x, y=[r["tau"] for r in rs], mode="lines+markers", name=esc, legendgroup=esc,

@@ -83,7 +83,7 @@ class BatchStepper(StatusLine):
         cycles = self.batch.sessions[r].cycles
         if not cycles:
             return
-        Stepper._replace(self.tree, tree_figure(cycles[i], self.tokenizer, max_nodes=self.max_nodes))
+        Stepper.redraw(self.tree, tree_figure(cycles[i], self.tokenizer, max_nodes=self.max_nodes))
         self._shown = (r, i)
 
     def _refresh(self) -> None:
@@ -98,7 +98,7 @@ class BatchStepper(StatusLine):
                 self._draw(n - 1)
         else:
             self._shown = None
-            Stepper._replace(self.tree, empty_figure("no cycles yet for this request: press Step"))
+            Stepper.redraw(self.tree, empty_figure("no cycles yet for this request: press Step"))
         msg = repr(self.batch)
         if self.batch.cycles:
             lay = self.batch.verify_layout()

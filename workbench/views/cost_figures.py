@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.views.figures import _PALETTE, empty_figure
+from workbench.views.figures import PALETTE, empty_figure
 
 
 def verify_cost_figure(curves: Sequence[Mapping] | Mapping, measured: Mapping[int, float] | None = None,
@@ -24,7 +24,7 @@ def verify_cost_figure(curves: Sequence[Mapping] | Mapping, measured: Mapping[in
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         "verify / decode on the GPU roofline (memory-bound: nodes ride along)", right if measured else ""))
     for i, c in enumerate(curves):
-        color = _PALETTE[i % len(_PALETTE)]
+        color = PALETTE[i % len(PALETTE)]
         name = html.escape(f"{c['model']} · {c['gpu']} · batch {c['batch']} · prompt {c['prompt_len']}")
         x = [max(b, 0.5) for b in c["budget"]]  # budget 0 (plain decode's shape) drawn at 0.5 on the log axis
         ratio = [s / c["decode_s"] for s in c["seconds"]]
@@ -67,7 +67,7 @@ def speedup_figure(speedups: Sequence | object) -> go.Figure:
                             "verify_cost_figure(table.curve())")
     fig = go.Figure()
     for i, sp in enumerate(items):
-        color = _PALETTE[i % len(_PALETTE)]
+        color = PALETTE[i % len(PALETTE)]
         s = sp.settings
         name = html.escape(f"{s['model']} · {s['gpu']} · batch {s['batch']}")
         rows = sp.rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from workbench.engine.validate import write_text_atomic
+from workbench.records.files import write_text_atomic
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -39,7 +39,7 @@ def page(title: str, parts: list, style: str = "") -> str:
 
 def atomic_write_text(path, text: str) -> Path:
     """Write to a temporary file in the same folder, then rename over ``path``: never half-written.
-    The folder must exist (nothing is created); see ``workbench.engine.validate.write_text_atomic``."""
+    The folder must exist (nothing is created); see ``workbench.records.files.write_text_atomic``."""
     return write_text_atomic(path, text)
 
 

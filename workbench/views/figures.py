@@ -473,7 +473,7 @@ def _runs(traces) -> dict[str, dict]:
     return out
 
 
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def acceptance_figure(traces) -> go.Figure:
@@ -483,7 +483,7 @@ def acceptance_figure(traces) -> go.Figure:
                         horizontal_spacing=0.12)
     for i, (name, run) in enumerate(runs.items()):
         a = np.asarray(run["accept_lengths"], dtype=float)
-        color = _PALETTE[i % len(_PALETTE)]
+        color = PALETTE[i % len(PALETTE)]
         esc = html.escape(name)
         if len(a):
             vals, counts = np.unique(a.astype(int), return_counts=True)
@@ -550,9 +550,9 @@ def budget_sweep_figure(summary: Mapping[str, Mapping]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tau (tokens per cycle)", "speedup over AR"),
                         horizontal_spacing=0.12)
     fig.add_trace(go.Scatter(x=budgets, y=[s["tau"] for _, s in pts], mode="lines+markers", name="DDTree tau",
-                             line=dict(color=_PALETTE[0])), row=1, col=1)
-    for name, key, color in (("measured (cycles)", "decode_speedup_vs_ar", _PALETTE[1]),
-                             ("ceiling (forwards only)", "ceiling_speedup", _PALETTE[2])):
+                             line=dict(color=PALETTE[0])), row=1, col=1)
+    for name, key, color in (("measured (cycles)", "decode_speedup_vs_ar", PALETTE[1]),
+                             ("ceiling (forwards only)", "ceiling_speedup", PALETTE[2])):
         fig.add_trace(go.Scatter(x=budgets, y=[s.get(key) for _, s in pts], mode="lines+markers", name=name,
                                  line=dict(color=color, dash="dot" if key == "ceiling_speedup" else None)),
                       row=1, col=2)

@@ -216,7 +216,7 @@ class Stepper(StatusLine):
 
     # ------------------------------------------------------------------ drawing (in place)
     @staticmethod
-    def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+    def redraw(fw: go.FigureWidget, fig: go.Figure) -> None:
         """Make ``fw`` show ``fig``: same trace types in the same order -> update them in place."""
         new = fig.data
         with fw.batch_update():
@@ -234,7 +234,7 @@ class Stepper(StatusLine):
             fw.add_traces(list(new))
 
     def _draw_tree(self, i: int) -> None:
-        self._replace(self.tree, tree_figure(self.session.cycles[i], self.tokenizer, max_nodes=self.max_nodes))
+        self.redraw(self.tree, tree_figure(self.session.cycles[i], self.tokenizer, max_nodes=self.max_nodes))
         self._shown = i
 
     def _on_slider(self, change) -> None:
@@ -253,15 +253,15 @@ class Stepper(StatusLine):
                 self.slider.value = target
             else:
                 self._draw_tree(target)
-            self._replace(self.stream, token_stream(s.trace, self.tokenizer))
+            self.redraw(self.stream, token_stream(s.trace, self.tokenizer))
             self.stats.value = steady_rate_html(s.trace) + s.trace.summary()._repr_html_()
         else:
             self.slider.value = 0
             self.slider.max = 0
             self.slider.disabled = True
             self._shown = None
-            self._replace(self.tree, empty_figure("no cycles yet: press Step"))
-            self._replace(self.stream, empty_figure("no cycles yet", height=160))
+            self.redraw(self.tree, empty_figure("no cycles yet: press Step"))
+            self.redraw(self.stream, empty_figure("no cycles yet", height=160))
             self.stats.value = ""
         state = f"finished: {s.finish_reason}" if s.finished else "running"
         self._say(f"{s.policy}, T={s.temperature}: {n} cycles, {len(s.generated)} new tokens ({state})")
