@@ -1,0 +1,95 @@
+"""vLLM's DFlash (in process, ``wb.load(engine="vllm")``) writes a cycle dump: ``session(..., dump=PATH)``.
+
+A DFlash step verifies a chain, and a chain is a tree (each draft's parent is the one before it). Per step,
+from what ``workbench.engines.vllm_hooks.Tap`` captured on vLLM's proposer and rejection sampler:
+
+- drafter context: the context tokens and positions vLLM's ``DFlashProposer.propose`` got (``target_token_ids``,
+  ``target_positions``), the block's ids and positions its drafter model ran;
+- drafter output: the top-k of the drafter's logits for every proposed slot (``draft_values = "logits"``);
+- tree: the root and the verified drafts as a chain; target logits: the top-k of the rejection sampler's
+  target logits at every verified slot; accept: what it sampled; commit: the tokens the request received.
+
+Not captured, so left out and named in each record's ``notes``: the verify forward's positions and attention
+mask (vLLM verifies a chain as a causal prefill; the tap reads neither) and the engine's count of computed
+tokens after the step. The request runs alone (the adapter loads vLLM with ``max_num_seqs=1``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from workbench.conform.dump import DumpWriter, make_header
+from workbench.conform.engine_dump import cycle_fields
+
+TOPK = 8
+NOT_CAPTURED = ("verify_positions, visibility: vLLM's chain verify (a causal prefill) is not read by vllm_hooks.Tap",
+                "next_context_len: vLLM's count of computed tokens is not read by vllm_hooks.Tap")
+
+
+def _vocab(target_dir) -> int | None:
+    try:
+        return int(json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+class VllmDump:
+    """The dump of one vLLM session (one request)."""
+
+    def __init__(self, engine, session, path):
+        pair = {"target": str(engine.target_dir), "draft": str(engine.draft_dir), "vocab_size": _vocab(engine.target_dir),
+                "block_size": engine.block_size, "dtype": engine.dtype, "device": str(engine.device), "hybrid": False}
+        head = make_header({"name": "vllm", "version": engine.version, "workarounds": list(engine.patches),
+                            "num_speculative_tokens": engine.num_speculative_tokens},
+                           pair, str(session.policy), {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0},
+                           topk={"draft": TOPK, "target": TOPK}, batch=1)
+        self.writer = DumpWriter(path, head)
+        self.request = session.request_id
+        self.writer.request(self.request, prompt_ids=torch.tensor(session.prompt_ids), first_token=session.generated[0],
+                            policy=str(session.policy), temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                            max_new_tokens=session.max_new_tokens)
+
+    @property
+    def path(self):
+        return self.writer.path
+
+    def cycle(self, session, c, pending, verify, committed_tokens: list[int]) -> None:
+        """One engine step: ``c`` the session's Cycle; ``pending`` (Proposal, row) the drafts it verified;
+        ``verify`` (Verify, row) the rejection sampler's call (both None for a step without speculation)."""
+        f = {k: v for k, v in cycle_fields(c).items() if k not in ("verify_positions", "visibility_form", "visibility")}
+        f.update(row=0, rows=1, committed_tokens=torch.tensor(committed_tokens, dtype=torch.long))
+        notes = list(NOT_CAPTURED)
+        if pending is not None:
+            p, row = pending
+            k = int(p.drafts.shape[1])
+            if len(p.req_ids) == 1:
+                f.update(draft_context_tokens=p.context_tokens, draft_context_positions=p.context_positions)
+            else:
+                notes.append(f"draft_context_tokens: a proposal over {len(p.req_ids)} requests; the tap keeps no "
+                             "split of its context rows")
+            q = slice(row * (k + 1), (row + 1) * (k + 1))
+            if p.query_tokens is not None:
+                f["draft_block_tokens"] = p.query_tokens[q]
+            if p.query_positions is not None:
+                f["draft_block_positions"] = p.query_positions[q]
+            if p.draft_logits is not None:
+                v, i = p.draft_logits[row].float().topk(TOPK, dim=-1)
+                f.update(draft_topk_ids=i, draft_topk_values=v, draft_values="logits")
+        if verify is not None:
+            v, vrow = verify
+            v_, i_ = v.target_logits[vrow].float().topk(TOPK, dim=-1)
+            f.update(target_topk_ids=i_, target_topk_values=v_)
+        self.writer.cycle(self.request, c.index, notes="\n".join(notes), **f)
+        if session.finished:
+            self.writer.close()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def attach(engine, session, path) -> VllmDump:
+    dump = VllmDump(engine, session, path)
+    session.dump = dump
+    return dump
