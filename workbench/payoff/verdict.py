@@ -25,27 +25,40 @@ COST_GROUPS = {"draft": ("draft",), "tree": ("tree_build", "tree_compile"), "ver
 
 @dataclass(frozen=True)
 class Decision:
-    """Log-terms of the predicted speedup of a shape over a baseline and which one decides it."""
+    """The predicted speedup of a shape over a baseline as log-terms, and which one decides it."""
 
     gain: float  # tokens per forward, shape / baseline
-    verify_term: float  # -log(1 + extra verify time / baseline step)
-    overhead_term: float  # -log(1 + extra time outside the verify / baseline step)
+    verify_share: float  # the shape's extra verify time / the baseline's step
+    overhead_share: float  # its extra time outside the verify / the baseline's step
     factor: str  # "acceptance", "verify width" or "per-step overhead"
     pays: bool  # the predicted speedup is above 1
 
     @property
+    def step_ratio(self) -> float:
+        return 1 + self.verify_share + self.overhead_share
+
+    @property
     def predicted(self) -> float:
-        return self.gain * math.exp(self.verify_term + self.overhead_term)
+        return self.gain / self.step_ratio
+
+    @property
+    def terms(self) -> dict:
+        """log(predicted) = acceptance + verify width + per-step overhead (the verify's extra time counted
+        first, the rest of the step's on top of it)."""
+        tv = -math.log1p(self.verify_share)
+        return {"acceptance": math.log(self.gain), "verify width": tv,
+                "per-step overhead": -math.log(self.step_ratio) - tv}
 
     def sentence(self, label: str, baseline: str) -> str:
-        v, o = math.exp(-self.verify_term) - 1, math.exp(-self.overhead_term) - 1
         return (f"{self.factor} decides: {label} commits {self.gain:.2f}x the tokens per forward of {baseline} while "
-                f"its verify adds {100 * v:+.0f}% and the rest of its step {100 * o:+.0f}% of {baseline}'s step "
-                f"(predicted {self.predicted:.2f}x)")
+                f"its verify adds {100 * self.verify_share:+.0f}% and the rest of its step "
+                f"{100 * self.overhead_share:+.0f}% of {baseline}'s step (predicted {self.predicted:.2f}x)")
 
 
 def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision:
-    """Which of acceptance, verify width and per-step overhead decides a shape against a baseline.
+    """Which of acceptance, verify width and per-step overhead decides a shape against a baseline: the
+    largest log-term in the direction of the outcome; a loss with under ``NO_GAIN`` acceptance gain is
+    acceptance's.
 
     gain: tokens per forward over the baseline's; *_stages: median seconds per step, stage -> s (``STAGES``)."""
     base = sum(base_stages.values())
@@ -53,16 +66,16 @@ def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision
         raise ValueError(f"what_decides needs a positive gain and baseline step (gain={gain}, step={base})")
     dv = shape_stages.get("verify", 0.0) - base_stages.get("verify", 0.0)
     do = (sum(shape_stages.values()) - shape_stages.get("verify", 0.0)) - (base - base_stages.get("verify", 0.0))
-    tv, to = -math.log1p(dv / base), -math.log1p(do / base)
-    terms = {"acceptance": math.log(gain), "verify width": tv, "per-step overhead": to}
-    pays = sum(terms.values()) > 0
+    d = Decision(gain, dv / base, do / base, "", False)
+    terms = d.terms
+    pays = d.predicted > 1
     if pays:
         factor = max(terms, key=terms.get)
     elif gain < 1 + NO_GAIN:
         factor = "acceptance"
     else:
         factor = min(("verify width", "per-step overhead"), key=terms.get)
-    return Decision(gain, tv, to, factor, pays)
+    return Decision(gain, dv / base, do / base, factor, pays)
 
 
 @dataclass
