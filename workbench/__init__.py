@@ -26,6 +26,10 @@ def __getattr__(name: str):
         from workbench.payoff import pays_off
 
         return pays_off
+    if name == "conform":  # a cycle dump checked contract by contract (workbench.conform.check)
+        from workbench.conform.check import conform
+
+        return conform
     if name == "compare":  # the conformance report against a production engine (vLLM is optional)
         from workbench.engines.conformance import compare
 
@@ -39,7 +43,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AR", "Cycle", "compare", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
+    "AR", "Cycle", "compare", "conform", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
     "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",

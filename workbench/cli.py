@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off,sweep}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,bench,report,kernels,serve,bench-serve,pays-off,sweep,conform}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("run", help="generate from one prompt and print the text and a summary")
@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.bench.sweep import add_parser as add_sweep_parser  # the command's code lives there
 
     add_sweep_parser(sub)
+    from workbench.conform.check import add_parser as add_conform_parser  # the command's code lives there
+
+    add_conform_parser(sub)
 
     p = sub.add_parser("kernels", help="micro-benchmarks of the tree kernels against their oracles")
     p.add_argument("--budgets", default=None,
@@ -681,6 +684,12 @@ def cmd_pays_off(args, out, err) -> int:
     return run(args, out, err)
 
 
+def cmd_conform(args, out, err) -> int:
+    from workbench.conform.check import cmd_conform as run
+
+    return run(args, out, err)
+
+
 def cmd_serve(args, out, err) -> int:
     from workbench.serve.main import serve_main
 
@@ -688,7 +697,8 @@ def cmd_serve(args, out, err) -> int:
 
 
 COMMANDS = {"run": cmd_run, "bench": cmd_bench, "report": cmd_report, "kernels": cmd_kernels, "serve": cmd_serve,
-            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off, "sweep": cmd_sweep}
+            "bench-serve": cmd_bench_serve, "pays-off": cmd_pays_off, "sweep": cmd_sweep,
+            "conform": cmd_conform}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,598 @@
+"""``wb.conform(dump)``: a dumped speculative run replayed against the reference, contract by contract.
+
+    report = wb.conform("run.dump")                 # the pair the dump's header names (default: embedded)
+    report = wb.conform("run.dump", target=DIR, draft=DIR)
+    print(report); report.to_dict(); report.broken  # contracts in the order they first broke
+    python -m workbench conform run.dump [--target DIR --draft DIR] [--json]
+
+For every cycle record (docs/dump-format.md) the checker rebuilds what the step should have been from the
+request's committed context (its prompt, its first token and the tokens every earlier step committed), with
+the workbench's own independent references: the reference drafter (``workbench.engines.reference``) on that
+context, the exact best-N tree (``oracles.build_tree_greedy_exact``) for the engine's own drafter output, the
+ancestor closure by a plain walk, the path oracle (``workbench.models.path_oracle``: every node's logits from
+its own root-to-node path through transformers' own model and cache) and the accept walk in Python. It then
+holds each contract (``workbench.conform.contracts.CONTRACTS``) against the dump's fields. Per contract the
+report gives cycles checked, cycles broken, the first broken cycle with its evidence and the acceptance it
+cost there (tokens the reference's step commits on that context vs the engine's), and the cycles it could
+not check with the fields they lack: a missing field is "not checked", never passed.
+
+Bad input is refused in one line naming the field, before any model loads where the file alone shows it:
+a foreign, truncated-header or unknown-version file (``read_dump``), a dump of another pair (vocabulary,
+block size, mask token), a field in a layout the checker cannot read (an unknown visibility form, a drafted
+slot count the drafter's block cannot make, a token outside the vocabulary).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from workbench.conform import contracts as C
+from workbench.conform.dump import DumpFileError, read_dump
+
+NEEDS = {  # the fields each contract reads (besides the committed context); a cycle without them is not checked
+    "drafter context": ("draft_context_tokens", "draft_context_positions"),
+    "drafter output": ("draft_topk_ids", "draft_topk_values"),
+    "tree": ("tree_tokens", "tree_parents"),
+    "verify positions": ("verify_positions", "tree_parents"),
+    "visibility": ("visibility_form", "tree_parents"),
+    "recurrent-state parents": ("state_from", "tree_parents"),
+    "target logits": ("target_topk_ids", "target_topk_values", "tree_tokens", "tree_parents"),
+    "accept walk": ("tree_tokens", "tree_parents", "accepted_nodes"),
+    "committed tokens": ("accepted_nodes", "tree_tokens"),
+}
+TOKEN_FIELDS = ("draft_context_tokens", "draft_block_tokens", "draft_topk_ids", "tree_tokens", "verify_ids",
+                "target_topk_ids", "target_choice", "committed_tokens")
+
+
+class ConformInputError(ValueError):
+    """A dump the checker cannot check (another pair, a layout it cannot read); one line naming the field."""
+
+
+@dataclass
+class ContractResult:
+    """One contract over the run."""
+
+    name: str
+    checked: int = 0  # cycles whose fields this contract had
+    broken: int = 0
+    near_ties: int = 0  # top-1 differences within the tolerance's near tie (not counted as broken)
+    not_checked: dict = field(default_factory=dict)  # why -> cycles
+    first: dict | None = None  # the first broken cycle: request, cycle, step, row, evidence, accept lengths
+
+    @property
+    def status(self) -> str:
+        if self.broken:
+            return "BROKEN"
+        return "passed" if self.checked else "not checked"
+
+    def to_dict(self) -> dict:
+        return {"contract": self.name, "status": self.status, "checked": self.checked, "broken": self.broken,
+                "near_ties": self.near_ties, "not_checked": dict(self.not_checked), "first_broken": self.first}
+
+
+@dataclass
+class ConformReport:
+    dump: str
+    header: dict
+    results: dict  # contract name -> ContractResult, in CONTRACTS order
+    cycles: int
+    requests: int
+    tolerance: C.Tolerance
+    seconds: float
+    notes: list = field(default_factory=list)  # one line each: a dump cut short, fields this version does not know
+
+    @property
+    def broken(self) -> list[str]:
+        """The broken contracts in the order they first broke (engine step, row, then the data flow's order
+        within a step: an input's fault explains what follows it)."""
+        bad = [r for r in self.results.values() if r.broken]
+        order = {n: i for i, n in enumerate(C.CONTRACTS)}
+        return [r.name for r in sorted(bad, key=lambda r: (r.first["step"], r.first["row"], order[r.name]))]
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+    def to_dict(self) -> dict:
+        return {"dump": self.dump, "engine": self.header.get("engine"), "pair": self.header.get("pair"),
+                "policy": self.header.get("policy"), "cycles": self.cycles, "requests": self.requests,
+                "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
+                "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()]}
+
+    def __str__(self) -> str:
+        from workbench.records.texttable import text_table
+
+        eng = self.header.get("engine") or {}
+        pair = self.header.get("pair") or {}
+        lines = [f"Conformance of {self.dump}: {eng.get('name')} {eng.get('version', '')}".rstrip()
+                 + f", {self.header.get('policy') or 'per-request policies'}, {self.cycles} cycles of "
+                 f"{self.requests} request(s), checked in {self.seconds:.1f} s",
+                 f"pair: target {pair.get('target')}, draft {pair.get('draft')} ({pair.get('dtype')})",
+                 f"tolerance {self.tolerance}"]
+        lines += [f"note: {n}" for n in self.notes]
+        rows = []
+        for r in self.results.values():
+            f = r.first
+            rows.append([r.name, r.status, str(r.checked), str(r.broken),
+                         f"request {f['request']} cycle {f['cycle']}" if f else "-",
+                         f"{f['reference_accept']} / {f['engine_accept']}" if f and f.get("reference_accept") is not None else "-",
+                         "; ".join(f"{k} ({v})" for k, v in r.not_checked.items()) or "-"])
+        lines.append(text_table(["contract", "status", "cycles checked", "broken", "first broken",
+                                 "accept there ref / engine", "not checked (cycles)"], rows))
+        if self.broken:
+            lines.append("broken, in the order they first broke:")
+            for i, name in enumerate(self.broken, 1):
+                f = self.results[name].first
+                cost = (f"; the reference's step commits {f['reference_accept']} tokens there, the engine's "
+                        f"{f['engine_accept']}" if f.get("reference_accept") is not None else "")
+                lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
+                             f"{f['evidence']}{cost}")
+        else:
+            lines.append("no contract broken" + (" (see the contracts not checked)" if any(
+                r.status == "not checked" for r in self.results.values()) else ""))
+        near = [f"{r.name}: {r.near_ties}" for r in self.results.values() if r.near_ties]
+        if near:
+            lines.append("near ties (a different top-1 within the tolerance, not counted): " + ", ".join(near))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+# ------------------------------------------------------------------------------------------ the pair
+def _pair_dirs(pair: dict, target, draft) -> tuple[Path, Path]:
+    from workbench.engine.loading import pair_dirs, resolve_model_ref
+
+    if target is None and draft is None:
+        t, d = (resolve_model_ref(pair.get(k)) for k in ("target", "draft"))
+        if pair.get("target") and t is None:
+            raise ConformInputError(f"the dump's pair.target {pair.get('target')!r} is not on this machine: pass "
+                                    "target= and draft= (--target / --draft)")
+        if pair.get("draft") and d is None:
+            raise ConformInputError(f"the dump's pair.draft {pair.get('draft')!r} is not on this machine: pass "
+                                    "target= and draft= (--target / --draft)")
+        target, draft = t, d
+    return pair_dirs(target, draft)
+
+
+def check_pair(pair: dict, tdir: Path, ddir: Path) -> None:
+    """The dump's ``pair`` against the models' configs (read, not loaded): one line naming the first field
+    that differs."""
+    from workbench.engine.loading import draft_settings, read_config
+
+    tcfg, dcfg = read_config(tdir), read_config(ddir)
+    text = tcfg.get("text_config") if isinstance(tcfg.get("text_config"), dict) else tcfg
+    ds = draft_settings(dcfg, ddir)
+    have = {"vocab_size": text.get("vocab_size"), "block_size": ds.block_size, "mask_token_id": ds.mask_token_id,
+            "target_layer_ids": ds.target_layer_ids}
+    for key, value in have.items():
+        if key in pair and pair[key] != value:
+            raise ConformInputError(f"the dump's pair.{key} is {pair[key]!r} but the pair here (target {tdir}, draft "
+                                    f"{ddir}) has {value!r}: a dump of another pair; pass its target= and draft=")
+
+
+def prescan(path, pair: dict) -> tuple[int, int, list[str]]:
+    """One pass over the records before any model loads: every field decodes, the layouts are ones the checker
+    reads, and token ids and drafted slots fit the pair. -> (cycles, requests, notes)."""
+    from workbench.conform.dump import VISIBILITY_FORMS
+
+    vocab, block = pair.get("vocab_size"), pair.get("block_size")
+    _, records = read_dump(path)
+    cycles = requests = 0
+    unknown: set = set()
+    for rec in records:
+        for name in rec.fields:
+            value = rec[name]  # DumpFileError names file:line and the field
+            if name in TOKEN_FIELDS and isinstance(value, Tensor) and value.numel() and isinstance(vocab, int):
+                lo, hi = int(value.min()), int(value.max())
+                if name != "target_choice" and (lo < 0 or hi >= vocab):
+                    raise ConformInputError(f"{rec.where}: {name} holds token {hi if hi >= vocab else lo}, outside "
+                                            f"the pair's vocabulary of {vocab}: a dump of another pair?")
+        unknown.update(rec.unknown)
+        if rec.kind == "request":
+            requests += 1
+            continue
+        cycles += 1
+        form = rec.get("visibility_form")
+        if form is not None and form not in VISIBILITY_FORMS:
+            raise ConformInputError(f"{rec.where}: visibility_form {form!r} is a layout this checker cannot read "
+                                    f"({', '.join(VISIBILITY_FORMS)})")
+        kind = rec.get("draft_values")
+        if kind is not None and kind not in ("logprobs", "logits"):
+            raise ConformInputError(f"{rec.where}: draft_values {kind!r}: the checker reads logprobs or logits")
+        for name in ("draft_topk_ids", "draft_logits"):
+            if name in rec and isinstance(block, int) and rec[name].shape[0] > block - 1:
+                raise ConformInputError(f"{rec.where}: {name} has {rec[name].shape[0]} drafted slots; the pair's "
+                                        f"block of {block} drafts at most {block - 1}: a dump of another pair?")
+        for a, b in (("draft_topk_ids", "draft_topk_values"), ("target_topk_ids", "target_topk_values")):
+            if a in rec and b in rec and rec[a].shape != rec[b].shape:
+                raise ConformInputError(f"{rec.where}: {a} {list(rec[a].shape)} and {b} {list(rec[b].shape)} "
+                                        "differ in shape")
+    notes = []
+    if records.truncated:
+        notes.append(records.truncated)
+    elif not records.complete:
+        notes.append("the dump has no end line: the run stopped early; every whole record was checked")
+    if unknown:
+        notes.append(f"fields this version does not know, not checked: {', '.join(sorted(unknown))}")
+    return cycles, requests, notes
+
+
+# ------------------------------------------------------------------------------------------ the replay
+def greedy_continuation(model, context: list[int], n: int) -> list[int]:
+    """The target's next ``n`` greedy tokens after ``context`` (root last), by its own cache."""
+    from workbench.models.path_oracle import prefill
+
+    with torch.no_grad():
+        logits, cache = prefill(model, torch.tensor(context))
+        out = [int(logits.argmax())]
+        while len(out) < n:
+            step = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True)
+            out.append(int(step.logits[0, -1].argmax()))
+    return out
+
+
+def chain_logits(model, context: list[int], tokens: list[int], parents: list[int]) -> Tensor:
+    """Every node's target logits [n, V] from its own root-to-node path, as plain chains through transformers'
+    own model: the committed ``context`` (the root excluded) prefilled once, then one batch whose row i is
+    node i's path (root first), right-padded; causal attention (and a causal recurrence) keeps the padding
+    out of every real position, so row i's logits at its depth are the path oracle's
+    (``workbench.models.path_oracle.path_logits``, which tests/conform checks it against) in one forward.
+    A cache that cannot be repeated over rows (transformers' linear-attention layers) runs each row's whole
+    context instead."""
+    from workbench.models.path_oracle import prefill
+
+    n, depth = len(tokens), C.depths_from(parents)
+    batch = torch.zeros(n, max(depth) + 1, dtype=torch.long)  # [n, D + 1]
+    for i in range(n):
+        j = i
+        batch[i, depth[i] + 1:] = tokens[i]  # padding: never read
+        while j >= 0:
+            batch[i, depth[j]] = tokens[j]
+            j = parents[j]
+    ctx = torch.tensor(context)
+    with torch.no_grad():
+        _, cache = prefill(model, ctx)
+        if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
+            cache.batch_repeat_interleave(n)
+            out = model(input_ids=batch, past_key_values=cache, use_cache=True).logits  # [n, D + 1, V]
+        else:
+            out = model(input_ids=torch.cat([ctx.expand(n, len(context)), batch], 1), use_cache=False).logits
+            out = out[:, len(context):]
+    return out[torch.arange(n), torch.tensor(depth)].float()
+
+
+@dataclass
+class _Request:
+    context: list | None  # committed tokens, the root last; None: the request record is missing
+    policy: object
+    prompt_len: int = 0
+    max_new_tokens: int | None = None
+    eos: int | None = None
+    seen: dict = field(default_factory=dict)  # position -> token the drafter took in as context
+    previous: tuple | None = None  # (record, cost) of the request's previous cycle
+
+    def ends_with(self, committed: list | None) -> bool:
+        """Whether this step may end the request short of its accepted path: its token limit or end-of-text."""
+        if not committed:
+            return True
+        new = (len(self.context) - self.prompt_len if self.context is not None else 0) + len(committed)
+        return (self.max_new_tokens is not None and new >= self.max_new_tokens) or committed[-1] == self.eos
+
+
+def _list(rec, name: str) -> list | None:
+    return rec[name].tolist() if name in rec else None
+
+
+class _Replay:
+    """The reference's side of every cycle, for one loaded pair."""
+
+    def __init__(self, models, tol: C.Tolerance, hybrid: bool):
+        from workbench.engines.reference import Reference
+
+        self.models, self.tol, self.hybrid = models, tol, hybrid
+        self.ref = Reference(models)
+        self.results = {name: ContractResult(name) for name in C.CONTRACTS}
+
+    # ---- per contract bookkeeping
+    def _skip(self, name: str, why: str) -> None:
+        r = self.results[name]
+        r.not_checked[why] = r.not_checked.get(why, 0) + 1
+
+    def _needs(self, name: str, rec, extra: tuple = ()) -> bool:
+        lacking = [f for f in NEEDS[name] + extra if f not in rec]
+        if lacking:
+            self._skip(name, "no " + ", ".join(lacking))
+            return False
+        return True
+
+    def _verdict(self, name: str, rec, problem: str | None, cost) -> None:
+        r = self.results[name]
+        r.checked += 1
+        if problem is None:
+            return
+        r.broken += 1
+        if r.first is None:
+            ref_acc, eng_acc = cost()
+            r.first = {"request": rec.request, "cycle": rec.get("cycle"), "step": rec["step"],
+                       "row": rec.get("row") or 0, "evidence": problem, "reference_accept": ref_acc,
+                       "engine_accept": eng_acc}
+
+    # ---- one cycle
+    def cycle(self, rec, rq: _Request) -> None:
+        m = self.models
+        ctx = rq.context
+        start = len(ctx) - 1 if ctx is not None else rec.get("context_len")
+        tokens = rec["tree_tokens"].tolist() if "tree_tokens" in rec else None
+        parents = rec["tree_parents"].tolist() if "tree_parents" in rec else None
+        shape = None if tokens is None or parents is None else C.tree_shape_problem(
+            tokens, parents, rec["tree_depths"].tolist() if "tree_depths" in rec else None)
+        cache: dict = {}
+
+        def ref_logits(D: int) -> Tensor:  # [D, V]: the reference drafter on the committed context
+            if "draft" not in cache:  # the whole block always: its slots attend to each other
+                cache["draft"] = self.ref.draft_logits(ctx, m.block_size - 1).float()
+            return cache["draft"][:D]
+
+        def ref_logprobs(D: int) -> Tensor:
+            return torch.log_softmax(ref_logits(D), -1)
+
+        def cost():
+            """(the reference step's committed tokens on this context, the engine's)."""
+            from workbench.engine.policies import DDTree, DFlash
+
+            eng = len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None
+            if ctx is None or not isinstance(rq.policy, (DDTree, DFlash)):
+                return None, eng
+            D = rec["draft_topk_ids"].shape[0] if "draft_topk_ids" in rec else m.block_size - 1
+            want = C.reference_tree(ref_logprobs(D), ctx[-1], rq.policy)
+            greedy = greedy_continuation(m.target, ctx, D + 1)
+            return C.accept_length(want["tokens"], want["parents"], greedy), eng
+
+        # drafter context: every committed position reached the drafter, with its own token
+        if ctx is None:
+            for name in ("drafter context", "drafter output", "target logits"):
+                self._skip(name, "no request record (the committed context is unknown)")
+        elif self._needs("drafter context", rec):
+            pos, tok = rec["draft_context_positions"].tolist(), rec["draft_context_tokens"].tolist()
+            rq.seen.update(zip(pos, tok))
+            problem = C.drafter_context_problem(rq.seen, ctx, start)
+            if problem is None and ("draft_block_tokens" in rec or "draft_block_positions" in rec):
+                problem = C.block_problem(_list(rec, "draft_block_tokens"), _list(rec, "draft_block_positions"),
+                                          ctx[-1], m.mask_token_id, start)
+            self._verdict("drafter context", rec, problem, cost)
+        # drafter output: the engine's top-k per slot against the reference drafter on the same context
+        kind = rec.get("draft_values", "logprobs")
+        if ctx is not None and self._needs("drafter output", rec):
+            ids, vals = rec["draft_topk_ids"], rec["draft_topk_values"]
+            ref = ref_logprobs(ids.shape[0]) if kind == "logprobs" else ref_logits(ids.shape[0])
+            problem, near = C.topk_problem(ids, vals, ref, self.tol, "slot", "log-prob" if kind == "logprobs"
+                                           else "logit")
+            self.results["drafter output"].near_ties += near
+            self._verdict("drafter output", rec, problem, cost)
+        # tree: the exact best-N tree for the engine's own drafter output
+        if self._needs("tree", rec, ("draft_topk_ids", "draft_topk_values")):
+            self._tree(rec, rq, tokens, parents, shape, kind, cost)
+        if shape is not None:  # the other contracts cannot read a malformed tree: the tree contract names it
+            for name in C.CONTRACTS[3:]:
+                self._skip(name, "the tree is malformed")
+            return
+        # verify positions: the root's position plus depth; the tree's tokens as input ids
+        if start is None:
+            self._skip("verify positions", "no context_len and no request record")
+        elif self._needs("verify positions", rec):
+            self._verdict("verify positions", rec, C.positions_problem(
+                rec["verify_positions"].tolist(), parents, start,
+                rec["verify_ids"].tolist() if "verify_ids" in rec else None, tokens), cost)
+        # visibility: the ancestor closure, from whichever form the engine held
+        if start is not None and self._needs("visibility", rec):
+            self._verdict("visibility", rec, self._visibility(rec, parents, start), cost)
+        # recurrent-state parents (hybrid targets)
+        if not self.hybrid:
+            self._skip("recurrent-state parents", "an attention-only target has none")
+        elif self._needs("recurrent-state parents", rec):
+            self._verdict("recurrent-state parents", rec,
+                          C.state_parents_problem(rec["state_from"].tolist(), parents), cost)
+        # target logits: every node against the path oracle on the committed context
+        if ctx is not None and self._needs("target logits", rec):
+            oracle = chain_logits(m.target, ctx[:-1], tokens, parents)
+            ids, vals = rec["target_topk_ids"], rec["target_topk_values"]
+            problem, near = C.topk_problem(ids, vals, oracle, self.tol, "node", "logit")
+            self.results["target logits"].near_ties += near
+            self._verdict("target logits", rec, problem, cost)
+            root, _ = C.topk_problem(ids[:1], vals[:1], oracle[:1], self.tol, "node", "logit")
+            root_inputs_ok = start is not None and "verify_positions" in rec and \
+                int(rec["verify_positions"][0]) == start
+            if root is not None and root_inputs_ok and rq.previous is not None:
+                self._committed_state(rq.previous, root)
+        # accept walk: along the engine's own choices
+        if self._needs("accept walk", rec):
+            choice = (rec["target_choice"] if "target_choice" in rec else
+                      rec["target_topk_ids"][:, 0] if "target_topk_ids" in rec else None)
+            if choice is None:
+                self._skip("accept walk", "no target_choice or target_topk_ids")
+            else:
+                self._verdict("accept walk", rec, C.accept_problem(tokens, parents, choice.tolist(),
+                                                                   rec["accepted_nodes"].tolist(),
+                                                                   rec.get("bonus")), cost)
+        # committed tokens: the accepted drafts then the bonus, K/V kept in path order, the engine's count
+        if self._needs("committed tokens", rec):
+            acc = rec["accepted_nodes"].tolist()
+            problem = None
+            if start is not None and rec.get("context_len") is not None and rec["context_len"] != start:
+                problem = (f"context_len {rec['context_len']} but {start} tokens are committed before the root")
+            elif ctx is not None and rec.get("root_token") is not None and rec["root_token"] != ctx[-1]:
+                problem = f"root_token {rec['root_token']}, the last committed token is {ctx[-1]}"
+            if problem is None and all(0 <= a < len(tokens) for a in acc):
+                committed = _list(rec, "committed_tokens")
+                problem = C.commit_problem(committed, [tokens[a] for a in acc], rec.get("bonus"),
+                                           _list(rec, "kv_kept_nodes"), acc, rec.get("next_context_len"),
+                                           start if start is not None else 0, last=rq.ends_with(committed))
+            self._verdict("committed tokens", rec, problem, cost)
+        rq.previous = (rec, cost)
+
+    def _committed_state(self, previous, root_problem: str) -> None:
+        """The root's logits depend on nothing but the state the previous step committed (its K/V, its recurrent
+        state) and the root itself at its own position: wrong there, the previous commit left a wrong state.
+        Counted against that step's commit (it already counted as checked)."""
+        rec, cost = previous
+        r = self.results["committed tokens"]
+        r.broken += 1
+        if r.first is None or (r.first["step"], r.first["row"]) > (rec["step"], rec.get("row") or 0):
+            ref_acc, eng_acc = cost()
+            r.first = {"request": rec.request, "cycle": rec.get("cycle"), "step": rec["step"],
+                       "row": rec.get("row") or 0, "reference_accept": ref_acc, "engine_accept": eng_acc,
+                       "evidence": "the state this step committed (its kept K/V rows or recurrent state) gives the "
+                                   f"next step's root the wrong logits, its position and token being right: {root_problem}"}
+
+    def _tree(self, rec, rq, tokens, parents, shape, kind, cost) -> None:
+        from workbench.engine.policies import DDTree, DFlash
+
+        policy = rq.policy
+        if not isinstance(policy, (DDTree, DFlash)):
+            self._skip("tree", f"policy {policy} (the checker rebuilds DFlash and DDTree trees)")
+            return
+        if shape is not None:
+            self._verdict("tree", rec, shape, lambda: (None, None))
+            return
+        ids, vals = rec["draft_topk_ids"].long(), rec["draft_topk_values"].float()
+        if kind != "logprobs":
+            self._skip("tree", "draft values are logits' top-k: a tree's path scores need log-probs")
+            return
+        D, k = ids.shape
+        lp = torch.full((D, self.models.target.config.get_text_config(decoder=True).vocab_size), float("-inf"))
+        lp.scatter_(1, ids, vals)
+        want = C.reference_tree(lp, tokens[0], policy)
+        need = 1 if isinstance(policy, DFlash) else min(policy.budget, policy.width or policy.budget)
+        if k < need and not _exact_from_topk(want, lp, vals):
+            self._skip("tree", f"the draft top-{k} is too short to rebuild a {policy} tree exactly")
+            return
+        self._verdict("tree", rec, C.tree_problem(tokens, parents, want), cost)
+
+    def _visibility(self, rec, parents, start) -> str | None:
+        from workbench.conform.convert import dense_visibility
+
+        try:
+            dense = dense_visibility(rec)
+        except ValueError as e:  # e.g. FlashInfer bytes that do not fit the request: the engine's indptr
+            return " ".join(str(e).split())
+        return C.visibility_problem(dense, parents, start)
+
+
+def _exact_from_topk(want: dict, lp: Tensor, vals: Tensor) -> bool:
+    """A tree rebuilt from each slot's top-k is the exact one when no token past rank k could have entered it:
+    every node's best unseen child (its score plus the slot's k-th value, an upper bound) scores below the
+    tree's last node."""
+    tokens, parents = want["tokens"], want["parents"]
+    depth = C.depths_from(parents)
+    score = [0.0] * len(tokens)
+    for i in range(1, len(tokens)):
+        score[i] = score[parents[i]] + float(lp[depth[i] - 1, tokens[i]])
+    floor = min(score[1:], default=0.0)
+    kth = vals[:, -1].tolist()
+    return all(score[i] + kth[depth[i]] < floor for i in range(len(tokens)) if depth[i] < len(kth))
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None) -> ConformReport:
+    """Check every cycle of the dump at ``dump`` against the reference on the pair its header names (default;
+    the embedded pair for a workbench dump) or ``target`` / ``draft``, or on ``models`` already loaded
+    (``engine.models``: checked against the header as a directory would be). See the module's docstring."""
+    from workbench.engine.loading import load_models
+    from workbench.engine.policies import parse_policy
+
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    head, _ = read_dump(dump)
+    pair = head["pair"]
+    if models is None:
+        tdir, ddir = _pair_dirs(pair, target, draft)
+    else:
+        tdir, ddir = models.target_dir, models.draft_dir
+    check_pair(pair, tdir, ddir)
+    cycles, requests, notes = prescan(dump, pair)
+    dtype = pair.get("dtype") or "float32"
+    tol = C.tolerance(dtype)
+    if models is None:
+        say(f"loading the pair ({tdir}, {ddir}, {dtype})")
+        models = load_models(tdir, ddir, device=device, dtype=dtype)
+    elif str(models.dtype).replace("torch.", "") != dtype:
+        raise ConformInputError(f"the dump's pair.dtype is {dtype!r} but models= holds {models.dtype}: load the "
+                                "pair in the dump's dtype")
+    replay = _Replay(models, tol, bool(pair.get("hybrid")))
+    reqs: dict = {}
+    default_policy = head.get("policy")
+    _, records = read_dump(dump)
+    done = 0
+    with torch.inference_mode():
+        for rec in records:
+            if rec.kind == "request":
+                ctx = (rec["prompt_ids"].tolist() + [rec["first_token"]] if "prompt_ids" in rec and "first_token"
+                       in rec else None)
+                reqs[rec.request] = _Request(ctx, _policy(rec.get("policy") or default_policy, parse_policy),
+                                             len(ctx) - 1 if ctx else 0, rec.get("max_new_tokens"),
+                                             models.tokenizer.eos_token_id)
+                continue
+            rq = reqs.get(rec.request)
+            if rq is None:  # cycles of a request whose start the dump lacks: checked without its context
+                rq = reqs[rec.request] = _Request(None, _policy(rec.get("policy") or default_policy, parse_policy))
+            if rec.get("policy"):
+                rq.policy = _policy(rec["policy"], parse_policy)
+            replay.cycle(rec, rq)
+            _advance(rec, rq)
+            done += 1
+            if done % 16 == 0:
+                say(f"{done}/{cycles} cycles")
+    return ConformReport(str(dump), head, replay.results, cycles, requests, tol, time.perf_counter() - t0, notes)
+
+
+def _policy(label, parse_policy):
+    if not label:
+        return None
+    try:
+        return parse_policy(str(label))
+    except ValueError:
+        return str(label)
+
+
+def _advance(rec, rq: _Request) -> None:
+    """The request's committed context after this step: what the engine says it committed (else the accepted
+    path's drafts and the bonus); unknown from here on when the record holds neither."""
+    if rq.context is None:
+        return
+    if "committed_tokens" in rec:
+        rq.context = rq.context + rec["committed_tokens"].tolist()
+    elif "accepted_nodes" in rec and "tree_tokens" in rec and rec.get("bonus") is not None:
+        toks = rec["tree_tokens"].tolist()
+        rq.context = rq.context + [toks[a] for a in rec["accepted_nodes"].tolist()[1:]] + [rec["bonus"]]
+    else:
+        rq.context = None
+
+
+def cmd_conform(args, out, err) -> int:
+    """``python -m workbench conform DUMP``: exit 0 when no contract broke, 1 when one did, 2 on bad input."""
+    import json
+
+    try:
+        report = conform(args.dump, args.target, args.draft, device=args.device,
+                         progress=None if args.quiet else lambda m: print(f"conform: {m}", file=err, flush=True))
+    except DumpFileError as e:
+        raise ConformInputError(str(e)) from None
+    print(json.dumps(report.to_dict()) if args.json else str(report), file=out)
+    return 0 if report.ok else 1
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("conform", help="check a cycle dump contract by contract against the reference")
+    p.add_argument("dump", help="a cycle dump (docs/dump-format.md)")
+    p.add_argument("--target", metavar="DIR", help="target model directory (default: the one the dump names)")
+    p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (default: the one the dump names)")
+    p.add_argument("--device", default="cpu", help="where the reference runs (default cpu)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
