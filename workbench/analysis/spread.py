@@ -86,12 +86,27 @@ def order_values(values: dict, metric: str = "value", higher_is_better: bool = T
                         n >= MIN_PAIRS and not overlapping, overlapping, p_values, unit)
 
 
+NOT_POLICIES = ("settings", "reference", "ops_per_cycle")  # what `bench --json` prints beside the policies
+
+
+def policy_summaries(summary) -> dict:
+    """{label: summary}: from ``res.summary``, the ``BenchResult`` itself, or the object ``bench --json``
+    prints (its settings, reference comparison and op counts sit beside the policies)."""
+    summary = getattr(summary, "summary", summary)  # a BenchResult
+    if not isinstance(summary, dict):
+        raise TypeError(f"order_verdict takes a bench summary (res.summary, or the object `bench --json` prints), "
+                        f"got {type(summary).__name__}")
+    return {k: v for k, v in summary.items() if k not in NOT_POLICIES}
+
+
 def order_verdict(summary: dict, metric: str = "speedup_vs_ar", labels=None) -> OrderVerdict:
-    """The verdict for a bench summary: ``metric`` is ``speedup_vs_ar`` or ``tokens_per_s``, paired by prompt
-    (each prompt's median over repeats) or by repeat (each repeat's pooled figure), whichever gives more pairs."""
+    """The verdict for a bench summary (``policy_summaries``: ``res.summary``, the result, or ``bench --json``'s
+    object): ``metric`` is ``speedup_vs_ar`` or ``tokens_per_s``, paired by prompt (each prompt's median over
+    repeats) or by repeat (each repeat's pooled figure), whichever gives more pairs."""
     keys = {"speedup_vs_ar": "speedup_vs_ar_per_", "tokens_per_s": "tokens_per_s_per_"}
     if metric not in keys:
         raise ValueError(f"metric={metric!r}: use 'speedup_vs_ar' or 'tokens_per_s'")
+    summary = policy_summaries(summary)
     labels = list(summary) if labels is None else list(labels)
     best = None
     for unit in ("prompt", "repeat"):
@@ -103,6 +118,10 @@ def order_verdict(summary: dict, metric: str = "speedup_vs_ar", labels=None) -> 
                 best = (vals, unit + "s", n)
     if best is None:
         missing = [x for x in labels if x not in summary]
-        raise ValueError(f"no paired {metric} for {missing or labels}: run bench with AR in the policies "
-                         "(for speedups)")
+        if missing:
+            raise ValueError(f"labels {missing} are not in this summary (its policies: {', '.join(summary)})")
+        if metric == "speedup_vs_ar" and "AR" not in summary:
+            raise ValueError(f"no speedup over AR for {labels}: run bench with AR in the policies")
+        raise ValueError(f"no paired {metric} per prompt or per repeat for {labels}: a summary from an older "
+                         "bench; run it again")
     return order_values(best[0], metric, unit=best[1])
