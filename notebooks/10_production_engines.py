@@ -67,19 +67,19 @@ for line in report.divergence.verdict():
 print(report)          # the whole report, with tokens/s (timings vary from run to run)
 
 # %% [markdown]
-# **What the report found, by itself.** Two differences, both silent in the outputs:
-# - the context-feature chunk of the target's *last* layer is not the reference's: vLLM captures a layer's
-#   feature inside the layer loop, before the final norm, so for the last layer it hands the drafter the
-#   pre-norm residual stream (RMS about 11) where transformers' `hidden_states[-1]`, which dflash trains on,
-#   is the final-normed output (RMS about 1.5). SGLang captures "before layer k + 1" and would capture
-#   nothing at all for that layer. The embedded pair reads layers [1, 3, 5] of 6: a pair problem, to be
-#   retrained away; published drafters never read the last layer.
-# - drafter layer 1's attention differs for identical inputs while layer 0's and both MLPs agree: on the CPU
-#   build, vLLM normalises every drafter layer's context keys in one grouped RMSNorm call, and that kernel
-#   applies layer 0's `k_norm` weights to every layer.
+# **What the report found, by itself.** One difference, silent in the outputs: drafter layer 1's attention
+# differs for identical inputs while layer 0's and both MLPs agree. On the CPU build, vLLM normalises every
+# drafter layer's context keys in one grouped RMSNorm call, and that kernel applies layer 0's `k_norm`
+# weights to every layer.
 #
-# With both worked around at runtime (`workbench.engines.vllm_workarounds`, vLLM 0.32.0 only), vLLM drafts
-# exactly the reference's tokens, cycle for cycle:
+# A second loss the report finds on a drafter that reads the target's *last* layer is absent here: vLLM
+# captures a layer's feature inside the layer loop, before the final norm, so for the last layer it hands
+# the drafter the pre-norm residual stream where transformers' `hidden_states[-1]`, which dflash trains on,
+# is the final-normed output. The shipped drafter reads layers 1-4 of 6, where every engine hands the same
+# tensor (the previous one read [1, 3, 5] and lost acceptance there; `tests/engines/test_vllm.py` plants it).
+#
+# With the workarounds on at runtime (`workbench.engines.vllm_workarounds`, vLLM 0.32.0 only: both patches, the
+# k_norm one the difference above), vLLM drafts exactly the reference's tokens, cycle for cycle:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -105,6 +105,6 @@ print("drafts equal to the reference's: %d/%d cycles" % fixed.same_drafts, "| di
 # ```
 #
 # **What we learned.** Lossless output says nothing about acceptance. vLLM 0.32 on a CPU needs more verifies
-# than the workbench on these prompts for the same pair (the drafts above), for two reasons the report
-# located from its own measurements, a feature chunk and a drafter layer, without being told what to look
-# for; with both worked around, the two engines draft and accept alike.
+# than the workbench on these prompts for the same pair (the drafts above), for a reason the report
+# located from its own measurements, a drafter layer, without being told what to look for; with the
+# workarounds on, the two engines draft and accept alike.
