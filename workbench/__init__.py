@@ -14,6 +14,8 @@ from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.engine.loading import ModelPairError, load_models
 from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, Policy, Spine, TreePolicy, parse_policy
 from workbench.engine.policies import register as register_policy
+from workbench.engines.base import BaseEngine, BaseSession
+from workbench.engines.registry import register_engine
 from workbench import analysis, shapes  # after the engine: they read its records
 from workbench.serve.client import RemoteEngine, RemoteSession, connect
 from workbench.serve import client as remote  # wb.remote.UnknownSession, ... (docs/wire-format.md)
@@ -43,7 +45,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AR", "Cycle", "compare", "conform", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
+    "AR", "Cycle", "compare", "conform", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy",
+    "BaseEngine", "BaseSession", "register_engine", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
     "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",

@@ -100,6 +100,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from workbench.version import __version__
     from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
+    from workbench.engines.registry import engine_names
 
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "vs the plain reference decoder, in a separate untimed pass (always on with --reference)")
     p.add_argument("--profile", metavar="DIR", help="after the bench, profile one generation per policy with "
                                                     "the torch profiler; write DIR/<policy>.trace.json")
-    p.add_argument("--engine", choices=["workbench", "vllm"], default="workbench",
+    p.add_argument("--engine", choices=engine_names(), default="workbench",
                    help="vllm: the conformance report, the same pair and prompts on the workbench's engine and "
                         "on vLLM in this process (tokens, drafts, tau, per-position acceptance, tokens/s, and "
                         "where drafts first differ); --served URL: against a running server instead")

@@ -91,6 +91,32 @@ def test_vllm_refuses_what_it_does_not_run(vllm_engine):
     s.close()
 
 
+def test_the_vllm_engine_implements_the_engine_interface(vllm_engine):
+    from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+
+    assert isinstance(vllm_engine, BaseEngine) and vllm_engine.name == "vllm"
+    s = vllm_engine.session(PROMPTS[0], max_new_tokens=4)
+    assert isinstance(s, BaseSession) and not hasattr(type(s), "__getattr__")
+    assert s.trace.meta["device"] == str(vllm_engine.device) == "cpu"  # what vLLM's runner ran on
+    assert (s.seed, s.top_p, s.top_k, s.kernel_backend, s.record_topk, s.capture) == (0, 1.0, 0, "vllm", 8, None)
+    assert s.policy == wb.DFlash() and s.sampling.temperature == 0.0
+    s.seed, s.policy = 0, wb.DFlash()  # the values it has are fine
+    with pytest.raises(ValueError, match="seed=3: a vLLM request keeps its settings"):
+        s.seed = 3
+    with pytest.raises(ValueError, match="max_new_tokens=9: a vLLM request keeps its settings"):
+        s.max_new_tokens = 9
+    for op, call in (("batch_session", lambda: vllm_engine.batch_session(["a"])),
+                     ("replay", lambda: vllm_engine.replay(s.trace))):
+        with pytest.raises(EngineLacks, match=rf"^the vllm engine has no {op}\(\): ") as e:
+            call()
+        assert "\n" not in str(e.value) and "wb.load()" in str(e.value)
+    c = s.step()
+    assert {f["device"] for r in c.forwards for f in (*r.inputs.values(), *r.outputs.values())} == {"cpu"}
+    with pytest.raises(ValueError, match="threads= is an option of the workbench's engine"):
+        wb.load(engine="vllm", threads=2)
+    s.close()
+
+
 def test_a_pair_vllm_refuses_is_one_line_naming_the_pair(tmp_path):
     """A target whose positions (256) are fewer than the engine's max_model_len (1024): vLLM's own refusal,
     as one line that names the pair."""

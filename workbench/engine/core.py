@@ -15,14 +15,18 @@ from workbench.engine.prompting import Prompt, encode_prompt
 from workbench.engine.runner import SessionFinished, Stopwatch, clock  # noqa: F401  (re-exported: wb.SessionFinished)
 from workbench.engine.sampling import Sampling
 from workbench.engine.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_host  # noqa: F401
+from workbench.engines import registry
+from workbench.engines.base import BaseEngine, BaseSession
 
 EMBEDDED = PACKAGE_PREFIX + "assets/"  # how model_ref names the embedded pairs ('workbench/assets/hybrid/target')
 
 
 def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
          threads: int | None = None, device_map=None, trust_remote_code: bool = False,
-         cuda_graphs: bool = False, engine: str = "workbench", **engine_options) -> "Engine":
-    """Load a target and a DFlash drafter (default: the embedded pair) into an Engine.
+         cuda_graphs: bool = False, engine: str = "workbench", **engine_options) -> BaseEngine:
+    """Load a target and a DFlash drafter (default: the embedded pair) into the engine named ``engine``
+    (``workbench.engines.registry``: "workbench", the default, or "vllm"); an unknown name is refused in
+    one line listing the known ones.
 
     ``engine="vllm"``: the same pair in vLLM's own engine, in this process, with vLLM's DFlash method
     (``workbench.engines.vllm_engine.VllmEngine``: sessions step one vLLM engine step = one cycle and
@@ -34,32 +38,16 @@ def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_back
     ``cuda_graphs=True`` (CUDA only): every session runs with static shapes, and its draft and verify
     forwards are captured once per (batch, nodes, length bucket) and replayed (``workbench.engine.graphs``).
     """
-    if engine == "vllm":
-        if device != "cpu" and device != "cuda":
-            raise ValueError(f"device={device!r}: vLLM picks its own device (its CPU build or CUDA); leave device out")
-        from workbench.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(target, draft, dtype=str(dtype).replace("torch.", ""), **engine_options)
-    if engine != "workbench":
-        raise ValueError(f"engine={engine!r} is not known: 'workbench' (the default) or 'vllm'")
-    if engine_options:
-        raise TypeError(f"load() got unexpected arguments {sorted(engine_options)} (they are engine='vllm' options)")
-    validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
-    check_backend(kernel_backend)
-    if cuda_graphs and torch.device(device).type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device, got device={device!r}; "
-                         "load with device='cuda' or without cuda_graphs")
-    if torch.device(device).type == "cpu":
-        # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
-    return Engine(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend,
-                  cuda_graphs)
+    return registry.load(engine, target, draft, device=device, dtype=dtype, kernel_backend=kernel_backend,
+                         threads=threads, device_map=device_map, trust_remote_code=trust_remote_code,
+                         cuda_graphs=cuda_graphs, **engine_options)
 
 
-class Engine:
+class Engine(BaseEngine):
     """Loaded models; holds no generation state, so its sessions are independent (with CUDA graphs they
     share the captured graphs, each replayed over the calling session's own buffers' addresses)."""
+
+    name = "workbench"
 
     def __init__(self, models: Models, kernel_backend: str = "torch", cuda_graphs: bool = False):
         check_backend(kernel_backend, models.device)  # on CUDA, 'sglang' builds its JIT kernel now
@@ -70,6 +58,26 @@ class Engine:
             from workbench.engine.graphs import Graphs
 
             self.graphs = Graphs(models.device)
+
+    @classmethod
+    def load(cls, target=None, draft=None, device: str = "cpu", dtype="auto", kernel_backend: str = "torch",
+             threads: int | None = None, device_map=None, trust_remote_code: bool = False,
+             cuda_graphs: bool = False, **engine_options) -> "Engine":
+        """``wb.load(...)`` for the workbench's own engine: every argument checked before any weight loads."""
+        if engine_options:
+            raise TypeError(f"load() got unexpected arguments {sorted(engine_options)} (options of another "
+                            f"engine? engine= one of {', '.join(registry.engine_names())})")
+        validate.device(device), validate.dtype(dtype), validate.threads(threads)  # one line each, before loading
+        check_backend(kernel_backend)
+        if cuda_graphs and torch.device(device).type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, got device={device!r}; "
+                             "load with device='cuda' or without cuda_graphs")
+        if torch.device(device).type == "cpu":
+            # An explicit OMP_NUM_THREADS wins over the default (busy or shared machines).
+            env = os.environ.get("OMP_NUM_THREADS", "")
+            torch.set_num_threads(threads or (int(env) if env.isdigit() and int(env) > 0 else min(os.cpu_count() or 1, 8)))
+        return cls(load_models(target, draft, device, dtype, device_map, trust_remote_code), kernel_backend,
+                   cuda_graphs)
 
     @property
     def tokenizer(self):
@@ -168,3 +176,6 @@ class Engine:
         """Run a whole session and return its trace."""
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         return s.run()
+
+
+BaseSession.register(Session)  # a Session offers every part of the declared session interface

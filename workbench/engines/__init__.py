@@ -1,5 +1,8 @@
 """Production engines behind the workbench's API, and what they silently lose.
 
+- ``base``: the engine interface, ``BaseEngine`` and ``BaseSession``: what every engine and its sessions offer
+  the views, traces, stepper, bench and conformance report (the workbench's own ``Engine`` derives from it).
+- ``registry``: the engines by name (``workbench``, ``vllm``); ``wb.load(engine=...)`` and the CLI pick here.
 - ``vllm_hooks``: what vLLM's DFlash step does not return (drafts and their logits, the drafter's context,
   the target's choice at every drafted slot, per-layer tensors), captured by hooks on its proposer and
   model runner; written against one vLLM version and refused on another.

@@ -23,31 +23,54 @@ from __future__ import annotations
 import itertools
 import time
 import warnings
-from types import SimpleNamespace
 
 import torch
 
-from workbench.engine.policies import DFlash, as_policy
+from workbench.engine.policies import AR, DFlash, as_policy
+from workbench.engine.request import SessionState
+from workbench.engine.sampling import Sampling
 from workbench.engines import vllm_hooks
+from workbench.engines.base import BaseEngine, BaseSession
 from workbench.engines.vllm_hooks import Tap, VllmUnsupported
 from workbench.records.cycle import Cycle, Trace
-from workbench.records.forward import ForwardMode, ForwardRecord, shape_of
+from workbench.records.engine_step import RECORD_TOPK, chain_cycle, chain_forwards, decode_cycle
 
 NOT_RECORDED = ("per-module shapes (no shape capture)", "the target's top-2 logits", "K/V contents",
                 "a tree: vLLM's DFlash drafts one chain")
 _ids = itertools.count()
 # wb.Session settings with no vLLM counterpart: accepted at these values only
-SESSION_DEFAULTS = {"top_p": 1.0, "top_k": 0, "seed": 0, "kernel_backend": "vllm", "record_topk": 8, "capture": None}
+SESSION_DEFAULTS = {"top_p": 1.0, "top_k": 0, "seed": 0, "kernel_backend": "vllm", "record_topk": RECORD_TOPK,
+                    "capture": None}
+# wb.load() arguments of the workbench's own engine, at the values that mean "vLLM's own choice"
+LOAD_DEFAULTS = {"kernel_backend": "torch", "threads": None, "device_map": None, "trust_remote_code": False,
+                 "cuda_graphs": False}
 
 
-class VllmEngine:
+class VllmEngine(BaseEngine):
     """A target and a DFlash drafter loaded by vLLM in this process, with hooks on its model runner.
 
     ``workarounds=True`` applies ``workbench.engines.vllm_workarounds`` before the model loads;
     ``layers=True`` keeps every cycle's drafter inputs, logits and per-layer tensors on its session
     (``s.proposals``, for the conformance report; memory grows with the run)."""
 
-    kind = "vllm"
+    name = "vllm"
+    instead = {
+        "batch_session": "this engine steps one vLLM request at a time; run sessions one after another, or "
+                         "use wb.load() (the workbench's engine) for batched sessions",
+        "replay": "replay the trace on the workbench's engine: wb.load().replay(trace)",
+    }
+
+    @classmethod
+    def load(cls, target=None, draft=None, device: str = "cpu", dtype="auto", **options) -> "VllmEngine":
+        """``wb.load(target, draft, engine="vllm", ...)``: the pair in vLLM (defaults: the embedded pair).
+        The workbench engine's own arguments are refused unless left at their defaults."""
+        if device != "cpu" and device != "cuda":
+            raise ValueError(f"device={device!r}: vLLM picks its own device (its CPU build or CUDA); leave device out")
+        for name, default in LOAD_DEFAULTS.items():
+            if name in options and options.pop(name) != default:
+                raise ValueError(f"{name}= is an option of the workbench's engine; vLLM runs its own kernels "
+                                 f"and settings: leave {name} out with engine='vllm'")
+        return cls(target, draft, dtype=str(dtype).replace("torch.", ""), **options)
 
     def __init__(self, target, draft, *, num_speculative_tokens: int | None = None, dtype: str = "auto",
                  max_model_len: int = 1024, seed: int = 0, workarounds: bool = False, layers: bool = False,
@@ -90,6 +113,11 @@ class VllmEngine:
             self.tap.install()
         self.tokenizer = self.llm.get_tokenizer()
         self._live: VllmSession | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """What vLLM's model runner runs on (its CPU build: cpu)."""
+        return torch.device(self.runner.device)
 
     def __repr__(self) -> str:
         spec = f"DFlash x{self.num_speculative_tokens}" if self.num_speculative_tokens else "no speculation"
@@ -150,9 +178,37 @@ class VllmEngine:
             self.patches = ()
 
 
-class VllmSession:
-    """One request in vLLM, stepped one engine step (= one cycle) at a time. Mirrors ``wb.Session``:
-    ``step()`` -> Cycle, ``run()`` -> Trace, ``tokens``, ``text``, ``finished``, ``trace``."""
+class Fixed:
+    """A session setting a vLLM request cannot change: reads as its value, refuses another in one line."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        return self.value
+
+    def __set__(self, obj, value) -> None:
+        if value != self.value:
+            raise ValueError(f"{self.name}={value!r}: a vLLM request keeps its settings (greedy DFlash, the limit it "
+                             "started with); start a new session instead")
+
+
+class VllmSession(SessionState, BaseSession):
+    """One request in vLLM, stepped one engine step (= one cycle) at a time. Implements the session
+    interface (``workbench.engines.base.BaseSession``): ``step()`` -> Cycle, ``run()`` -> Trace, ``tokens``,
+    ``text``, ``finished``, ``trace``, and the settings, fixed for a vLLM request (greedy, vLLM's kernels)."""
+
+    temperature = Fixed(0.0)
+    sampling = Fixed(Sampling(0.0, 1.0, 0))
+    top_p = Fixed(SESSION_DEFAULTS["top_p"])
+    top_k = Fixed(SESSION_DEFAULTS["top_k"])
+    seed = Fixed(SESSION_DEFAULTS["seed"])
+    kernel_backend = Fixed(SESSION_DEFAULTS["kernel_backend"])
+    record_topk = Fixed(SESSION_DEFAULTS["record_topk"])
+    capture = Fixed(SESSION_DEFAULTS["capture"])
 
     def __init__(self, engine: VllmEngine, prompt_ids: list[int], prompt: str, max_new_tokens: int):
         from vllm import SamplingParams
@@ -166,9 +222,10 @@ class VllmSession:
         self.finish_reason: str | None = None
         self.trace = Trace(meta={
             "engine": f"vllm {engine.version}", "prompt": prompt, "prompt_ids": list(prompt_ids),
-            "prompt_format": "ids", "policy": str(DFlash()) if engine.num_speculative_tokens else "AR",
+            "prompt_format": "ids", "policy": str(DFlash() if engine.num_speculative_tokens else AR()),
             "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "max_new_tokens": max_new_tokens,
-            "target": str(engine.target_dir), "draft": str(engine.draft_dir), "device": "cpu", "dtype": engine.dtype,
+            "target": str(engine.target_dir), "draft": str(engine.draft_dir), "device": str(engine.device),
+            "dtype": engine.dtype,
             "num_speculative_tokens": engine.num_speculative_tokens, "block_size": engine.block_size,
             "workarounds": list(engine.patches), "not_recorded": list(NOT_RECORDED),
         })
@@ -192,43 +249,30 @@ class VllmSession:
         return (f"VllmSession({self.request_id}, {len(self.generated)}/{self.trace.meta['max_new_tokens']} "
                 f"tokens, {len(self.trace.cycles)} cycles{', ' + self.finish_reason if self.finished else ''})")
 
-    # what the stepper and views read of a session; fixed for a vLLM request
-    policy = DFlash()
-    temperature = 0.0
-    sampling = SimpleNamespace(temperature=0.0, top_p=1.0, top_k=0)
-    capture = None
+    @property
+    def policy(self):
+        """vLLM's DFlash method (AR for an engine loaded with speculative=False)."""
+        return DFlash() if self.engine.num_speculative_tokens else AR()
 
-    def __getattr__(self, name):
-        if name in SESSION_DEFAULTS:
-            return SESSION_DEFAULTS[name]
-        raise AttributeError(f"'VllmSession' object has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        if name in ("policy", "temperature", "top_p", "top_k", "seed", "max_new_tokens") and \
-                getattr(self, name, None) != value:
-            raise ValueError(f"{name}={value!r}: a vLLM request keeps its settings (greedy DFlash, the limit it "
-                             "started with); start a new session instead")
-        object.__setattr__(self, name, value)
+    @policy.setter
+    def policy(self, p) -> None:
+        if as_policy(p) != self.policy:
+            raise ValueError(f"policy={p}: a vLLM request keeps its settings (greedy DFlash, the limit it started "
+                             "with); start a new session instead")
 
     @property
     def max_new_tokens(self) -> int:
         return self.trace.meta["max_new_tokens"]
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self.generated)
+    @max_new_tokens.setter
+    def max_new_tokens(self, n: int) -> None:
+        if n != self.max_new_tokens:
+            raise ValueError(f"max_new_tokens={n!r}: a vLLM request keeps its settings (greedy DFlash, the limit it "
+                             "started with); start a new session instead")
 
     @property
     def text(self) -> str:
         return self.engine.tokenizer.decode(self.generated)
-
-    @property
-    def cycles(self) -> list[Cycle]:
-        return self.trace.cycles
 
     def _engine_step(self) -> float:
         t0 = time.perf_counter()
@@ -264,7 +308,7 @@ class VllmSession:
         committed = len(self.generated) - before
         tap = self.engine.tap
         if tap is None:  # no speculation: one target decode per step
-            c = _ar_cycle(len(self.cycles), start, root, self.generated[before:], seconds)
+            c = decode_cycle(len(self.cycles), start, root, self.generated[before:], seconds)
         else:
             proposals, verifies = tap.take()
             verify = self._mine(verifies)
@@ -272,14 +316,30 @@ class VllmSession:
             draft_s = self._pending[0].seconds if self._pending else 0.0
             if tap.layers:
                 self.proposals.append(self._pending)
-            c = _dflash_cycle(len(self.cycles), start, root, self._pending, verify, committed,
-                              {"draft": draft_s, "verify": seconds - (nxt[0].seconds if nxt else 0.0)})
+            c = self._chain_cycle(start, root, self._pending, verify, committed,
+                                  {"draft": draft_s, "verify": seconds - (nxt[0].seconds if nxt else 0.0)})
             self._pending = nxt
         self.trace.cycles.append(c)
         self.trace.new_tokens = len(self.generated)
         if self.finished:
             self.trace.finish_reason = self.finish_reason
         return c
+
+    def _chain_cycle(self, start, root, pending, verify, committed, stage_seconds) -> Cycle:
+        """The Cycle of a step that verified ``pending`` (the proposal made at the end of the step before)."""
+        index = len(self.cycles)
+        if pending is None or verify is None:
+            raise VllmUnsupported(
+                f"vLLM step {index + 1} verified no drafts of this request (a step without speculation: the "
+                "prompt and its continuation may be longer than max_model_len, or the scheduler split the "
+                "request); the workbench cannot record it as a cycle")
+        (proposal, row), (v, vrow) = pending, verify
+        d = int(v.num_drafts[vrow])
+        logits = v.target_logits[vrow]  # [d + 1, V]
+        forwards = chain_forwards(d + 1, logits.shape[-1], proposal.context_features, logits, self.engine.device)
+        return chain_cycle(index, start, root, proposal.drafts[row],
+                           None if proposal.draft_logits is None else proposal.draft_logits[row], logits,
+                           v.sampled[vrow], committed, stage_seconds, forwards, policy=str(DFlash()))
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
         if max_new_tokens is not None and max_new_tokens != self.trace.meta["max_new_tokens"]:
@@ -294,71 +354,6 @@ class VllmSession:
             self.engine.llm.llm_engine.abort_request([self.request_id])
             self.finish_reason = "aborted"
             self.trace.finish_reason = "aborted"
-
-
-def _chain(n: int, start: int) -> dict:
-    """A chain of n nodes (the root and n - 1 drafts) in the Cycle's tree arrays."""
-    ar = torch.arange(n)
-    nxt = torch.where(ar + 1 < n, ar + 1, torch.full_like(ar, -1))
-    return dict(parents=ar - 1, depth=ar.clone(), rank=torch.zeros(n, dtype=torch.long), position_ids=start + ar,
-                visibility=torch.ones(n, n, dtype=torch.bool).tril(), retrieve_next_token=nxt,
-                retrieve_next_sibling=torch.full((n,), -1))
-
-
-def _dflash_cycle(index, start, root, pending, verify, committed, stage_seconds,
-                  topk: int = 8) -> Cycle:
-    if pending is None or verify is None:
-        raise VllmUnsupported(
-            f"vLLM step {index + 1} verified no drafts of this request (a step without speculation: the "
-            "prompt and its continuation may be longer than max_model_len, or the scheduler split the "
-            "request); the workbench cannot record it as a cycle")
-    proposal, row = pending
-    v, vrow = verify
-    drafts = proposal.drafts[row]  # [K]
-    d = int(v.num_drafts[vrow])
-    logits = v.target_logits[vrow]  # [d + 1, V]
-    probs = torch.softmax(logits, dim=-1)
-    choice = logits.argmax(dim=-1)  # [d + 1]
-    tokens = torch.cat([torch.tensor([root]), drafts[:d]])  # [n]
-    n = d + 1
-    if proposal.draft_logits is not None:
-        lp = torch.log_softmax(proposal.draft_logits[row, :d], dim=-1)  # [d, V]
-        # a stable sort lists tied tokens by id, the one argmax (and so vLLM's greedy draft) picks first
-        vals, idx = torch.sort(lp, dim=-1, descending=True, stable=True)
-        chain_lp = lp.gather(-1, drafts[:d, None])[:, 0]
-        score = torch.cat([torch.zeros(1), chain_lp.cumsum(0)])
-        top_tokens, top_lp = idx[:, :topk], vals[:, :topk].float()
-    else:
-        score, top_tokens, top_lp = torch.zeros(n), torch.zeros(0, topk, dtype=torch.long), torch.zeros(0, topk)
-    accepted = v.sampled[vrow]
-    accepted = accepted[accepted >= 0]  # accepted drafts then the bonus
-    L = int(accepted.numel()) - 1
-    nodes = torch.arange(L + 1)
-    forwards = (
-        ForwardRecord("draft", ForwardMode.TARGET_VERIFY,
-                      {"input_ids": {"shape": [1 + d], "dtype": "int64", "device": "cpu"},
-                       "target_hidden": shape_of(proposal.context_features)},
-                      {"logits": {"shape": [d, int(logits.shape[-1])], "dtype": "float32", "device": "cpu"}}),
-        ForwardRecord("target", ForwardMode.TARGET_VERIFY,
-                      {"input_ids": {"shape": [n], "dtype": "int64", "device": "cpu"}},
-                      {"logits": shape_of(logits)}),
-    )
-    return Cycle(
-        index=index, policy=str(DFlash()), start=start, root_token=int(root),
-        draft_topk_tokens=top_tokens, draft_topk_logprobs=top_lp, tokens=tokens, score=score.float(),
-        target_choice=choice, target_prob=probs.gather(-1, choice[:, None])[:, 0],
-        accepted_nodes=nodes, accepted_tokens=tokens[nodes], bonus=int(accepted[-1]),
-        committed=int(committed), stage_seconds=stage_seconds, forwards=forwards, **_chain(n, start))
-
-
-def _ar_cycle(index, start, root, new_tokens, seconds) -> Cycle:
-    tok = torch.tensor([root])
-    nxt = int(new_tokens[0]) if new_tokens else int(root)
-    return Cycle(index=index, policy="AR", start=start, root_token=int(root),
-                 draft_topk_tokens=torch.zeros(0, 8, dtype=torch.long), draft_topk_logprobs=torch.zeros(0, 8),
-                 tokens=tok, score=torch.zeros(1), target_choice=torch.tensor([nxt]), target_prob=torch.ones(1),
-                 accepted_nodes=torch.zeros(1, dtype=torch.long), accepted_tokens=tok, bonus=nxt,
-                 committed=len(new_tokens), stage_seconds={"verify": seconds}, forwards=(), **_chain(1, start))
 
 
 def checkpoint_dtype(target_dir) -> str:
@@ -377,8 +372,3 @@ def pair_dirs(target, draft):
 
     tdir, ddir = dirs(target, draft)
     return tdir, ddir, draft_settings(read_config(ddir), ddir)
-
-
-def load(target=None, draft=None, **kw) -> VllmEngine:
-    """``wb.load(target, draft, engine="vllm", ...)``: the pair in vLLM (defaults: the embedded pair)."""
-    return VllmEngine(target, draft, **kw)

@@ -1,0 +1,120 @@
+"""The engine interface: one abstract base (``workbench.engines.base``), one registry by name, the
+workbench's engine behind it, an engine added as one class, and a production step recorded as a Cycle
+by ``workbench.records.engine_step``. (vLLM's side: tests/engines/test_vllm.py.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.engines import registry
+from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+from workbench.records.cycle import cycle_problem
+from workbench.records.engine_step import chain_cycle, decode_cycle
+
+SETTINGS = ("policy", "temperature", "top_p", "top_k", "seed", "max_new_tokens", "kernel_backend", "record_topk",
+            "capture")
+
+
+def test_the_workbench_engine_and_session_offer_the_declared_interface(tiny_engines):
+    e = tiny_engines["l4-h32"]
+    assert isinstance(e, BaseEngine) and e.name == "workbench" and registry.engine_class("workbench") is type(e)
+    s = e.session("t1 t2", max_new_tokens=4)
+    assert isinstance(s, BaseSession)
+    for name in SETTINGS + ("engine", "prompt", "prompt_ids", "generated", "finish_reason", "trace", "text",
+                            "finished", "tokens", "cycles", "sampling"):
+        getattr(s, name)  # every part the views read is there
+    assert s.trace.meta["device"] == str(e.device) == "cpu"
+    assert isinstance(s.step(), wb.Cycle) and s.run() is s.trace
+
+
+def test_an_unknown_engine_is_one_line_naming_the_known(capsys):
+    with pytest.raises(ValueError, match=r"^engine='sglang' is not known; known engines: workbench, vllm$"):
+        wb.load(engine="sglang")
+    from workbench.cli import main
+
+    assert main(["bench", "--engine", "sglang"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'sglang'" in err and "workbench" in err and "vllm" in err
+
+
+class ToyEngine(BaseEngine):
+    """An engine in one class: the workbench's engine under another name, without batches or replay."""
+
+    name = "toy"
+    instead = {"batch_session": "run the sessions one at a time"}
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+
+    @classmethod
+    def load(cls, target=None, draft=None, **options):
+        return cls(wb.load(target, draft, **options))
+
+    @property
+    def device(self):
+        return self.inner.device
+
+    def session(self, prompt=None, policy=wb.DFlash(), temperature=0.0, max_new_tokens=128, *, prompt_ids=None,
+                **settings):
+        return self.inner.session(prompt, policy, temperature, max_new_tokens=max_new_tokens, prompt_ids=prompt_ids,
+                                  **settings)
+
+
+@pytest.fixture
+def toy_engine():
+    registry.register_engine("toy", f"{__name__}:ToyEngine")
+    yield
+    registry.unregister_engine("toy")
+
+
+def test_an_engine_is_one_class_in_the_registry(toy_engine, tiny_pairs):
+    t, d = tiny_pairs["l4-h32"]
+    e = wb.load(t, d, engine="toy")
+    assert isinstance(e, ToyEngine) and "toy" in registry.engine_names()
+    s = e.session("t1 t2", max_new_tokens=6)
+    assert s.run().new_tokens == 6 and str(s.policy) == "DFlash"
+    with pytest.raises(EngineLacks, match=r"^the toy engine has no batch_session\(\): run the sessions one at a time$"):
+        e.batch_session(["a", "b"])
+    with pytest.raises(EngineLacks, match=r"^the toy engine has no replay\(\): use the workbench's engine"):
+        e.replay(s.trace)
+
+
+def test_an_engine_missing_a_declared_operation_cannot_be_made():
+    class Half(BaseEngine):
+        name = "half"
+
+        @classmethod
+        def load(cls, target=None, draft=None, **options):
+            return cls()
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half.load()
+
+
+# ------------------------------------------------------------------------------ a production step as a Cycle
+def test_a_chain_step_is_a_consistent_cycle():
+    g = torch.Generator().manual_seed(0)
+    V, K = 30, 5
+    draft_logits = torch.randn(K, V, generator=g)
+    drafts = draft_logits.argmax(-1)
+    for accepted_drafts in range(K + 1):
+        d = K
+        target_logits = torch.randn(d + 1, V, generator=g)
+        # the target agrees with the first `accepted_drafts` drafts
+        target_logits[torch.arange(accepted_drafts), drafts[:accepted_drafts]] = 50.0
+        choice = target_logits.argmax(-1)
+        accepted = torch.full((d + 1,), -1)
+        accepted[: accepted_drafts + 1] = torch.cat([drafts[:accepted_drafts], choice[accepted_drafts:accepted_drafts + 1]])
+        c = chain_cycle(3, 40, 7, drafts, draft_logits, target_logits, accepted, accepted_drafts + 1, {"verify": 0.1})
+        assert cycle_problem(c, V) is None, (accepted_drafts, cycle_problem(c, V))
+        assert c.accept_length == accepted_drafts + 1 and c.bonus == int(choice[accepted_drafts])
+        assert c.tokens.tolist() == [7] + drafts.tolist() and c.position_ids.tolist() == list(range(40, 46))
+        assert c.draft_topk_tokens[:, 0].tolist() == drafts.tolist()
+    tl = torch.randn(3, V, generator=g)  # two of five drafts verified (the request's end): the first accepted
+    tl[0, drafts[0]], tl[1, drafts[1]] = 50.0, -50.0
+    c = chain_cycle(0, 4, 1, drafts, None, tl, torch.tensor([drafts[0], tl[1].argmax(), -1]), 2, {})
+    assert cycle_problem(c) is None and c.n_nodes == 2 and c.draft_topk_tokens.shape[0] == 0
+    c = decode_cycle(2, 10, 5, [11], 0.01)
+    assert cycle_problem(c) is None and c.bonus == 11 and c.committed == 1 and c.policy == "AR"
