@@ -76,7 +76,7 @@ def eval_prompts(split: str = "long") -> list[dict]:
     return load_prompts(SPLITS[split])
 
 
-def default_prompts(n: int = 8) -> list:
-    """The first ``n`` prompts of the shipped long split: what the conformance runs (in process and served)
-    use when given none."""
-    return eval_prompts()[:n]
+def default_prompts(n: int = 8) -> list[str]:
+    """The texts of the first ``n`` prompts of the shipped long split: what the conformance runs (in process
+    and served) use when given none."""
+    return [p["prompt"] for p in eval_prompts()[:n]]

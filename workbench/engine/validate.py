@@ -37,6 +37,22 @@ def text(value, name: str = "prompt") -> str:
     return value
 
 
+def prompt_list(prompts, name: str = "prompts") -> list[str] | None:
+    """None (the caller's default prompts), or a non-empty list of texts: a bare str is refused (it would be
+    taken character by character), as is an empty list (a report of nothing)."""
+    if prompts is None:
+        return None
+    if isinstance(prompts, (str, bytes)):
+        raise ValueError(f"{name}={prompts!r:.60} is one text; give a list of texts, e.g. [{prompts!r:.40}]")
+    try:
+        items = list(prompts)
+    except TypeError:
+        raise ValueError(f"{name}={prompts!r:.60} is not a list of texts") from None
+    if not items:
+        raise ValueError(f"{name}=[] holds no prompt; give at least one text, or leave {name} out for the defaults")
+    return [text(p, f"{name}[{i}]") for i, p in enumerate(items)]
+
+
 def temperature(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"temperature={value!r} must be a finite number >= 0 (0 means greedy)")

@@ -45,12 +45,17 @@ class Served:
             raise ServedError(f"url={url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8000")
         self.url, self.api_key, self.timeout = url.rstrip("/"), api_key, float(timeout)
         models = self._json("GET", "/v1/models")  # SGLang's launch_server serves the OpenAI routes too
-        names = [m.get("id") for m in (models.get("data") or []) if isinstance(m, dict)]
+        cards = [m for m in (models.get("data") or []) if isinstance(m, dict)]
+        names = [m.get("id") for m in cards]
         if not names:
             raise ServedError(f"{self.url}/v1/models lists no model: is {self.url} an OpenAI-compatible server?")
         if model is not None and model not in names:
             raise ServedError(f"model={model!r} is not served by {self.url} (it serves {names})")
         self.model = model or names[0]
+        card = cards[names.index(self.model)]
+        self.root = str(card.get("root") or self.model)  # the path the server loaded (vLLM's ModelCard.root)
+        limit = card.get("max_model_len")  # prompt and new tokens together
+        self.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
     def _request(self, method: str, path: str, body: dict | None = None) -> bytes:
         req = urllib.request.Request(self.url + path, method=method,
@@ -131,11 +136,18 @@ class ServedRequest:
     drafts: int  # verified drafts (the server's counter)
     accepted: int  # accepted draft tokens
     per_pos: list
+    reference_committed: int = 0  # the workbench's DFlash on the same pair and prompt: tokens after the first
+    reference_cycles: int = 0  # ... and its verifies
 
     @property
     def tau(self) -> float:
         """Committed tokens per verify: the tokens after the first (the prefill's), over verified drafts."""
         return (self.completion_tokens - 1) / self.drafts if self.drafts else 0.0
+
+    @property
+    def reference_tau(self) -> float:
+        """The same figure for the workbench's own DFlash: what a server that loses no acceptance gives."""
+        return self.reference_committed / self.reference_cycles if self.reference_cycles else 0.0
 
 
 @dataclass
@@ -143,6 +155,7 @@ class ServedReport:
     url: str
     model: str
     requests: list = field(default_factory=list)
+    pair: str = ""  # the server's model against the reference's target, in words
 
     @property
     def drafts(self) -> int:
@@ -151,6 +164,11 @@ class ServedReport:
     @property
     def tau(self) -> float:
         return sum(r.completion_tokens - 1 for r in self.requests) / self.drafts if self.drafts else 0.0
+
+    @property
+    def reference_tau(self) -> float:
+        cycles = sum(r.reference_cycles for r in self.requests)
+        return sum(r.reference_committed for r in self.requests) / cycles if cycles else 0.0
 
     def per_position(self, depths: int = 4) -> list[float]:
         n = self.drafts
@@ -161,42 +179,84 @@ class ServedReport:
         from workbench.records.texttable import text_table
 
         rows = [[str(x) for x in (i, "yes" if r.text_equal else "NO", r.completion_tokens, r.drafts, r.accepted,
-                                  f"{r.tau:.2f}")] for i, r in enumerate(self.requests)]
+                                  f"{r.tau:.2f}", f"{r.reference_tau:.2f}")] for i, r in enumerate(self.requests)]
         pp = " / ".join(f"{p:.2f}" for p in self.per_position())
         return "\n".join([f"Served conformance: {self.model} at {self.url}, {len(self.requests)} requests",
-                          text_table(["request", "text = workbench AR", "tokens", "drafts", "accepted", "tau"], rows),
-                          f"all: {self.drafts} drafts, committed tau {self.tau:.2f}, accepted at slot 1..4 {pp}"])
+                          *([f"pair: {self.pair}"] if self.pair else []),
+                          text_table(["request", "text = workbench AR", "tokens", "drafts", "accepted", "tau",
+                                      "workbench DFlash tau"], rows),
+                          f"all: {self.drafts} drafts, committed tau {self.tau:.2f} (the workbench's DFlash on the "
+                          f"same pair and prompts: {self.reference_tau:.2f}), accepted at slot 1..4 {pp}"])
+
+
+def served_pair(server: Served, target_dir) -> str:
+    """The server's model (its /v1/models root) against the reference's target, in words for the report;
+    ServedError when they are plainly two models (every row would then compare two pairs)."""
+    from pathlib import Path
+
+    from workbench.engine.loading import canonical_ref
+
+    theirs, mine = canonical_ref(server.root), canonical_ref(target_dir)
+    if theirs == mine:
+        return f"the server runs {mine}, the reference's target (a server does not name its drafter)"
+    if theirs.startswith("workbench/") or Path(server.root).is_dir():
+        raise ServedError(f"{server.url} runs {theirs!r} (its /v1/models root) and the reference would run {mine!r}: "
+                          "two pairs, whose tokens and acceptance differ anyway; give the server's pair (target=/draft=, "
+                          "or --target/--draft)")
+    return (f"the server names its model {server.root!r}, not a directory here: the reference ran {mine}; check "
+            "that they are the same pair")
 
 
 def compare_served(url: str, prompts=None, *, api_key: str | None = None, model: str | None = None,
                    target=None, draft=None, max_new_tokens: int = 64, warmup: bool = True,
                    kind: str = "vllm") -> ServedReport:
     """Each prompt through the server, one at a time, against the workbench's own greedy AR output of the
-    same pair (``target``/``draft``: the pair the server runs; default: the embedded pair)."""
+    same pair (``target``/``draft``: the pair the server runs; default: the embedded pair) and its DFlash's
+    committed tau (the reference column: what a server that loses no acceptance gives). Refused before the
+    local reference loads: bad prompts or limit, a server that runs another model, and a prompt that with
+    ``max_new_tokens`` would pass the server's ``max_model_len``."""
     from workbench.bench.prompts import default_prompts
+    from workbench.engine import validate
     from workbench.engine.core import load
-    from workbench.engine.policies import AR
+    from workbench.engine.loading import pair_dirs
+    from workbench.engine.policies import AR, DFlash
 
+    texts = validate.prompt_list(prompts) or default_prompts()
+    validate.positive_int(max_new_tokens, "max_new_tokens")
     server = Served(url, api_key=api_key, model=model, kind=kind)
     if kind == "vllm":
         server.counters()  # a server without speculative counters is refused before any work
-    engine = load(target, draft, dtype="float32")
-    texts = list(prompts) if prompts is not None else default_prompts()
-    report = ServedReport(server.url, server.model)
-    if warmup and texts:
-        server.complete(engine.encode(texts[0]).ids, 4)
-    for text in texts:
-        ids = list(engine.encode(text).ids)
-        s = engine.session(prompt_ids=ids, policy=AR(), temperature=0.0, max_new_tokens=max_new_tokens)
+    tdir, ddir = pair_dirs(target, draft)
+    pair = served_pair(server, tdir)
+    limit = server.max_model_len
+    if limit is not None and max_new_tokens >= limit:
+        raise ServedError(f"max_new_tokens={max_new_tokens}: {server.url} serves {server.model} with max_model_len="
+                          f"{limit} (prompt and new tokens together); give fewer than {limit} new tokens")
+    engine = load(tdir, ddir, dtype="float32")
+    ids = [list(engine.encode(text).ids) for text in texts]
+    over = [i for i, p in enumerate(ids) if limit is not None and len(p) + max_new_tokens > limit]
+    if over:
+        n = len(ids[over[0]])
+        raise ServedError(f"prompt {over[0]} has {n} tokens, and {n} + max_new_tokens={max_new_tokens} passes "
+                          f"{server.url}'s max_model_len={limit} ({len(over)} of {len(ids)} prompts do); give at "
+                          f"most {limit - max(len(ids[i]) for i in over)} new tokens, or shorter prompts")
+    report = ServedReport(server.url, server.model, pair=pair)
+    if warmup and ids:
+        server.complete(ids[0], 4)
+    for p in ids:
+        s = engine.session(prompt_ids=p, policy=AR(), temperature=0.0, max_new_tokens=max_new_tokens)
         s.run()
+        ref = engine.session(prompt_ids=p, policy=DFlash(), temperature=0.0, max_new_tokens=max_new_tokens)
+        ref.run()
+        mine = dict(reference_committed=len(ref.generated) - 1, reference_cycles=len(ref.cycles))
         if kind == "sglang":  # per-request counts in the reply itself; no per-position counts
-            out = server.generate_sglang(ids, max_new_tokens)
+            out = server.generate_sglang(p, max_new_tokens)
             report.requests.append(ServedRequest(out["text"] == s.text, out["completion_tokens"], out["drafts"],
-                                                 out["accepted"], []))
+                                                 out["accepted"], [], **mine))
             continue
         before = server.settled_counters()
-        out = server.complete(ids, max_new_tokens)
+        out = server.complete(p, max_new_tokens)
         d = delta(before, server.settled_counters())
         report.requests.append(ServedRequest(out["text"] == s.text, out["completion_tokens"], int(d["drafts"]),
-                                             int(d["accepted"]), [int(x) for x in d["per_pos"]]))
+                                             int(d["accepted"]), [int(x) for x in d["per_pos"]], **mine))
     return report
