@@ -70,6 +70,13 @@ def parse_policies(text: str) -> list[Policy]:
     return out
 
 
+def positive_ints(**values) -> None:
+    """Refuse, in one line naming it, any of ``values`` that is not a positive integer."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive integer")
+
+
 @dataclass
 class Run:
     """One generation: what a bench row is made of."""
@@ -162,10 +169,7 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
     if not pols:
         raise ValueError("bench needs at least one policy")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be a positive integer")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    positive_ints(repeats=repeats, max_new_tokens=max_new_tokens)
     prompts = list(prompts)
     if not prompts:
         raise ValueError("bench needs at least one prompt")
@@ -253,9 +257,9 @@ def versions() -> dict:
 
     import transformers
 
-    import workbench
+    from workbench.version import __version__
 
-    out = {"workbench": workbench.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    out = {"workbench": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version()}
     try:
         from importlib.metadata import version
@@ -434,10 +438,7 @@ def batch_policies_bench(engine, policies, prompts, batch_size: int, max_new_tok
     pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
     if not pols:
         raise ValueError("batch bench needs at least one policy")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be a positive integer")
+    positive_ints(batch_size=batch_size, repeats=repeats, max_new_tokens=max_new_tokens)
     texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     if not texts:
         raise ValueError("prompts=[] is empty; give at least one prompt")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workbench.analysis.paired import MIN_PAIRS
 from workbench.payoff.measure import decode_unit, lossless_failures, run_sweep
 from workbench.payoff.shapes import (check_batch_fits, check_prompts, default_shapes, parse_batches, shapes_of)
 from workbench.payoff.tables import render
@@ -89,8 +88,8 @@ def counterfactual_rows(traces, verdict: BatchVerdict, chain: str = "DFlash") ->
 
 
 def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-             temperature: float = 0.0, seed: int = 0, repeats: int = 1, warmup: bool = True, progress=None,
-             min_prompts: int = MIN_PAIRS) -> PaysOff:
+             temperature: float = 0.0, seed: int = 0, repeats: int = 1, warmup: bool = True,
+             progress=None) -> PaysOff:
     """Measure whether DDTree pays off (see the module docstring). Every input is checked before any decode.
 
     engine: a loaded ``wb.Engine`` (default: the embedded dense pair); prompts: a list (texts or {id, prompt}),
@@ -98,19 +97,16 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
     policies: the shapes (default: AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the
     drafter's block allows; AR and DFlash are always added); repeats: timed decodes per unit and shape
     (medians kept)."""
+    from workbench.bench.runs import positive_ints
+    from workbench.engine import validate
     from workbench.engine.core import load
     from workbench.engine.policies import DFlash
-    from workbench.engine import validate
 
     texts, ids = _prompt_texts(prompts)
-    if min_prompts < MIN_PAIRS:
-        raise ValueError(f"min_prompts={min_prompts}: a paired test needs at least {MIN_PAIRS} prompts")
     check_prompts(len(texts))
     batches = parse_batches(batch)
     validate.temperature(temperature), validate.seed(seed)
-    for name, v in (("max_new_tokens", max_new_tokens), ("repeats", repeats)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+    positive_ints(max_new_tokens=max_new_tokens, repeats=repeats)
     engine = load() if engine is None else engine
     m = engine.models
     slots, vocab = m.block_size - 1, int(m.target.config.get_text_config().vocab_size)

@@ -51,8 +51,8 @@ class Decision:
 
     def sentence(self, label: str, baseline: str) -> str:
         return (f"{self.factor} decides: {label} commits {self.gain:.2f}x the tokens per forward of {baseline} while "
-                f"its verify adds {100 * self.verify_share:+.0f}% and the rest of its step "
-                f"{100 * self.overhead_share:+.0f}% of {baseline}'s step (predicted {self.predicted:.2f}x)")
+                f"its verify costs {100 * self.verify_share:+.0f}% and the rest of its step "
+                f"{100 * self.overhead_share:+.0f}% of {baseline}'s step time (predicted {self.predicted:.2f}x)")
 
 
 def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision:
