@@ -27,6 +27,17 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def imported_from(node: ast.ImportFrom, name: str, is_pkg: bool) -> str:
+    """The absolute module a ``from ... import`` in module ``name`` reads (relative imports resolved)."""
+    base = node.module or ""
+    if node.level:
+        pkg = name if is_pkg else name.rsplit(".", 1)[0]
+        for _ in range(node.level - 1):
+            pkg = pkg.rsplit(".", 1)[0]
+        base = f"{pkg}.{base}" if base else pkg
+    return base
+
+
 def imports_of(path: Path, name: str) -> set[str]:
     """Modules of workbench that ``path`` imports anywhere in its body (``if TYPE_CHECKING`` excluded)."""
     tree = ast.parse(path.read_text())
@@ -45,12 +56,7 @@ def imports_of(path: Path, name: str) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("workbench"))
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = name if is_pkg else name.rsplit(".", 1)[0]
-                for _ in range(node.level - 1):
-                    pkg = pkg.rsplit(".", 1)[0]
-                base = f"{pkg}.{base}" if base else pkg
+            base = imported_from(node, name, is_pkg)
             if base.startswith("workbench"):
                 for a in node.names:  # `from workbench.engine import stages` imports that module alone
                     out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
@@ -169,12 +175,7 @@ def private_reach_ins(files=None) -> list[str]:
 
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    pkg = name if is_pkg else name.rsplit(".", 1)[0]
-                    for _ in range(node.level - 1):
-                        pkg = pkg.rsplit(".", 1)[0]
-                    base = f"{pkg}.{base}" if base else pkg
+                base = imported_from(node, name, is_pkg)
                 for a in node.names:
                     if _private(a.name):
                         report(node.lineno, base, a.name, f"from {base} import {a.name}")

@@ -237,7 +237,7 @@ def test_ragged_cache_keep_rows_equals_per_request_compaction():
     from types import SimpleNamespace
 
     from ddtree_kernels import compact_kv
-    from workbench.models.dense import KVBuffers as RaggedCache
+    from workbench.models.kv_buffers import KVBuffers as RaggedCache
 
     cfg = SimpleNamespace(get_text_config=lambda decoder=True: SimpleNamespace(num_hidden_layers=2))
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import workbench as wb
 from ddtree_kernels import build_tree, compile_tree
 from workbench.records.cycle import STAGES, percentiles
 from workbench.bench.reference import compare_reference, reference_generate
-from workbench.models.dense import PrefixMask as MaskBuffer
+from workbench.models.masks import PrefixMask as MaskBuffer
 
 
 def fresh_mask(vis: torch.Tensor, start: int) -> torch.Tensor:

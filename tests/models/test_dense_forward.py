@@ -104,7 +104,8 @@ def test_own_forward_is_bit_identical_to_the_models(family, dtype):
 
 def test_own_forward_matches_on_a_padded_batch_in_the_engines_cache():
     """Two rows of different lengths in KVBuffers (a scatter write) against the model's forward row by row."""
-    from workbench.models.dense import KVBuffers, additive
+    from workbench.models.kv_buffers import KVBuffers
+    from workbench.models.masks import additive
 
     model = FAMILIES["qwen3"](torch.float32)
     g = torch.Generator().manual_seed(9)

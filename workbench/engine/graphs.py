@@ -1,6 +1,6 @@
 """CUDA graphs for the static-shape forwards: capture once per shape and storage, replay after.
 
-A static-shape state (``workbench.models.dense``, ``preallocate``) runs every draft and verify
+A static-shape state (``workbench.models.dense_target`` / ``drafter``, ``preallocate``) runs every draft and verify
 forward of a (batch, nodes, length bucket) over the same buffers: inputs copied into kept tensors,
 the K/V store written at rows given as a device tensor, a mask buffer of fixed width. Such a forward
 can be recorded once with ``torch.cuda.CUDAGraph`` and replayed: one launch for the whole forward

@@ -4,15 +4,19 @@
 - ``registry``: which state serves which config (by family), and the per-family facts read from a config
   (the K/V layout, the linear-attention state, ``StateSpec`` and its bytes) that loading and the shapes
   tools read too.
-- ``dense``: attention K/V per token (``DenseKV`` for the target, ``DraftKV`` for DFlash drafters).
+- ``kv_buffers`` (``KVBuffers``: attention K/V per token), ``masks`` (``PrefixMask``: the tree-verify mask),
+  ``dense_target`` (``DenseKV``: the dense target's state), ``drafter`` (``DraftKV``: the DFlash drafter's).
 - ``hybrid``: GatedDeltaNet + attention targets (``HybridGDN``: a ``DenseKV`` for the attention layers, a
   conv window and a recurrent state per request for the linear ones).
 """
-from workbench.models.base import StepOut, TargetState
-from workbench.models.dense import DenseKV, DraftKV, KVBuffers, PrefixMask
+from workbench.models.base import DraftState, StepOut, TargetState
+from workbench.models.dense_target import DenseKV
+from workbench.models.drafter import DraftKV
+from workbench.models.kv_buffers import KVBuffers
+from workbench.models.masks import PrefixMask
 from workbench.models.hybrid import HybridCache, HybridGDN
 from workbench.models.registry import (StateSpec, family_of, new_draft_state, new_target_state,
                                        register_target_state)
 
-__all__ = ["DenseKV", "DraftKV", "HybridCache", "HybridGDN", "KVBuffers", "PrefixMask", "StateSpec", "StepOut",
+__all__ = ["DenseKV", "DraftKV", "DraftState", "HybridCache", "HybridGDN", "KVBuffers", "PrefixMask", "StateSpec", "StepOut",
            "TargetState", "family_of", "new_draft_state", "new_target_state", "register_target_state"]

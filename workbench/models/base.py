@@ -38,17 +38,21 @@ class TargetState(Protocol):
     Row lengths are host ints: ``lengths[b]`` tokens of request b are committed (= the position of its
     pending root). Every method keeps the rows' order; only ``select`` changes which rows exist.
 
-    Capabilities every state declares (the cycle reads them, never probes for them):
+    Capabilities and settings every state declares (the cycle reads and sets them, never probes for them):
     ``supports_static_shapes`` (``preallocate`` works: fixed shapes and storage from then on, no host reads
     between forwards), ``kernel_backend`` (set before each verify from the session's setting; used by
-    states that run kernels inside their forward) and ``state_from`` (None, or int64 [B, N] after a verify:
-    the node whose recurrent state each node continued, -1 = the committed state; recorded as
-    ``Cycle.state_from``).
+    states that run kernels inside their forward), ``graphs`` (None, or the engine's
+    ``workbench.engine.graphs.Graphs``, set after ``preallocate``: static forwards captured and replayed),
+    ``capture`` (None, or a ``workbench.shapes.ShapeCapture`` set between cycles: forwards record module
+    shapes) and ``state_from`` (None, or int64 [B, N] after a verify: the node whose recurrent state each node
+    continued, -1 = the committed state; recorded as ``Cycle.state_from``).
     """
 
     lengths: list[int]
     supports_static_shapes: bool
     kernel_backend: str
+    graphs: object | None
+    capture: object | None
     state_from: Tensor | None
 
     def preallocate(self, rows: int, capacity: int) -> None:
@@ -101,3 +105,61 @@ class TargetState(Protocol):
 
     def nbytes(self) -> int:
         """Bytes of committed state held for all rows now."""
+
+
+@runtime_checkable
+class DraftState(Protocol):
+    """The drafter's state over B >= 1 rows, beside the target's (``TargetState``): its own K/V of the
+    committed positions it has seen, and each row's pending target context (features of committed positions
+    not yet in its cache). One per session or batch; the cycle drafts, then hands it the newly committed
+    features.
+
+    Declares ``supports_static_shapes``, ``graphs``, ``capture`` and ``kernel_backend`` as ``TargetState``
+    does (the drafter's forward runs no kernel of its own: "torch"), and ``tap`` (None, or
+    ``tap(state, roots, starts)`` called before each draft: a cycle dump reads the pending context).
+    """
+
+    lengths: list[int]
+    supports_static_shapes: bool
+    kernel_backend: str
+    graphs: object | None
+    capture: object | None
+    tap: object | None
+
+    def preallocate(self, rows: int, capacity: int) -> None:
+        """Static shapes from now on (as ``TargetState.preallocate``)."""
+
+    def start(self, features: list[Tensor]) -> None:
+        """Rows begin empty with the prefill's features as pending context ([1, P_b, F] each)."""
+
+    def add_context(self, features: list[Tensor | None]) -> None:
+        """Append each row's newly committed features [1, k_b, F] (None: none) to its pending context."""
+
+    def draft(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        """One block forward for every row: [root, MASK x (block - 1)] at positions [start, start + block).
+        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b])."""
+
+    def crop(self, lengths: list[int]) -> None:
+        """Roll every row back to at most ``lengths[b]`` cached tokens."""
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order."""
+
+    @property
+    def rows(self) -> int:
+        """How many rows this state holds."""
+
+    def admit(self, other: "DraftState") -> None:
+        """Append ``other``'s rows (K/V and pending context) after these."""
+
+    def take(self, rows: list[int]) -> "DraftState":
+        """A new state holding copies of ``rows``; this one is unchanged."""
+
+    def view(self, row: int) -> list[tuple[Tensor, ...]]:
+        """Read-only per-layer (keys, values) of one row's cache."""
+
+    def describe(self, batch: int | None = None, length: int | None = None, nodes: int = 0) -> list[StateSpec]:
+        """The drafter's buffers at ``batch`` rows of ``length`` (+ ``nodes``) tokens (defaults: now)."""
+
+    def nbytes(self) -> int:
+        """Bytes of K/V held for all rows now."""

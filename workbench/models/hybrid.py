@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -37,7 +38,9 @@ from workbench.models.run import run_target
 from workbench.models.gdn_layer import gdn_layer_tree_forward
 from workbench.models.layout import TreeLayout
 from workbench.models.base import StepOut
-from workbench.models.dense import DenseKV, KVBuffers, kv_specs
+from workbench.models.dense_target import DenseKV
+from workbench.models.held_hooks import HeldHooks
+from workbench.models.kv_buffers import KVBuffers, kv_specs
 from workbench.models.registry import StateSpec, check_supported, layer_kinds, linear_attention
 
 # -------------------------------------------------------------------------------------------- the cache
@@ -133,12 +136,32 @@ def _gdn_forward(module, original):
     return forward
 
 
-def install(model) -> None:
-    """Wrap every GatedDeltaNet module's forward once (idempotent); see ``_gdn_forward``."""
+def _route_gdn_forwards(model) -> Callable[[], None]:
+    """Wrap every GatedDeltaNet module's forward (see ``_gdn_forward``). -> undo: each module's forward is
+    what it was before (its class's, or an instance forward another library had set)."""
+    wrapped = []
     for module in model.modules():
-        if hasattr(module, "conv1d") and hasattr(module, "A_log") and not getattr(module, "_wb_tree_forward", False):
+        if hasattr(module, "conv1d") and hasattr(module, "A_log"):
+            wrapped.append((module, module.__dict__.get("forward")))
             module.forward = _gdn_forward(module, module.forward)
-            module._wb_tree_forward = True
+
+    def undo() -> None:
+        for module, before in wrapped:
+            if before is None:
+                del module.forward  # the instance attribute: the class's forward shows again
+            else:
+                module.forward = before
+
+    return undo
+
+
+# Held by each HybridGDN; removed when the last state on the model ends (its session's end or collection).
+GDN_FORWARDS = HeldHooks(_route_gdn_forwards)
+
+
+def install(model, owner) -> Callable[[], None]:
+    """Route ``model``'s GatedDeltaNet forwards for as long as ``owner`` lives. -> release (idempotent)."""
+    return GDN_FORWARDS.hold(owner, model)
 
 
 # ------------------------------------------------------------------------------------------- the state
@@ -164,7 +187,8 @@ class HybridGDN:
         self.kernel_backend = "torch"
         self.state_from: Tensor | None = None  # [B, N] of the last verify: the node each node's state continued
         self._route: TreeRoute | None = None  # the tree forward's route while a verify runs
-        install(models.target)
+        self.graphs = None  # dynamic shapes only (supports_static_shapes): never captured
+        self._release_forwards = install(models.target, self)
 
     @property
     def lengths(self) -> list[int]:

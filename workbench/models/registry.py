@@ -26,9 +26,9 @@ from workbench.models.config_facts import (  # noqa: F401  (the config readers: 
 
 # The state class of each family ("module:Class"); a model type outside FAMILIES without linear-attention
 # layers gets the dense one (any transformers causal LM whose cache is per-token K/V).
-STATES = {"dense": "workbench.models.dense:DenseKV", "moe": "workbench.models.dense:DenseKV",
-          "mla": "workbench.models.dense:DenseKV", "hybrid": "workbench.models.hybrid:HybridGDN"}
-DRAFT_STATE = "workbench.models.dense:DraftKV"  # DFlash drafters: dense attention (full, causal or sliding)
+STATES = {"dense": "workbench.models.dense_target:DenseKV", "moe": "workbench.models.dense_target:DenseKV",
+          "mla": "workbench.models.dense_target:DenseKV", "hybrid": "workbench.models.hybrid:HybridGDN"}
+DRAFT_STATE = "workbench.models.drafter:DraftKV"  # DFlash drafters: dense attention (full, causal or sliding)
 
 
 # --------------------------------------------------------------------------------------------- routing

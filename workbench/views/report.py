@@ -122,3 +122,34 @@ def write_report(trace_path_or_traces, out_path, tokenizer=None, title: str = "d
     Token text comes from ``tokenizer``, else from the tokenizer saved with the trace's target model.
     """
     return atomic_write_text(out_path, report_html(trace_path_or_traces, tokenizer=tokenizer, title=title))
+
+
+def bench_page(rows: list[dict], source: str) -> str:
+    """One self-contained HTML page: a summary table and the acceptance / stage-time figures per policy."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        d = by.setdefault(r["policy"], {"accept_lengths": [], "stage_seconds": {}, "new_tokens": 0, "wall_time": 0.0,
+                                        "prompts": 0})
+        d["accept_lengths"] += list(r["accept_lengths"])
+        for k, v in r["stage_seconds"].items():
+            d["stage_seconds"][k] = d["stage_seconds"].get(k, 0.0) + float(v)
+        d["new_tokens"] += int(r.get("new_tokens", 0))
+        d["wall_time"] += float(r.get("wall_time", 0.0))
+        d["prompts"] += 1
+    ar = by.get("AR")
+    ar_tps = ar["new_tokens"] / ar["wall_time"] if ar and ar["wall_time"] else None
+    trs = []
+    for label, d in by.items():
+        al = d["accept_lengths"]
+        tau = sum(al) / len(al) if al else 0.0
+        tps = d["new_tokens"] / d["wall_time"] if d["wall_time"] else 0.0
+        sp = f"{tps / ar_tps:.2f}" if ar_tps else "-"
+        trs.append(f"<tr><td>{html.escape(label)}</td><td>{d['prompts']}</td><td>{tau:.2f}</td><td>{tps:.1f}</td>"
+                   f"<td>{sp}</td><td>{len(al)}</td></tr>")
+    table = ("<table><tr><th>policy</th><th>prompts</th><th>tau</th><th>tokens/s</th><th>speedup vs AR</th>"
+             f"<th>cycles</th></tr>{''.join(trs)}</table>")
+    data = {k: {"accept_lengths": v["accept_lengths"], "stage_seconds": v["stage_seconds"]} for k, v in by.items()}
+    return page(f"workbench bench: {source}", [
+        f"<h1>Benchmark: {html.escape(source)}</h1>", table,
+        acceptance_figure(data), stage_times_figure(data, per="cycle"), stage_times_figure(data, per="token"),
+    ])
