@@ -37,3 +37,33 @@ def test_every_page_the_readme_names_exists():
             "docs/production-engines.md"} <= pages
     assert [p for p in sorted(pages) if not (ROOT / p).exists()] == []
     assert len(readme.splitlines()) <= 200, "README.md is the front door: the rest belongs in docs/"
+
+
+def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
+    """docs/architecture.md, "Add a tree policy": its class, taken from the page as it stands, registers, parses
+    back, crosses the wire, and decodes greedily token for token as plain decoding does."""
+    import sys
+    import textwrap
+
+    import workbench as wb
+    from workbench.engine.policies import from_wire, registered, to_wire, unregister
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    how_to = doc[doc.index("## Add a tree policy"):]
+    code = textwrap.dedent(re.search(r"```python\n(.*?)```", how_to, re.S).group(1))
+    (tmp_path / "my_policy.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "prefix" not in registered()
+    try:
+        from my_policy import Prefix
+
+        p = wb.parse_policy("prefix:3")
+        assert p == Prefix(3) and wb.parse_policy(str(p)) == p and from_wire(to_wire(p)) == p
+        eng = tiny_engines["l4-h32"]
+        s = eng.session("t1 t2 t3", policy=p, max_new_tokens=20)
+        ar = eng.session("t1 t2 t3", policy=wb.AR(), max_new_tokens=20)
+        s.run(), ar.run()
+        assert s.tokens == ar.tokens and max(c.n_nodes for c in s.cycles) <= 3
+    finally:
+        unregister("prefix")
+        sys.modules.pop("my_policy", None)
