@@ -195,11 +195,11 @@ for req in checks[True]:
 
 # %%
 import ast
-from workbench.shapes.sglang_source import CUDA_GRAPH_RUNNER, _parsed, expressions_in, find_def
+from workbench.shapes.sglang_source import CUDA_GRAPH_RUNNER, expressions_in, find_def, parsed_source
 
 BASE = "srt/model_executor/runner/base_cuda_graph_runner.py"
 BUFFERS = "srt/model_executor/runner_utils/buffers.py"
-init = expressions_in(find_def(_parsed(CUDA_GRAPH_RUNNER), "DecodeCudaGraphRunner.__init__"))
+init = expressions_in(find_def(parsed_source(CUDA_GRAPH_RUNNER), "DecodeCudaGraphRunner.__init__"))
 wanted = ("self.capture_forward_mode = ForwardMode.TARGET_VERIFY", "self.captured_req_width =",
           "self.capture_bs, self.compile_bs =", "self.max_num_token =")
 print(CUDA_GRAPH_RUNNER, "(DecodeCudaGraphRunner.__init__):")
@@ -207,11 +207,11 @@ for w in wanted:
     for e in sorted(x for x in init if x.startswith(w)):
         print("  ", e)
 print(BASE, "(get_batch_sizes_to_capture):")
-for e in sorted(x for x in expressions_in(find_def(_parsed(BASE), "get_batch_sizes_to_capture"))
+for e in sorted(x for x in expressions_in(find_def(parsed_source(BASE), "get_batch_sizes_to_capture"))
                 if x.startswith("capture_bs = ")):
     print("  ", e)
 print(BUFFERS, "(DecodeInputBuffers.create): the static input buffers")
-for n in ast.walk(find_def(_parsed(BUFFERS), "DecodeInputBuffers.create")):
+for n in ast.walk(find_def(parsed_source(BUFFERS), "DecodeInputBuffers.create")):
     if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
             and ast.unparse(n.value.func) in ("torch.zeros", "torch.full", "torch.empty")):
         print(f"   {ast.unparse(n.targets[0]):34s} {ast.unparse(n.value.args[0])}")
