@@ -510,3 +510,9 @@ def test_sweep_error_is_prediction_over_measurement():
     assert err.median_rel_error == pytest.approx(0.25) and err.max_rel_error == pytest.approx(0.5)
     # launch term: 100 ops x 1 us
     assert err.rows[0]["launch_s"] == pytest.approx(100e-6)
+    # calibrate: the smallest point sets the seconds per op (here measured = roofline + 100 ops x 1 us, so the
+    # same 1 us) and leaves the error figures; the planted point's error stays
+    cal = sweep_error({"settings": {"model": "t", "dtype": "bfloat16", "device": "test"}, "device": dev,
+                       "points": pts, "target_config": t, "draft_config": None}, calibrate=True)
+    assert [r["calibration"] for r in cal.rows] == [True, False]
+    assert cal.rows[0]["launch_s"] == pytest.approx(100e-6) and cal.median_rel_error == pytest.approx(0.5)

@@ -254,7 +254,9 @@ def needed_bytes(target_config: dict, draft_config: dict | None, rows: int, node
     if d:
         kv += rows * d.kv_per_token * (context + 2 * block) * e
     n = max(nodes, 2 * block)
-    inter = max(int(f.layer_params[0].matmul // max(f.hidden_size, 1)), 4 * f.hidden_size)  # widest activation row
+    H = f.hidden_size
+    # the MLP's intermediate width per token (dense, or the routed experts' together): gate, up, product
+    inter = max(max((L.mlp + L.topk * L.expert) // (3 * H) for L in f.layer_params), 4 * H)
     heads = f.attention.heads if f.attention else 1
     act = rows * n * (a.vocab * (e + 4) + 4 * inter * e) + rows * heads * n * (context + n) * 4
     return {"weights": int(weights), "kv": int(kv), "activations": int(act), "total": int(weights + kv + act)}
@@ -401,44 +403,59 @@ def _time(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def measure_device(device, dtype, hidden: int = 4096, tokens=()) -> Device:
-    """The device's roofline, measured apart from the sweep: a [M, H] x [H, 4H] matmul (FLOP/s; M = 2048 on
-    a GPU, 256 on a CPU, and each of ``tokens``, since a skinny matmul reaches less of the peak), a
-    matrix-vector product over a matrix of 2^27 (CPU) or 2^29 (GPU) elements (bytes/s: weights read once,
-    as a memory-bound forward reads them) and a chain of 200 one-element adds (seconds per op)."""
-    dev = torch.device(device)
-    dt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
-    gpu = dev.type == "cuda"
-    M = 2048 if gpu else 256
-    a = torch.randn(M, hidden, device=dev, dtype=dt)
-    w = torch.randn(4 * hidden, hidden, device=dev, dtype=dt)
+class Probes:
+    """The device's roofline as timed calls that can join a sweep's rounds (so they see the load the points
+    see): a [M, H] x [H, N] matmul per token count M (FLOP/s; N = max(4H, 2^22 / H), the peak at M = 2048 on
+    a GPU, 256 on a CPU), a matrix-vector product over 2^27 (CPU) or 2^29 (GPU) elements (bytes/s: weights
+    read once, as a memory-bound forward reads them) and a chain of 200 one-element adds (seconds per op)."""
 
-    def best(fn, reps=5):
-        fn()
-        return statistics.median(_time(fn, dev) for _ in range(reps))
-
-    with torch.no_grad():
-        flops = 2 * M * hidden * 4 * hidden / best(lambda: a @ w.T)
-        at = {}
-        for m in sorted(set(tokens)):
-            x = torch.randn(m, hidden, device=dev, dtype=dt)
-            at[str(m)] = 2 * m * hidden * 4 * hidden / best(lambda: x @ w.T, 3)
-        del a, w
+    def __init__(self, device, dtype, hidden: int = 4096, tokens=()):
+        dev = torch.device(device)
+        dt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
+        self.device, self.dtype, gpu = dev, dt, dev.type == "cuda"
+        self.peak_m = 2048 if gpu else 256
+        N = max(4 * hidden, 2 ** 22 // hidden)
+        w = torch.randn(N, hidden, device=dev, dtype=dt)
         n = 2 ** (29 if gpu else 27)
-        cols = 8192
-        big = torch.empty(n // cols, cols, device=dev, dtype=dt).normal_()
-        x = torch.randn(1, cols, device=dev, dtype=dt)
-        bw = big.numel() * big.element_size() / best(lambda: x @ big.T)
-        del big
-        s = torch.zeros(1, device=dev, dtype=dt)
+        big = torch.empty(n // 8192, 8192, device=dev, dtype=dt).normal_()
+        v = torch.randn(1, 8192, device=dev, dtype=dt)
+        one = torch.zeros(1, device=dev, dtype=dt)
 
         def chain():
             for _ in range(200):
-                s.add_(1)
+                one.add_(1)
 
-        op = best(chain) / 200
-    name = torch.cuda.get_device_name(dev) if gpu else f"CPU ({os.cpu_count()} cores)"
-    return Device(name, flops, bw, op, str(dt).replace("torch.", ""), torch.get_num_threads(), at)
+        self.calls = []  # (name, fn, work: FLOPs, bytes or ops per call)
+        for m in sorted({self.peak_m, *tokens}):
+            x = torch.randn(m, hidden, device=dev, dtype=dt)
+            self.calls.append((f"matmul {m}", (lambda x=x: x @ w.T), 2 * m * hidden * N))
+        self.calls.append(("stream", lambda: v @ big.T, big.numel() * big.element_size()))
+        self.calls.append(("op", chain, 200))
+        self.samples = {name: [] for name, _, _ in self.calls}
+
+    def run_once(self) -> None:
+        for name, fn, _ in self.calls:
+            self.samples[name].append(_time(fn, self.device))
+
+    def device_profile(self) -> Device:
+        med = {name: statistics.median(self.samples[name]) for name, _, _ in self.calls}
+        work = {name: w for name, _, w in self.calls}
+        at = {name.split()[1]: work[name] / med[name] for name in med if name.startswith("matmul")}
+        gpu = self.device.type == "cuda"
+        name = torch.cuda.get_device_name(self.device) if gpu else f"CPU ({os.cpu_count()} cores)"
+        return Device(name, at[str(self.peak_m)], work["stream"] / med["stream"], med["op"] / work["op"],
+                      str(self.dtype).replace("torch.", ""), torch.get_num_threads(), at)
+
+
+def measure_device(device, dtype, hidden: int = 4096, tokens=(), repeats: int = 5) -> Device:
+    """``Probes`` timed on their own: one warm-up, then the median of ``repeats``."""
+    p = Probes(device, dtype, hidden, tokens)
+    with torch.no_grad():
+        p.run_once()
+        p.samples = {k: [] for k in p.samples}
+        for _ in range(repeats):
+            p.run_once()
+    return p.device_profile()
 
 
 # ------------------------------------------------------------------------------------------ the sweep
@@ -515,22 +532,30 @@ def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, 
             if p.mode == "eager":
                 p.ops = count_ops(fn)
         _sync(dev)
+        tc = models.target.config.get_text_config(decoder=True)
+        # the device's probes join every round, so they see the load the points see
+        probes = Probes(dev, models.dtype, tc.hidden_size, {p.rows * p.nodes for p, _, _ in calls}) \
+            if device_profile else None
+        if probes:
+            probes.run_once()  # warm-up
+            probes.samples = {k: [] for k in probes.samples}
         say(f"{len(calls)} points warmed up; timing {repeats} rounds")
         for i in range(repeats):
             for p, fn, state in calls:
                 state.graphs = graph_set if p.mode == "graphs" else None
                 p.samples.append(_time(fn, dev))
+            if probes:
+                probes.run_once()
             say(f"round {i + 1}/{repeats}")
         for _, _, state in calls:
             state.graphs = None
-    tc = models.target.config.get_text_config(decoder=True)
     settings = {"model": tcfg.get("_name"), "draft": dcfg.get("_name"), "layers": tc.num_hidden_layers,
                 "draft_layers": models.draft.config.num_hidden_layers, "dtype": str(models.dtype).replace("torch.", ""),
                 "device": str(dev), "context": context, "repeats": repeats, "warmup": warmup,
                 "threads": torch.get_num_threads(), "seed": seed, "nodes": nodes, "rows": rows, "modes": modes,
                 "block_size": models.block_size}
-    tokens = {p.rows * p.nodes for p, _, _ in calls}
-    dprof = measure_device(dev, models.dtype, tc.hidden_size, tokens) if device_profile else None
+    dprof = probes.device_profile() if probes else None
+    del probes
     notes = ["verify: the engine's DenseKV/HybridGDN verify of a DDTree-built TreeLayout (tree_compile's visibility "
              "mask over the K/V cache); draft: DraftKV.draft of one block after block_size new context rows",
              "static-shape states attend over context + max(nodes) columns (the engine's graphed path); 'keys' "

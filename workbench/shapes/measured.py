@@ -59,7 +59,7 @@ class SweepError:
 
     @staticmethod
     def _stats(rows) -> dict:
-        errs = [abs(r["rel_error"]) for r in rows]
+        errs = [abs(r["rel_error"]) for r in rows if not r.get("calibration")]
         return {"points": len(errs), "median_rel_error": statistics.median(errs) if errs else None,
                 "max_rel_error": max(errs) if errs else None}
 
@@ -83,12 +83,14 @@ class SweepError:
 
     def __repr__(self) -> str:
         s = self.settings
+        n = sum(not r.get("calibration") for r in self.rows)
         lines = [f"cost model vs measured sweep ({s['model']}, {s['dtype']} on {s['device']}): median |error| "
-                 f"{self.median_rel_error:.0%}, max {self.max_rel_error:.0%} over {len(self.rows)} points",
+                 f"{self.median_rel_error:.0%}, max {self.max_rel_error:.0%} over {n} points",
                  f"  {'kind':<7}{'mode':<8}{'rows':>5}{'nodes':>6}{'measured ms':>13}{'predicted ms':>14}{'error':>8}  bound"]
         for r in self.rows:
             lines.append(f"  {r['kind']:<7}{r['mode']:<8}{r['rows']:>5}{r['nodes']:>6}{r['measured_s'] * 1e3:>13.3f}"
-                         f"{r['predicted_s'] * 1e3:>14.3f}{r['rel_error']:>+8.0%}  {r['bound']}")
+                         f"{r['predicted_s'] * 1e3:>14.3f}{r['rel_error']:>+8.0%}  {r['bound']}"
+                         + ("  (calibration point)" if r.get("calibration") else ""))
         for (k, m), v in self.by_kind().items():
             lines.append(f"  {k}/{m}: median |error| {v['median_rel_error']:.0%}, max {v['max_rel_error']:.0%}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
@@ -97,10 +99,15 @@ class SweepError:
         return f"<pre>{html.escape(repr(self))}</pre>"
 
 
-def sweep_error(sweep, device=None, peak: bool = False) -> SweepError:
+def sweep_error(sweep, device=None, peak: bool = False, calibrate: bool = False) -> SweepError:
     """Every measured point of ``sweep`` (a ``workbench.bench.sweep.Sweep`` or its ``as_dict()``) beside the
     cost model's prediction; rel_error = predicted / measured - 1. ``device``: a roofline to predict with
-    (a GPU name, a Gpu, (flops, bandwidth)); default the sweep's own measured device."""
+    (a GPU name, a Gpu, (flops, bandwidth)); default the sweep's own measured device.
+
+    ``calibrate``: take each (kind, mode)'s seconds per dispatched op from its smallest point (measured minus
+    roofline, over its ops: what an eager forward costs beyond its arithmetic and bytes, Python and launches
+    included) instead of the device's one-op microbenchmark; that point is then marked ``calibration`` and
+    left out of the error figures."""
     from workbench.models.registry import dtype_bytes
 
     d = sweep if isinstance(sweep, dict) else sweep.as_dict()  # a Sweep, or its JSON read back
@@ -114,20 +121,38 @@ def sweep_error(sweep, device=None, peak: bool = False) -> SweepError:
     e = dtype_bytes(settings["dtype"])
     target = arch(d["target_config"], "target")
     draft = arch(d["draft_config"], "draft") if d.get("draft_config") else None
-    rows = []
-    for p in d["points"]:
+    points = [p for p in d["points"] if (target if p["kind"] == "verify" else draft) is not None]
+
+    def predict(p, per_op):
         a = target if p["kind"] == "verify" else draft
-        if a is None:
-            continue
         ops = 1 if p["mode"] == "graphs" else p["ops"]  # a graph replays as one launch
-        pred = predict_forward(a, p["kind"], p["rows"], p["nodes"], p["keys"], p["context_rows"], e, dev, ops)
+        return predict_forward(a, p["kind"], p["rows"], p["nodes"], p["keys"], p["context_rows"], e,
+                               SimpleNamespace(**{**vars(SimpleNamespace(**dev.__dict__)), "op_seconds": per_op})
+                               if per_op is not None else dev, ops)
+
+    per_op, anchors = {}, set()
+    if calibrate:
+        for key in sorted({(p["kind"], p["mode"]) for p in points}):
+            same = [p for p in points if (p["kind"], p["mode"]) == key]
+            p0 = min(same, key=lambda p: (p["rows"] * p["nodes"], p["rows"]))
+            base = predict(p0, 0.0)["seconds"]
+            ops = 1 if p0["mode"] == "graphs" else max(p0["ops"], 1)
+            per_op[key] = max(p0["median_s"] - base, 0.0) / ops
+            anchors.add(id(p0))
+    rows = []
+    for p in points:
+        pred = predict(p, per_op.get((p["kind"], p["mode"])))
         rows.append({"kind": p["kind"], "mode": p["mode"], "rows": p["rows"], "nodes": p["nodes"],
                      "measured_s": p["median_s"], "predicted_s": pred["seconds"],
                      "rel_error": pred["seconds"] / p["median_s"] - 1, "bound": pred["bound"],
-                     "launch_s": pred["launch_s"]})
+                     "launch_s": pred["launch_s"], "calibration": id(p) in anchors})
     name = getattr(dev, "name", str(dev))
-    notes = [f"predicted on {name}: {dev.flops / 1e9:.1f} GFLOP/s, {dev.bandwidth / 1e9:.1f} GB/s, "
-             f"{getattr(dev, 'op_seconds', 0.0) * 1e6:.1f} us per op (measured apart from the sweep; nothing fitted)"]
+    notes = [f"predicted on {name}: {dev.flops / 1e9:.1f} GFLOP/s peak, {dev.bandwidth / 1e9:.1f} GB/s, "
+             + ("matmul rate per token count measured apart from the sweep, " if getattr(dev, "flops_at", None) else "")
+             + (f"{getattr(dev, 'op_seconds', 0.0) * 1e6:.1f} us per op (microbenchmark); nothing fitted" if not calibrate
+                else "seconds per op from each kind's smallest point: "
+                + ", ".join(f"{k}/{m} {v * 1e6:.1f} us" for (k, m), v in per_op.items())
+                + " (those points left out of the error)")]
     return SweepError(rows, dict(settings), notes)
 
 
