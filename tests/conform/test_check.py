@@ -104,6 +104,21 @@ def test_the_tree_check_rebuilds_the_exact_best_tree_from_the_engines_own_drafte
     assert "the tree lacks" in C.tree_problem(chain["tokens"], chain["parents"], want)
 
 
+def test_the_tree_oracle_over_each_slots_best_tokens_is_the_oracle_over_the_vocabulary():
+    from ddtree_kernels.oracles import build_tree_greedy_exact
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(12):
+        x = torch.randn(5, 40, generator=g)
+        if trial % 2:
+            x = (x * 2).round() / 2  # many equal log-probs: the tie rule decides
+        lp = torch.log_softmax(x, -1)
+        for budget, width in ((8, None), (12, 3), (3, None)):
+            got = C.reference_tree(lp, 3, wb.DDTree(budget, width=width))
+            want = build_tree_greedy_exact(lp, 3, budget, width)
+            assert (got["tokens"], got["parents"]) == (want["tokens"], want["parents"]), (trial, budget, width)
+
+
 def test_the_batched_chain_oracle_is_the_path_oracle(tiny_engines):
     from ddtree_kernels import Tree
     from workbench.models.path_oracle import path_logits
@@ -127,7 +142,7 @@ def test_the_batched_chain_oracle_is_the_path_oracle(tiny_engines):
                                                pytest.param("hybrid", "dflash", 4, marks=pytest.mark.slow)])
 def test_a_clean_run_breaks_no_contract(pair, policy, batch, engine, hybrid_engine, tmp_path):
     e = engine if pair == "dense" else hybrid_engine
-    path = write_dump(e, tmp_path / "run.dump", wb.parse_policy(policy), batch)
+    path = write_dump(e, tmp_path / "run.dump", wb.parse_policy(policy), batch, new=NEW if pair == "dense" else 10)
     r = conform(path, models=e.models)
     assert r.broken == [], str(r)
     assert r.requests == batch and r.cycles >= batch
@@ -277,9 +292,15 @@ def test_checking_64_cycles_of_the_embedded_pair_takes_under_a_minute(engine, tm
     import time
 
     path = tmp_path / "run.dump"
-    engine.batch_session(PROMPTS, wb.DDTree(16), max_new_tokens=64, record_topk=16, dump=path).run()
+    engine.batch_session(PROMPTS, wb.DDTree(16), max_new_tokens=80, record_topk=16, dump=path).run()
+    short = tmp_path / "64.dump"  # the first 64 cycle records (and the requests they belong to)
+    lines = path.read_text().splitlines()
+    cycles = [i for i, line in enumerate(lines) if '"kind":"cycle"' in line]
+    assert len(cycles) >= 64
+    kept = lines[: cycles[63] + 1]
+    short.write_text("\n".join(kept + [json.dumps({"kind": "end", "records": len(kept) - 1})]) + "\n")
     t0 = time.perf_counter()
-    r = conform(path, models=engine.models)
+    r = conform(short)  # the pair loaded from the dump's header: loading counts
     seconds = time.perf_counter() - t0
-    assert r.cycles >= 64 and r.broken == []
+    assert r.cycles == 64 and r.broken == [], str(r)
     assert seconds < 60, f"{r.cycles} cycles checked in {seconds:.1f} s"

@@ -257,15 +257,22 @@ def chain_logits(model, context: list[int], tokens: list[int], parents: list[int
             batch[i, depth[j]] = tokens[j]
             j = parents[j]
     ctx = torch.tensor(context)
+    rows = (torch.arange(n), torch.tensor(depth))
+    # the decoder's hidden states, and the head over each row's one read position only
+    split = hasattr(model, "model") and hasattr(model, "lm_head")
+    body = model.model if split else model
     with torch.no_grad():
         _, cache = prefill(model, ctx)
         if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
             cache.batch_repeat_interleave(n)
-            out = model(input_ids=batch, past_key_values=cache, use_cache=True).logits  # [n, D + 1, V]
+            out = body(input_ids=batch, past_key_values=cache, use_cache=True)  # [n, D + 1, ...]
+            skip = 0
         else:
-            out = model(input_ids=torch.cat([ctx.expand(n, len(context)), batch], 1), use_cache=False).logits
-            out = out[:, len(context):]
-    return out[torch.arange(n), torch.tensor(depth)].float()
+            out = body(input_ids=torch.cat([ctx.expand(n, len(context)), batch], 1), use_cache=False)
+            skip = len(context)
+        if split:
+            return model.lm_head(out.last_hidden_state[:, skip:][rows]).float()  # [n, V]
+        return out.logits[:, skip:][rows].float()
 
 
 @dataclass
@@ -462,14 +469,22 @@ class _Replay:
             self._verdict("tree", rec, shape, lambda: (None, None))
             return
         ids, vals = rec["draft_topk_ids"].long(), rec["draft_topk_values"].float()
+        if isinstance(policy, DFlash):  # the argmax chain: the top-1 of each slot (log-probs or logits alike)
+            best = vals.max(dim=1, keepdim=True).values
+            first = torch.where(vals == best, ids, torch.iinfo(torch.long).max).min(dim=1).values  # lowest id on ties
+            n = min(len(tokens) - 1, first.shape[0])  # a chain cut short by the token limit verifies fewer slots
+            chain = [int(t) for t in first[:n]] if len(tokens) - 1 <= first.shape[0] else [int(t) for t in first]
+            want = {"tokens": [tokens[0]] + chain, "parents": list(range(-1, len(chain)))}
+            self._verdict("tree", rec, C.tree_problem(tokens, parents, want), cost)
+            return
         if kind != "logprobs":
-            self._skip("tree", "draft values are logits' top-k: a tree's path scores need log-probs")
+            self._skip("tree", "draft values are logits' top-k: a DDTree's path scores need log-probs")
             return
         D, k = ids.shape
         lp = torch.full((D, self.models.target.config.get_text_config(decoder=True).vocab_size), float("-inf"))
         lp.scatter_(1, ids, vals)
         want = C.reference_tree(lp, tokens[0], policy)
-        need = 1 if isinstance(policy, DFlash) else min(policy.budget, policy.width or policy.budget)
+        need = min(policy.budget, policy.width or policy.budget)
         if k < need and not _exact_from_topk(want, lp, vals):
             self._skip("tree", f"the draft top-{k} is too short to rebuild a {policy} tree exactly")
             return

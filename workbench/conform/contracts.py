@@ -39,12 +39,13 @@ class Tolerance:
                 f"near tie when the reference's values of the two tokens are within {self.near_tie:g}")
 
 
-# Measured on the embedded pairs (docs/conformance.md): float32 verify vs the path oracle differs by about
-# 1e-5 in logits; bfloat16 and float16 round every layer's output to 8 and 11 mantissa bits.
+# Measured on the embedded pair (docs/conformance.md): the engine against the references differs by at most
+# 1.5e-5 in float32, 0.008 (target logits) / 0.019 (draft log-probs) in float16, 0.0625 / 0.18 in bfloat16;
+# each tolerance leaves room above that (float32: 60x; the half types about 2x: a larger model needs more).
 TOLERANCES = {
     "float32": Tolerance("float32", 1e-3, 1e-4, 1e-3),
-    "float16": Tolerance("float16", 2e-2, 5e-3, 5e-2),
-    "bfloat16": Tolerance("bfloat16", 1.5e-1, 2e-2, 2.5e-1),
+    "float16": Tolerance("float16", 4e-2, 5e-3, 8e-2),
+    "bfloat16": Tolerance("bfloat16", 2.5e-1, 2e-2, 5e-1),
 }
 
 
@@ -103,8 +104,21 @@ def reference_tree(logprobs: Tensor, root: int, policy) -> dict:
         chain = [int(t) for t in logprobs.float().argmax(-1).tolist()]
         return {"tokens": [int(root)] + chain, "parents": list(range(-1, len(chain)))}
     if isinstance(policy, DDTree):
-        t = build_tree_greedy_exact(logprobs, int(root), policy.budget, policy.width)
-        return {"tokens": t["tokens"], "parents": t["parents"]}
+        # Only a slot's best min(budget, width) tokens can enter the tree: the oracle runs over those columns,
+        # kept in token-id order so that its tie rule (equal log-probs by token id) is the full vocabulary's.
+        k = min(policy.budget, policy.width or policy.budget, logprobs.shape[-1])
+        lp = logprobs.float()
+        top = torch.topk(lp, k, dim=-1).values[:, -1:]  # [D, 1]: each slot's k-th value
+        keep = [torch.nonzero(row >= kth).flatten() for row, kth in zip(lp, top)]  # ids ascending, ties kept
+        width = max(x.numel() for x in keep)
+        cols = torch.stack([torch.cat([x, x[-1:].expand(width - x.numel())]) for x in keep])  # [D, width]
+        small = lp.gather(1, cols)
+        for d, x in enumerate(keep):
+            small[d, x.numel():] = float("-inf")  # padding columns: never better than a real token
+        t = build_tree_greedy_exact(small, int(root), policy.budget, policy.width)
+        depth = depths_from(t["parents"])
+        tokens = [int(root)] + [int(cols[depth[i] - 1, c]) for i, c in enumerate(t["tokens"]) if i]
+        return {"tokens": tokens, "parents": t["parents"]}
     raise ValueError(f"policy {policy}: the checker rebuilds DFlash and DDTree trees")
 
 
