@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.shapes.families import config_name, load_config
+
 NODES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 4, 8, 16)
 CPU_NODES = (1, 2, 4, 8, 16, 32)  # what a few minutes on two shared cores allow at a full-size width
@@ -129,33 +131,29 @@ class Sweep:
 
 
 # -------------------------------------------------------------------------------- random-weight models
+def _cut(cfg: dict, config, layers: int | None, what: str, param: str) -> dict:
+    """``cfg`` with ``layers`` decoder layers (None: as it is) and a ``_name`` that says so."""
+    full = int(cfg["num_hidden_layers"])
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= full:
+            raise ValueError(f"{param}={layers!r} must be an integer from 1 to the {what}'s {full}")
+        cfg["num_hidden_layers"] = layers
+        if cfg.get("layer_types"):
+            cfg["layer_types"] = list(cfg["layer_types"])[:layers]
+    n = cfg["num_hidden_layers"]
+    cfg["_name"] = config_name(config, cfg) + (f" ({n} of {full} layers)" if n != full else "")
+    return cfg
+
+
 def cut_configs(target_config, draft_config=None, layers: int | None = None,
                 draft_layers: int | None = None) -> tuple[dict, dict | None]:
     """Shipped (or given) configs as dicts, the target cut to ``layers`` decoder layers and the drafter to
     ``draft_layers`` (each None: as shipped). Every width stays; a cut drafter keeps as many target layers
     as it reads (its fc's width), clamped into the cut target. ``_name`` says what was cut."""
-    from workbench.shapes.families import config_name, load_config
-
-    t = load_config(target_config, "target")
-    name = config_name(target_config, t)
-    full = int(t["num_hidden_layers"])
-    if layers is not None:
-        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= full:
-            raise ValueError(f"layers={layers!r} must be an integer from 1 to the config's {full}")
-        t["num_hidden_layers"] = layers
-        if t.get("layer_types"):
-            t["layer_types"] = list(t["layer_types"])[:layers]
-    t["_name"] = name + (f" ({t['num_hidden_layers']} of {full} layers)" if t["num_hidden_layers"] != full else "")
+    t = _cut(load_config(target_config, "target"), target_config, layers, "config", "layers")
     if draft_config is None:
         return t, None
-    d = load_config(draft_config, "draft")
-    dname, dfull = config_name(draft_config, d), int(d["num_hidden_layers"])
-    if draft_layers is not None:
-        if isinstance(draft_layers, bool) or not isinstance(draft_layers, int) or not 1 <= draft_layers <= dfull:
-            raise ValueError(f"draft_layers={draft_layers!r} must be an integer from 1 to the drafter's {dfull}")
-        d["num_hidden_layers"] = draft_layers
-        if d.get("layer_types"):
-            d["layer_types"] = list(d["layer_types"])[:draft_layers]
+    d = _cut(load_config(draft_config, "draft"), draft_config, draft_layers, "drafter", "draft_layers")
     dfc = dict(d.get("dflash_config") or {})
     ids = dfc.get("target_layer_ids") or d.get("target_layer_ids")
     n = t["num_hidden_layers"]
@@ -164,7 +162,6 @@ def cut_configs(target_config, draft_config=None, layers: int | None = None,
     dfc.setdefault("mask_token_id", int(t["vocab_size"]) - 1)  # shipped layouts omit it; any id < vocab runs
     dfc.setdefault("block_size", int(d.get("block_size", 16)))
     d["dflash_config"], d["num_target_layers"] = dfc, n
-    d["_name"] = dname + (f" ({d['num_hidden_layers']} of {dfull} layers)" if d["num_hidden_layers"] != dfull else "")
     return t, d
 
 
@@ -475,8 +472,6 @@ def _check_grid(nodes, rows, context, repeats, warmup) -> tuple[list, list]:
 
 def _configs_of(models) -> tuple[dict, dict]:
     """The dicts a Models was built from (random_models) or its checkpoints' config.json."""
-    from workbench.shapes.families import load_config
-
     out = []
     for model, path in ((models.target, models.target_dir), (models.draft, models.draft_dir)):
         p = Path(path)
