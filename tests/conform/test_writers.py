@@ -161,3 +161,37 @@ def test_bad_dump_path_refused_in_one_line_before_the_prefill(engine, tmp_path, 
         assert "\n" not in str(e.value)
         with pytest.raises(ValueError, match=match):
             engine.batch_session(PROMPTS[:2], dump=bad)
+
+
+@pytest.mark.slow  # loading vLLM's CPU build: 5 s idle, a minute on a busy machine
+def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
+    from workbench.engines import vllm_hooks
+
+    vllm_hooks.check_version()  # one line naming the fix when vLLM is missing
+    e = wb.load(engine="vllm")
+    try:
+        s = e.session("def parse(line):\n    ", max_new_tokens=20, dump=tmp_path / "v.dump")
+        s.run()
+    finally:
+        e.close()
+    head, reqs, cycles = cycles_by_request(tmp_path / "v.dump")
+    (rid,) = reqs
+    assert head["engine"]["name"] == "vllm" and head["pair"]["vocab_size"] == 4096
+    seq = s.prompt_ids + s.generated
+    committed, drafted_to = [], 0
+    for rec, cyc in zip(cycles[rid], s.trace.cycles):
+        n = cyc.tokens.shape[0]
+        assert rec["tree_parents"].tolist() == list(range(-1, n - 1))  # a chain is a tree
+        assert rec["tree_tokens"].tolist() == cyc.tokens.tolist() and rec["context_len"] == cyc.start
+        # vLLM's proposer context: the rows committed since its last proposal, at their positions
+        assert rec["draft_context_positions"].tolist() == list(range(drafted_to, cyc.start))
+        assert rec["draft_context_tokens"].tolist() == seq[drafted_to:cyc.start]
+        drafted_to = cyc.start
+        assert rec["draft_block_positions"][0] == cyc.start and rec["draft_block_tokens"][0] == cyc.root_token
+        assert rec["draft_values"] == "logits"
+        assert rec["draft_topk_ids"][: n - 1, 0].tolist() == cyc.tokens[1:].tolist()  # greedy drafts: the top-1
+        assert rec["target_topk_ids"][:, 0].tolist() == cyc.target_choice.tolist()
+        assert rec["accepted_nodes"].tolist() == cyc.accepted_nodes.tolist() and rec["bonus"] == cyc.bonus
+        assert "verify_positions" in rec["notes"] and "verify_positions" in rec.missing()
+        committed += rec["committed_tokens"].tolist()
+    assert committed == s.generated[1:]

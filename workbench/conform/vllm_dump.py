@@ -4,7 +4,9 @@ A DFlash step verifies a chain, and a chain is a tree (each draft's parent is th
 from what ``workbench.engines.vllm_hooks.Tap`` captured on vLLM's proposer and rejection sampler:
 
 - drafter context: the context tokens and positions vLLM's ``DFlashProposer.propose`` got (``target_token_ids``,
-  ``target_positions``), the block's ids and positions its drafter model ran;
+  ``target_positions``: every row of the verify before, of which the rows before this step's root are the
+  committed ones the drafter keeps; the rejected rows after them are left out), the block's ids and positions
+  its drafter model ran;
 - drafter output: the top-k of the drafter's logits for every proposed slot (``draft_values = "logits"``);
 - tree: the root and the verified drafts as a chain; target logits: the top-k of the rejection sampler's
   target logits at every verified slot; accept: what it sampled; commit: the tokens the request received.
@@ -65,7 +67,10 @@ class VllmDump:
             p, row = pending
             k = int(p.drafts.shape[1])
             if len(p.req_ids) == 1:
-                f.update(draft_context_tokens=p.context_tokens, draft_context_positions=p.context_positions)
+                # vLLM hands the proposer every row of the last verify and a count of the rejected ones; the
+                # drafter keeps the rows before this step's root (the committed ones)
+                keep = p.context_positions < c.start
+                f.update(draft_context_tokens=p.context_tokens[keep], draft_context_positions=p.context_positions[keep])
             else:
                 notes.append(f"draft_context_tokens: a proposal over {len(p.req_ids)} requests; the tap keeps no "
                              "split of its context rows")

@@ -129,9 +129,14 @@ class VllmEngine(BaseEngine):
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def session(self, prompt: str | None = None, policy=DFlash(), temperature: float = 0.0,
-                max_new_tokens: int = 128, *, prompt_ids=None, **settings) -> "VllmSession":
+                max_new_tokens: int = 128, *, prompt_ids=None, dump=None, **settings) -> "VllmSession":
         """A new request. Settings of ``wb.Session`` that vLLM's engine has no counterpart for are accepted
-        at their defaults only (the stepper passes them back on reset) and refused otherwise."""
+        at their defaults only (the stepper passes them back on reset) and refused otherwise. ``dump``: a
+        path; every step is also written there as a cycle dump (``workbench.conform.vllm_dump``)."""
+        if dump is not None:
+            from workbench.conform.dump import check_dump_path
+
+            check_dump_path(dump)
         for name, value in settings.items():
             if name not in SESSION_DEFAULTS:
                 raise TypeError(f"session() got an unexpected argument {name!r}")
@@ -154,6 +159,10 @@ class VllmEngine(BaseEngine):
         ids = list(prompt_ids) if prompt_ids is not None else self.encode(prompt)
         self._live = VllmSession(self, ids, prompt if prompt is not None else self.tokenizer.decode(ids),
                                  int(max_new_tokens))
+        if dump is not None:
+            from workbench.conform.vllm_dump import attach
+
+            attach(self, self._live, dump)
         return self._live
 
     def generate(self, prompt=None, max_new_tokens: int = 128, *, prompt_ids=None) -> list[int]:
@@ -230,6 +239,7 @@ class VllmSession(SessionState, BaseSession):
             "workarounds": list(engine.patches), "not_recorded": list(NOT_RECORDED),
         })
         self._pending = None  # the proposal the next step verifies
+        self.dump = None  # a workbench.conform.vllm_dump.VllmDump writing each step, or None
         # per cycle, the (Proposal, row) it verified: kept with layers=True (the conformance report reads them)
         self.proposals: list = []
         if engine.tap is not None:
@@ -307,6 +317,7 @@ class VllmSession(SessionState, BaseSession):
         seconds = self._engine_step()
         committed = len(self.generated) - before
         tap = self.engine.tap
+        pending = verify = None  # what a dump of this step reads
         if tap is None:  # no speculation: one target decode per step
             c = decode_cycle(len(self.cycles), start, root, self.generated[before:], seconds)
         else:
@@ -318,11 +329,13 @@ class VllmSession(SessionState, BaseSession):
                 self.proposals.append(self._pending)
             c = self._chain_cycle(start, root, self._pending, verify, committed,
                                   {"draft": draft_s, "verify": seconds - (nxt[0].seconds if nxt else 0.0)})
-            self._pending = nxt
+            pending, self._pending = self._pending, nxt
         self.trace.cycles.append(c)
         self.trace.new_tokens = len(self.generated)
         if self.finished:
             self.trace.finish_reason = self.finish_reason
+        if self.dump is not None:
+            self.dump.cycle(self, c, pending, verify, self.generated[before:])
         return c
 
     def _chain_cycle(self, start, root, pending, verify, committed, stage_seconds) -> Cycle:
