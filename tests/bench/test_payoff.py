@@ -74,6 +74,7 @@ def test_pays_off_end_to_end_on_a_tiny_pair(tiny_engines):
         for r in v.rows:
             if r.cost_vs_chain:
                 assert r.predicted_vs_chain == pytest.approx(r.gain_vs_chain / r.cost_vs_chain)
+                assert r.decision.predicted == pytest.approx(r.predicted_vs_chain)  # one split of one ratio
             if r.label != "DFlash":
                 assert r.measured_vs_chain.n == 10 and 0 <= r.measured_vs_chain.wilcoxon_p <= 1
         assert v.best_budget == "DDTree(4)" and v.verdict.startswith(f"at batch {b}")

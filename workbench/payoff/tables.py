@@ -77,7 +77,8 @@ def render(res) -> str:
     out.append(legend([
         ("fwd/token", "target forwards per committed token, counted from the cycles (every row of a batch)"),
         ("tau", "accepted + bonus per row and cycle"), ("tok/fwd", "tokens committed per target forward"),
-        ("draft .. host", "median ms per step: host = building the record (host reads) and the rest of the step"),
+        ("draft .. host", "median ms per step of each stage (host = building the record: host reads, and the "
+                          "rest of the step); on a loaded machine they need not add up to total, the median step"),
         ("pred", "predicted speedup: tok/fwd gain x step time ratio"),
         ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it"),
         ("p W/sign", "Wilcoxon signed-rank / sign test p-values (scipy.stats); no order where p >= 0.05")]))

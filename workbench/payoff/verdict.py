@@ -116,6 +116,14 @@ def stage_medians(steps: list) -> dict:
     return out
 
 
+def scaled_to_total(med: dict) -> dict:
+    """Stage medians scaled to add up to the median step: what-decides splits the step-time ratio the
+    prediction uses (per-stage medians alone need not add up to it on a loaded machine)."""
+    parts = sum(med[s] for s in STAGES)
+    k = med["total"] / parts if parts > 0 else 0.0
+    return {s: med[s] * k for s in STAGES}
+
+
 def grouped_ms(med: dict) -> dict:
     out = {g: 1e3 * sum(med[s] for s in stages) for g, stages in COST_GROUPS.items()}
     out["total"] = 1e3 * med["total"]
@@ -162,8 +170,8 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
             r.cost_vs_chain = meds[r.label]["total"] / meds[chain]["total"] if meds[chain]["total"] else None
             if r.cost_vs_chain:
                 r.predicted_vs_chain = r.gain_vs_chain / r.cost_vs_chain
-                r.decision = what_decides(r.gain_vs_chain, {s: meds[chain][s] for s in STAGES},
-                                          {s: meds[r.label][s] for s in STAGES})
+                r.decision = what_decides(r.gain_vs_chain, scaled_to_total(meds[chain]),
+                                          scaled_to_total(meds[r.label]))
             if r.label != chain and n >= 2:
                 r.measured_vs_chain = paired_ratio(tps[r.label], tps[chain], r.label, chain, min_pairs=1,
                                                    what="units")
