@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from workbench.models.config_facts import RUN_DTYPES
 from workbench.records.forward import ForwardRecord
 from workbench.shapes.rows import CheckTable, fmt_shape
 from workbench.shapes.tables import trace_of
+
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """bool [n, n]: out[i, j] is True when node j is node i or one of its ancestors."""
@@ -24,7 +26,7 @@ def target_record(c) -> ForwardRecord | None:
     return next((r for r in c.forwards if r.model == "target"), None)
 
 
-ADDITIVE_MASK_DTYPES = ("float32", "bfloat16", "float16")
+ADDITIVE_MASK_DTYPES = RUN_DTYPES  # an additive mask is in the dtype the model runs in
 
 
 def check_contracts(trace_or_session, per_cycle: bool = False) -> CheckTable:
