@@ -120,3 +120,21 @@ def test_cli_bad_input(capsys, argv, line):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert line in err and "\n" not in err
+
+
+def test_the_verdict_counts_a_budget_only_where_the_paired_test_separates_it():
+    from workbench.analysis.paired import PairedRatio
+    from workbench.payoff.verdict import ShapeRow, verdict_line
+
+    def row(label, median, p):
+        return ShapeRow(label, "tree", 3.0, 3.0, 1 / 3, {}, 10,
+                        measured_vs_chain=PairedRatio(label, "DFlash", (median,) * 10, p, p))
+
+    head, _ = verdict_line(8, [row("DDTree(4)", 1.51, 0.064), row("DDTree(8)", 1.50, 0.002)], "DFlash")
+    assert head.startswith("at batch 8 DDTree pays off over DFlash: DDTree(8) 1.50x")  # the separated one
+    head, _ = verdict_line(1, [row("DDTree(8)", 0.9, 0.001), row("DDTree(16)", 0.8, 0.001)], "DFlash")
+    assert "does not pay off over DFlash: every budget is slower; the best, DDTree(8) 0.90x" in head
+    # p = 0.02 is below 0.05 but not below 0.05 / 5 budgets: no claim
+    rows = [row(f"DDTree({n})", 1.2, 0.02) for n in (4, 8, 16, 32)] + [row("DDTree(64)", 0.7, 0.001)]
+    head, _ = verdict_line(1, rows, "DFlash")
+    assert "is not shown to pay off over DFlash (no budget significantly faster; slower: DDTree(64))" in head

@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from workbench.analysis.paired import PairedRatio, paired_ratio
+from workbench.analysis.paired import ALPHA, PairedRatio, paired_ratio
 from workbench.records.cycle import STAGES
 
 NO_GAIN = 0.02  # an acceptance gain under 2% is no gain: losing then is acceptance's doing
@@ -190,21 +190,32 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
         if len(ranked) > 1:
             out.best_vs_runner_up = paired_ratio(tps[best.label], tps[ranked[1].label], best.label, ranked[1].label,
                                                  min_pairs=1, what="units")
-        out.verdict, out.decides = verdict_line(sw.batch, best, chain)
+        out.verdict, out.decides = verdict_line(sw.batch, trees, chain)
     return out
 
 
-def verdict_line(batch: int, best: ShapeRow, chain: str) -> tuple[str, str]:
-    """'DDTree pays off at batch 1: ...' / 'does not pay off' / 'no measurable difference', and what decides."""
+def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> tuple[str, str]:
+    """The verdict over every DDTree budget at one batch size, and what decides it.
+
+    A budget counts as faster (or slower) than the chain only where its paired Wilcoxon p-value is below
+    ``alpha`` / the number of budgets (Bonferroni: several budgets are tried at once). "pays off": some budget is
+    faster (the fastest of those is named); "does not pay off": every budget is slower; otherwise "not shown to
+    pay off", naming the best median. What decides is read from the named budget's prediction."""
+    each = alpha / len(trees)
+    faster = [r for r in trees if r.measured_vs_chain.wilcoxon_p < each and r.measured_vs_chain.median > 1]
+    slower = [r for r in trees if r.measured_vs_chain.wilcoxon_p < each and r.measured_vs_chain.median < 1]
+    best = max(faster or trees, key=lambda r: r.measured_vs_chain.median)
     m = best.measured_vs_chain
     lo, hi = m.iqr
     fig = (f"{best.label} {m.median:.2f}x {chain} (IQR {lo:.2f}-{hi:.2f}, worst {m.tails[0]:.2f}, "
-           f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units)")
-    if m.significant and m.median > 1:
+           f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units; a budget counts where "
+           f"p < {each:.2g}, {alpha:g} over {len(trees)} budgets)")
+    if faster:
         head = f"at batch {batch} DDTree pays off over {chain}: {fig}"
-    elif m.significant:
-        head = f"at batch {batch} DDTree does not pay off over {chain}: its best budget is slower, {fig}"
+    elif len(slower) == len(trees):
+        head = f"at batch {batch} DDTree does not pay off over {chain}: every budget is slower; the best, {fig}"
     else:
-        head = f"at batch {batch} no order between DDTree and {chain} (p >= 0.05): {fig}"
+        others = f"; slower: {', '.join(r.label for r in slower)}" if slower else ""
+        head = f"at batch {batch} DDTree is not shown to pay off over {chain} (no budget significantly faster{others}): {fig}"
     why = best.decision.sentence(best.label, chain) if best.decision else ""
     return head, why
