@@ -79,8 +79,9 @@ def test_session_dump_matches_its_trace(engine, tmp_path, policy):
     assert cycles["0"][0].missing() == ["sglang_mask_mode", "fi_mask_indptr", "fi_kv_len", "state_from"]
 
 
-def test_batch_of_four_dump_one_record_per_row_per_step(engine, tmp_path):
-    b = engine.batch_session(PROMPTS, policy=wb.DDTree(8), max_new_tokens=[12, 20, 16, 24], dump=tmp_path / "b.dump")
+@pytest.mark.parametrize("policy", [wb.DDTree(8), wb.DFlash()], ids=str)
+def test_batch_of_four_dump_one_record_per_row_per_step(engine, tmp_path, policy):
+    b = engine.batch_session(PROMPTS, policy=policy, max_new_tokens=[12, 20, 16, 24], dump=tmp_path / "b.dump")
     b.run()
     head, reqs, cycles = cycles_by_request(tmp_path / "b.dump")
     assert head["batch"] == 4 and sorted(reqs) == ["0", "1", "2", "3"]
