@@ -120,11 +120,11 @@ class Sweep:
         lines = [f"sweep: {s['model']} ({s['layers']} target layers, {s['draft_layers']} draft layers), {s['dtype']} "
                  f"on {s['device']}, context {s['context']}, {s['repeats']} repeats after {s['warmup']} warm-up, "
                  f"{s['threads']} threads",
-                 f"  {'kind':<7}{'mode':<8}{'rows':>5}{'nodes':>6}{'keys':>6}{'median ms':>11}{'p25-p75 ms':>18}{'ops':>6}"]
+                 f"  {'kind':<7}{'mode':<8}{'rows':>5}{'nodes':>6}{'keys':>6}{'median ms':>11}{'p25-p75 ms':>22}{'ops':>6}"]
         for p in self.points:
             lo, hi = p.quartiles
             lines.append(f"  {p.kind:<7}{p.mode:<8}{p.rows:>5}{p.nodes:>6}{p.keys:>6}{p.median * 1e3:>11.3f}"
-                         f"{f'{lo * 1e3:.3f}-{hi * 1e3:.3f}':>18}{p.ops:>6}")
+                         f" {f'{lo * 1e3:.3f}-{hi * 1e3:.3f}':>21}{p.ops:>6}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
     __repr__ = table
