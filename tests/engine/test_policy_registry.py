@@ -125,3 +125,17 @@ def test_spine_accepts_at_least_dflash_on_the_same_cycle(engine):
     for k in (1, 4):
         c = engine.session(prompt, policy=wb.Spine(k), max_new_tokens=20).step()
         assert torch.equal(c.tokens[: d.tokens.numel()], d.tokens) and c.accept_length >= d.accept_length
+
+
+def test_a_server_limits_every_policy_by_its_static_nodes(tiny_engines):
+    """max_budget bounds the drafted nodes of any policy (a Spine has no budget field but a node count)."""
+    from workbench.serve.store import Limits, ServeError, SessionStore
+
+    engine = tiny_engines["l4-h32"]  # block size 8: a Spine(k) drafts 7 + k nodes
+    store = SessionStore(engine, Limits(max_budget=20))
+    for ok in (wb.DDTree(20), wb.Spine(13), wb.DFlash(), wb.AR(), wb.EagleTree(4, 5, 21)):
+        store.check_policy(ok)
+    for bad, field in ((wb.DDTree(21), "policy.budget"), (wb.Spine(14), "policy"), (wb.EagleTree(4, 5, 22), "policy.budget")):
+        with pytest.raises(ServeError, match="max_budget=20") as e:
+            store.check_policy(bad)
+        assert e.value.field == field, bad

@@ -8,14 +8,7 @@ from ddtree_kernels import chain_tree, validate_tree
 from ddtree_kernels.oracles import spine_tree_python
 from ddtree_kernels.spine_tree import spine_tree, spine_tree_from_topk
 from ddtree_kernels.tree_build import sorted_slots
-
-
-def random_logprobs(seed: int, bs: int, D: int, V: int, ties: bool = False) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(bs, D, V, generator=g) * 3
-    if ties:  # coarse values: many exactly equal log-probs, within a slot and across slots
-        logits = (logits * 2).round() / 2
-    return torch.log_softmax(logits, dim=-1)
+from test_kernels import random_logprobs
 
 
 @pytest.mark.parametrize("seed", range(4))

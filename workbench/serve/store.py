@@ -140,9 +140,12 @@ class SessionStore:
 
     # ------------------------------------------------------------------ limits
     def check_policy(self, policy, field_: str = "policy") -> None:
-        budget = getattr(policy, "budget", None)
-        if budget is not None and budget > self.limits.max_budget:
-            raise over_limit("max_budget", f"{field_}.budget", budget, self.limits.max_budget)
+        """The drafted nodes of the policy's largest tree (its static node count less the root: a DDTree's
+        budget, a Spine's chain and siblings) within ``max_budget``."""
+        nodes = policy.static_nodes(self.engine.models.block_size) - 1
+        if nodes > self.limits.max_budget:
+            where = f"{field_}.budget" if hasattr(policy, "budget") else field_
+            raise over_limit("max_budget", where, getattr(policy, "budget", nodes), self.limits.max_budget)
 
     def check_new_tokens(self, n: int, field_: str = "max_new_tokens") -> None:
         if n > self.limits.max_new_tokens:

@@ -180,7 +180,8 @@ class Stepper(StatusLine):
 
     def _show_knobs(self, p) -> None:
         """The boxes show ``p``'s knobs (named after them; 0 for None), the rest disabled."""
-        for box, knob, value in zip((self.budget, self.width), p.knobs + (None, None), policies.knob_values(p) + [None] * 2):
+        knobs, values = p.knobs + (None, None), policies.knob_values(p) + [None, None]
+        for box, knob, value in zip((self.budget, self.width), knobs, values):
             box.disabled = knob is None
             if knob is not None:
                 box.description = knob
