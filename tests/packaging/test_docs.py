@@ -67,3 +67,17 @@ def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
     finally:
         unregister("prefix")
         sys.modules.pop("my_policy", None)
+
+
+def test_every_file_docs_architecture_names_exists():
+    """The route and the rooms name files; a file moved or renamed without the page fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = {p for p in re.findall(r"`([\w/]+\.py)", text) if not p.split("/")[-1].startswith("my_")}  # how-tos' own
+    assert len(named) >= 40
+    def found(p: str) -> bool:  # a path from the root or from workbench/; a bare name (a room's table) anywhere in it
+        if "/" not in p:
+            return any(ROOT.glob(f"workbench/**/{p}")) or (ROOT / "kernels" / p).exists()
+        return any((base / p).exists() for base in (ROOT, ROOT / "workbench"))
+
+    missing = [p for p in named if not found(p)]
+    assert sorted(missing) == []
