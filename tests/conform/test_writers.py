@@ -196,3 +196,6 @@ def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
         assert "verify_positions" in rec["notes"] and "verify_positions" in rec.missing()
         committed += rec["committed_tokens"].tolist()
     assert committed == s.generated[1:]
+    if len(s.generated) == 20:  # the last step met the limit: vLLM cut its accepted path, and the record says so
+        assert "reached max_new_tokens=20" in cycles[rid][-1]["notes"]
+        assert all("max_new_tokens" not in r["notes"] for r in cycles[rid][:-1])

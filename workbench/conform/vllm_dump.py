@@ -86,6 +86,9 @@ class VllmDump:
             v, vrow = verify
             v_, i_ = v.target_logits[vrow].float().topk(TOPK, dim=-1)
             f.update(target_topk_ids=i_, target_topk_values=v_)
+        if session.finished and len(session.generated) >= session.max_new_tokens:
+            notes.append(f"accepted_nodes: this step reached max_new_tokens={session.max_new_tokens}; vLLM cuts its "
+                         f"accepted path to the {len(committed_tokens)} tokens that were left")
         self.writer.cycle(self.request, c.index, notes="\n".join(notes), **f)
         if session.finished:
             self.writer.close()
