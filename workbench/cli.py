@@ -285,6 +285,9 @@ def cmd_bench(args, out, err) -> int:
         _check_output(args.out, "--out")  # fail now, not after the run, when the file cannot be written
     if args.profile:
         validate.output_dir(args.profile, "--profile")
+    if args.api_key is not None and not args.served:
+        raise UsageError("--api-key is the key of a --served engine and nothing else uses it: add --served URL, "
+                         "or drop it")
     if args.engine != "workbench" or args.workarounds or args.served:
         return _bench_production(args, [p["prompt"] for p in prompts], out, err)
     _check_bench_options(args, policies)  # option combinations too, before the models load and the bench runs
@@ -389,6 +392,18 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
                          "equality itself and runs greedy: drop it")
     if args.served and args.workarounds:
         raise UsageError("--workarounds patches vLLM in this process; a --served engine runs its own: drop one")
+    defaults = build_parser().parse_args(["bench"])
+    unused = [flag for flag, name in (("--policies", "policies"), ("--device", "device"), ("--dtype", "dtype"),
+                                      ("--kernel-backend", "kernel_backend"), ("--threads", "threads"),
+                                      ("--device-map", "device_map"), ("--trust-remote-code", "trust_remote_code"),
+                                      *([("--repeats", "repeats")] if args.served else []))
+              if getattr(args, name) != getattr(defaults, name)]
+    if unused:
+        why = ("the server runs its own pair, device and kernels, one request per prompt" if args.served else
+               "the report runs AR and DFlash in float32 on the workbench's engine, and vLLM on its own device "
+               "and kernels")
+        raise UsageError(f"{unused[0]} is not used by --engine vllm{' --served' if args.served else ''} ({why}): "
+                         "drop it")
     target, draft = getattr(args, "target", None), getattr(args, "draft", None)
     say = (lambda m: print(f"bench: {m}", file=err, flush=True)) if _progress(args) else None
     if args.served:
@@ -396,8 +411,8 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
 
         report = compare_served(args.served, prompts, api_key=args.api_key, target=target, draft=draft,
                                 max_new_tokens=args.max_new_tokens)
-        data = {"url": report.url, "model": report.model, "drafts": report.drafts, "tau": report.tau,
-                "per_position": report.per_position(),
+        data = {"url": report.url, "model": report.model, "pair": report.pair, "drafts": report.drafts,
+                "tau": report.tau, "reference_tau": report.reference_tau, "per_position": report.per_position(),
                 "requests": [vars(r) | {"tau": r.tau} for r in report.requests]}
     else:
         from workbench.engines.conformance import compare

@@ -165,6 +165,10 @@ def test_the_report_finds_the_last_layer_feature_and_the_layer_that_differs(last
     assert all(lay["mlp"] < 1e-4 for lay in div.layers)
     text = str(r)
     assert "target layer 5" in text and "drafter layer 1 attention" in text
+    steps = r.next_steps()  # what next: the cost, and the workaround that removes each kind of difference
+    assert "costs" in steps[0] and any("applies last_layer_feature" in s for s in steps) \
+        and any("applies per_layer_k_norm" in s for s in steps), steps
+    assert "what next:" in text and all(s["ours_text"].startswith(("'", '"')) for s in div.slots)
     assert json.loads(json.dumps(r.to_dict()))["divergence"]["verdict"]
 
 
@@ -174,6 +178,7 @@ def test_with_the_workarounds_the_drafts_equal_the_references_cycle_for_cycle(la
     same, total = r.same_drafts
     assert total > 0 and same == total and r.divergence is None
     assert r.workarounds == ("last_layer_feature", "per_layer_k_norm")
+    assert r.next_steps()[0].startswith("nothing: ")
     runs = list(r.runs.values())
     assert runs[1].accepts == runs[2].accepts  # our DFlash and vLLM's accept the same per cycle
 
@@ -183,8 +188,9 @@ def test_bench_engine_vllm_from_the_cli_and_its_bad_options():
            "12", "--repeats", "1", "--quiet", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    data = json.loads(r.stdout.strip().splitlines()[-1])
-    assert data["engine"].startswith("vLLM") and data["prompts"] == 1
+    data = json.loads(r.stdout)  # the whole of stdout: vLLM's log lines go to stderr
+    assert data["engine"].startswith("vLLM") and data["prompts"] == 1 and data["next_steps"]
+    assert "\x1b[" not in r.stderr  # no colour codes where stderr is not a terminal
     for extra, word in ((["--count-ops"], "--count-ops"), (["--temperature", "0.5"], "--temperature")):
         r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

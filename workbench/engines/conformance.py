@@ -69,7 +69,7 @@ class Divergence:
     prompt: int
     cycle: int
     position: int  # of the block's first slot
-    slots: list  # per slot: {"slot", "agree", "ours", "theirs", "logprob_gap"}
+    slots: list  # per slot: {"slot", "agree", "ours", "theirs", "ours_text", "theirs_text", "logprob_gap"}
     chunks: list  # per feature chunk: {"chunk", "layer", "rel_diff", "rms_theirs", "rms_ours", "equal"}
     layers: list  # per drafter layer: {"layer", "attention", "mlp"} relative differences
     context_states: float | None = None  # rel diff of vLLM's fc output vs ours on vLLM's own features
@@ -116,9 +116,33 @@ class ConformanceReport:
     workarounds: tuple = ()
     seconds: float = 0.0
 
+    def next_steps(self) -> list[str]:
+        """What to do about what differs: the committed tau the differences cost here, and for each kind the
+        verdict names, the workaround (``workbench.engines.vllm_workarounds``) that removes it, if one does."""
+        ref, prod = list(self.runs.values())[1:3]  # the workbench's DFlash (the reference) and the production's
+        d = self.divergence
+        if d is None:
+            return [f"nothing: {prod.name} drafted the reference's tokens on every compared cycle (committed tau "
+                    f"{prod.tau:.2f}, the reference's {ref.tau:.2f})"]
+        out = [f"{prod.name} commits {prod.tau:.2f} tokens per verify here, the reference {ref.tau:.2f}: what differs "
+               f"costs {ref.tau - prod.tau:.2f} committed tau"]
+        kinds = []
+        if any(not c["equal"] for c in d.chunks):
+            kinds.append(("a context-feature chunk", "last_layer_feature"))
+        if any((lay.get("attention") or 0.0) > EQUAL for lay in d.layers):
+            kinds.append(("a drafter layer's attention", "per_layer_k_norm"))
+        for what, fix in kinds:
+            out.append(f"{what}: the {fix} workaround was on and it still differs; no other is known" if fix in
+                       self.workarounds else f"{what}: wb.compare(..., workarounds=True) (bench --engine vllm "
+                       f"--workarounds) applies {fix}, which removed that difference on vLLM 0.32.0")
+        if not kinds:
+            out.append("no known workaround removes what differs here: the verdict above says where to look")
+        return out
+
     def to_dict(self) -> dict:
         return {
             "engine": self.engine, "workarounds": list(self.workarounds), "prompts": len(self.prompts),
+            "next_steps": self.next_steps(),
             "lossless": self.lossless, "same_drafts": list(self.same_drafts),
             "runs": {k: {"drafts": r.drafts, "tau": r.tau, "per_position": r.per_position(),
                          "tokens_per_s": r.tokens_per_s} for k, r in self.runs.items()},
@@ -156,7 +180,9 @@ class ConformanceReport:
                                     [[i["input"], i["compared"] or "-", i["differ"] if not i["missing"] else "-",
                                       i["first"] or i["missing"] or "none"] for i in d.inputs]))
             lines.append(text_table(["slot", "top-1 agrees", "reference", "production", "largest log-prob gap"],
-                                    [[s["slot"], "yes" if s["agree"] else "NO", s["ours"], s["theirs"],
+                                    [[s["slot"], "yes" if s["agree"] else "NO",
+                                      f"{s['ours']} {s.get('ours_text', '')}".strip(),
+                                      f"{s['theirs']} {s.get('theirs_text', '')}".strip(),
                                       f"{s['logprob_gap']:.3g}"] for s in d.slots]))
             lines.append(text_table(["feature chunk", "target layer", "rel. difference", "RMS production",
                                      "RMS reference", "same tensor"],
@@ -170,6 +196,7 @@ class ConformanceReport:
             if "layers" in d.unfilled:
                 lines.append(f"  (no drafter layer compared: {d.unfilled['layers']})")
             lines += ["verdict:"] + [f"  - {v}" for v in d.verdict()]
+        lines += ["what next:"] + [f"  - {s}" for s in self.next_steps()]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -210,6 +237,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     repeats, interleaved engine by engine (tokens, drafts and acceptance come from the first). ``vllm_ar``:
     also run vLLM without speculation (a second vLLM engine in this process)."""
     from workbench.bench.prompts import default_prompts
+    from workbench.engine import validate
     from workbench.engine.core import Engine
     from workbench.engine.policies import AR, DFlash
     from workbench.engine.loading import load_models
@@ -220,13 +248,21 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
                          "for a server use workbench.engines.served.compare_served(url, ...)")
     production_engine = registry.engine_class(engine)  # its sessions keep proposals; it takes workarounds
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be a positive integer")
+    # every argument checked before either engine loads
+    texts = validate.prompt_list(prompts) or default_prompts()
+    validate.positive_int(max_new_tokens, "max_new_tokens")
+    validate.positive_int(repeats, "repeats")
+    for name, flag in (("workarounds", workarounds), ("vllm_ar", vllm_ar), ("localise", localise)):
+        if not isinstance(flag, bool):  # "no" is truthy: it would turn the workarounds on
+            raise ValueError(f"{name}={flag!r} must be True or False")
+    if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
+        from workbench.engines.vllm_hooks import check_version
+
+        check_version()
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
     models = load_models(target, draft, dtype="float32")
     ours = Engine(models)
-    texts = list(prompts) if prompts is not None else default_prompts()
     ids = [list(models.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in texts]
     say(f"vLLM: loading the pair (workarounds {'on' if workarounds else 'off'})")
     vengine = production_engine(target, draft, workarounds=workarounds, layers=localise)
@@ -235,6 +271,8 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
                                                        f"vLLM {vengine.version} DFlash")}
         ar, df, vl = runs.values()
         sessions = []
+        say("warm-up: one short untimed run on each engine")  # first forwards of a process are slower
+        _ours(ours, ids[0], 8, AR()), _ours(ours, ids[0], 8, DFlash()), _theirs(vengine, ids[0], 8)
         for r in range(repeats):
             new = {k: 0 for k in runs}
             secs = {k: 0.0 for k in runs}
@@ -322,8 +360,10 @@ def _divergence(ref, pi, ci, start, context, ours_logits, proposal, row, aligned
         theirs_tok = int(proposal.drafts[row, j])
         gap = (float((torch.log_softmax(theirs_logits[j], -1) - ours_lp[j]).abs().max())
                if theirs_logits is not None else float("nan"))
-        slots.append({"slot": j + 1, "agree": int(ours_logits[j].argmax()) == theirs_tok,
-                      "ours": int(ours_logits[j].argmax()), "theirs": theirs_tok, "logprob_gap": gap})
+        ours_tok = int(ours_logits[j].argmax())
+        slots.append({"slot": j + 1, "agree": ours_tok == theirs_tok, "ours": ours_tok, "theirs": theirs_tok,
+                      "ours_text": repr(ref.models.tokenizer.decode([ours_tok])),
+                      "theirs_text": repr(ref.models.tokenizer.decode([theirs_tok])), "logprob_gap": gap})
     block_pos = _block_rows(proposal.query_positions, row, q_len)
     inputs = compare_inputs(context, start, k, ref.models.mask_token_id, aligned,
                             _block_rows(proposal.query_tokens, row, q_len), block_pos)

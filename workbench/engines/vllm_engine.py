@@ -26,7 +26,9 @@ import warnings
 
 import torch
 
+from workbench.engine import validate
 from workbench.engine.policies import AR, DFlash, as_policy
+from workbench.engine.prompting import encode_prompt
 from workbench.engine.request import SessionState
 from workbench.engine.sampling import Sampling
 from workbench.engines import vllm_hooks
@@ -66,6 +68,9 @@ class VllmEngine(BaseEngine):
         The workbench engine's own arguments are refused unless left at their defaults."""
         if device != "cpu" and device != "cuda":
             raise ValueError(f"device={device!r}: vLLM picks its own device (its CPU build or CUDA); leave device out")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available on this machine: vLLM's CPU build runs on the "
+                             "CPU; leave device out")
         for name, default in LOAD_DEFAULTS.items():
             if name in options and options.pop(name) != default:
                 raise ValueError(f"{name}= is an option of the workbench's engine; vLLM runs its own kernels "
@@ -103,10 +108,12 @@ class VllmEngine(BaseEngine):
                            max_model_len=max_model_len, enforce_eager=True, max_num_seqs=1, seed=seed,
                            disable_log_stats=False, async_scheduling=False,
                            **({"speculative_config": spec} if spec else {}))
-        except Exception as e:  # vLLM's own refusal of the pair, in one line
+        except Exception as e:  # vLLM's own refusal of the pair, in one line (its log on stderr has the rest)
             raise VllmUnsupported(f"vLLM {self.version} refused the pair (target {self.target_dir}, drafter "
-                                  f"{self.draft_dir}): {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
+                                  f"{self.draft_dir}): {refusal_reason(e)[:300]}") from e
         self.load_seconds = time.perf_counter() - t0
+        self.max_model_len = int(max_model_len)  # prompt, new tokens and a block's drafts must fit in it
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self.runner = vllm_hooks.model_runner(self.llm.llm_engine)
         self.tap = Tap(self.runner, layers=layers) if speculative else None
         if self.tap is not None:
@@ -143,6 +150,7 @@ class VllmEngine(BaseEngine):
             if value != SESSION_DEFAULTS[name]:
                 raise ValueError(f"{name}={value!r}: the vLLM engine runs greedy with vLLM's own kernels and "
                                  f"records top-{SESSION_DEFAULTS['record_topk']} drafts; leave {name} out")
+        validate.positive_int(max_new_tokens, "max_new_tokens")  # 2.7 must not run as 2
         policy = as_policy(policy)
         if self.num_speculative_tokens and policy != DFlash():
             raise ValueError(f"policy={policy} is not vLLM's: vLLM {self.version} runs its 'dflash' method "
@@ -151,14 +159,23 @@ class VllmEngine(BaseEngine):
         if temperature != 0:
             raise ValueError(f"temperature={temperature}: the vLLM engine records greedy runs only (vLLM's "
                              "sampled acceptance is its own rejection rule); pass temperature=0")
+        if (prompt is None) == (prompt_ids is None):
+            raise ValueError("give one of prompt= (text) or prompt_ids= (token ids)")
+        if prompt_ids is not None:  # ids the target's vocabulary holds (-1 would reach the tokenizer)
+            ids = list(encode_prompt(self.tokenizer, prompt_ids=prompt_ids, vocab_size=self.vocab_size).ids)
+        else:
+            ids = self.encode(validate.text(prompt))
+        room = self.max_model_len - len(ids) - self.num_speculative_tokens
+        if max_new_tokens > room:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: the prompt's {len(ids)} tokens, the new ones and the "
+                             f"{self.num_speculative_tokens} drafts of a block must fit this engine's max_model_len="
+                             f"{self.max_model_len}; give at most {max(room, 0)}, or wb.load(engine='vllm', "
+                             "max_model_len=N) with a larger N")
         if self._live is not None and not self._live.finished:  # one request at a time: the older one ends here
             warnings.warn(f"{self._live!r} was still running: aborted for the new session", stacklevel=2)
             self._live.close()
-        if (prompt is None) == (prompt_ids is None):
-            raise ValueError("give one of prompt= (text) or prompt_ids= (token ids)")
-        ids = list(prompt_ids) if prompt_ids is not None else self.encode(prompt)
         self._live = VllmSession(self, ids, prompt if prompt is not None else self.tokenizer.decode(ids),
-                                 int(max_new_tokens))
+                                 max_new_tokens)
         if dump is not None:
             from workbench.conform.vllm_dump import attach
 
@@ -367,6 +384,21 @@ class VllmSession(SessionState, BaseSession):
             self.engine.llm.llm_engine.abort_request([self.request_id])
             self.finish_reason = "aborted"
             self.trace.finish_reason = "aborted"
+
+
+def refusal_reason(e: Exception) -> str:
+    """The reason in a vLLM refusal: a config validation error's messages (its first line only counts them),
+    else the error's first line."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):  # pydantic's ValidationError: "1 validation error for ModelConfig" then the reasons
+        try:
+            msgs = [" ".join(str(x.get("msg", "")).split()) for x in errors()]
+        except Exception:  # noqa: BLE001 - not pydantic's after all
+            msgs = []
+        if any(msgs):
+            return "; ".join(m for m in msgs if m)
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def checkpoint_dtype(target_dir) -> str:

@@ -29,7 +29,16 @@ class VllmUnsupported(RuntimeError):
     """vLLM missing, of another version, or not running in this process; the message says what to do."""
 
 
+def logging_env() -> None:
+    """vLLM's log lines on stderr (stdout carries results: `bench --engine vllm --json > out.json` must parse),
+    coloured only where stderr is a terminal (vLLM's rule for its stream), WARNING and above. vLLM reads these
+    when it is first imported: set here, before any import of it."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines per load drown a notebook cell
+
+
 def vllm_version() -> str:
+    logging_env()
     try:
         import vllm
     except ImportError as e:
@@ -248,4 +257,4 @@ def in_process_env() -> None:
     process (so hooks reach the model runner) and a KV cache sized for small models unless one is set."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines per load drown a notebook cell
+    logging_env()

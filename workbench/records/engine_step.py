@@ -42,7 +42,8 @@ def chain_cycle(index: int, start: int, root: int, drafts, draft_logits, target_
 
     drafts: int64 [K] the proposal (the first d are verified); draft_logits: [K, V] or None (not captured);
     target_logits: [d + 1, V] at the root and each verified draft; accepted: int64 [d + 1] the accepted
-    drafts then the bonus, -1 padded; committed: tokens the request kept."""
+    drafts then the bonus, -1 padded; committed: tokens the request kept (fewer than accepted + 1 when it
+    reached max_new_tokens: the last kept token is then the cycle's bonus)."""
     d = int(target_logits.shape[0]) - 1
     n = d + 1
     probs = torch.softmax(target_logits, dim=-1)
@@ -57,7 +58,12 @@ def chain_cycle(index: int, start: int, root: int, drafts, draft_logits, target_
         top_tokens, top_lp = idx[:, :topk], vals[:, :topk].float()
     else:
         score, top_tokens, top_lp = torch.zeros(n), torch.zeros(0, topk, dtype=torch.long), torch.zeros(0, topk)
-    accepted = accepted[accepted >= 0]  # accepted drafts then the bonus
+    # accepted drafts then the bonus; a request that reached its limit inside the block kept only the first
+    # ``committed`` of them, and the cycle records what it kept, as the workbench's engine (which drafts no
+    # further than the limit) does: its accept length is then the same on the same drafts
+    accepted = accepted[accepted >= 0]
+    if 1 <= committed < int(accepted.numel()):
+        accepted = accepted[:committed]
     nodes = torch.arange(int(accepted.numel()))
     return Cycle(
         index=index, policy=policy, start=start, root_token=int(root),
