@@ -47,6 +47,13 @@ def test_a_sweep_that_would_not_fit_is_refused_in_one_line_before_allocating():
     assert more["kv"] == 16 * sw.needed_bytes(t, d, 1, 64, 512, "bfloat16")["kv"]
 
 
+def test_a_batch_the_memory_cannot_hold_is_refused_before_any_state_is_built(engine):
+    with pytest.raises(ValueError) as e:
+        sw.sweep(engine, nodes=(64,), rows=(2_000_000,), context=512, repeats=1, warmup=0)
+    msg = str(e.value)
+    assert "\n" not in msg and "rows=2000000" in msg and "GiB" in msg and "fewer rows, nodes" in msg
+
+
 def test_sweep_times_every_point_and_reads_back(engine, tmp_path):
     s = sw.sweep(engine, nodes=(1, 4), rows=(1, 2), context=24, repeats=2, warmup=1, device_profile=False)
     verify, draft = s.select("verify"), s.select("draft")
