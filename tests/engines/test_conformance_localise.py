@@ -24,24 +24,12 @@ def pair(tmp_path_factory):
     return last_layer_pair(tmp_path_factory.mktemp("pair"))
 
 
-def shift_block_positions(monkeypatch) -> None:
-    """vLLM's DFlash proposer writes the block's positions (root, then masks) into ``self.positions``; move
-    them one on, after it has (the context's positions and every slot mapping are left as they were)."""
-    from vllm.v1.spec_decode.dflash import DFlashProposer
-
-    original = DFlashProposer.set_inputs_first_pass
-
-    def shifted(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        self.positions[: out[0]] += 1  # out[0]: the block's rows over the batch
-        return out
-
-    monkeypatch.setattr(DFlashProposer, "set_inputs_first_pass", shifted)
-
-
 def test_the_report_names_shifted_block_positions_as_the_drafter_input_that_differs(pair, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests" / "conform"))
+    from faults import vllm_block_positions_shifted
+
     t, d = pair
-    shift_block_positions(monkeypatch)
+    vllm_block_positions_shifted(monkeypatch)
     r = wb.compare(str(t), str(d), PROMPTS[:2], max_new_tokens=12, repeats=1, workarounds=True)
     assert set(r.lossless.values()) == {"2/2 prompts"}  # lossless: nothing in the outputs shows the fault
     same, total = r.same_drafts

@@ -62,6 +62,7 @@ class ContractResult:
     near_ties: int = 0  # top-1 differences within the tolerance's near tie (not counted as broken)
     not_checked: dict = field(default_factory=dict)  # why -> cycles
     first: dict | None = None  # the first broken cycle: request, cycle, step, row, evidence, accept lengths
+    accept: list = field(default_factory=lambda: [0, 0])  # over the broken cycles: tokens committed, reference / engine
 
     @property
     def status(self) -> str:
@@ -71,7 +72,8 @@ class ContractResult:
 
     def to_dict(self) -> dict:
         return {"contract": self.name, "status": self.status, "checked": self.checked, "broken": self.broken,
-                "near_ties": self.near_ties, "not_checked": dict(self.not_checked), "first_broken": self.first}
+                "near_ties": self.near_ties, "not_checked": dict(self.not_checked), "first_broken": self.first,
+                "broken_cycles_commit": {"reference": self.accept[0], "engine": self.accept[1]}}
 
 
 @dataclass
@@ -127,10 +129,13 @@ class ConformReport:
             lines.append("broken, in the order they first broke:")
             for i, name in enumerate(self.broken, 1):
                 f = self.results[name].first
-                cost = (f"; the reference's step commits {f['reference_accept']} tokens there, the engine's "
+                cost = (f"; the reference's step commits {_tokens(f['reference_accept'])} there, the engine's "
                         f"{f['engine_accept']}" if f.get("reference_accept") is not None else "")
+                ref, eng = self.results[name].accept
+                over = (f" Over its {self.results[name].broken} broken cycles the reference's steps commit "
+                        f"{_tokens(ref)}, the engine's {eng}." if self.results[name].broken > 1 and ref else "")
                 lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
-                             f"{f['evidence']}{cost}")
+                             f"{f['evidence']}{cost}.{over}")
         else:
             lines.append("no contract broken" + (" (see the contracts not checked)" if any(
                 r.status == "not checked" for r in self.results.values()) else ""))
@@ -143,6 +148,10 @@ class ConformReport:
         import html
 
         return f"<pre>{html.escape(str(self))}</pre>"
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
 
 
 # ------------------------------------------------------------------------------------------ the pair
@@ -306,6 +315,7 @@ class _Replay:
         self.models, self.tol, self.hybrid = models, tol, hybrid
         self.ref = Reference(models)
         self.results = {name: ContractResult(name) for name in C.CONTRACTS}
+        self._commit_broken: set = set()  # (request, step) of the commits counted broken
 
     # ---- per contract bookkeeping
     def _skip(self, name: str, why: str) -> None:
@@ -325,8 +335,13 @@ class _Replay:
         if problem is None:
             return
         r.broken += 1
+        if name == "committed tokens":
+            self._commit_broken.add((rec.request, rec["step"]))
+        ref_acc, eng_acc = cost()
+        if ref_acc is not None and eng_acc is not None:
+            r.accept[0] += ref_acc
+            r.accept[1] += eng_acc
         if r.first is None:
-            ref_acc, eng_acc = cost()
             r.first = {"request": rec.request, "cycle": rec.get("cycle"), "step": rec["step"],
                        "row": rec.get("row") or 0, "evidence": problem, "reference_accept": ref_acc,
                        "engine_accept": eng_acc}
@@ -351,7 +366,12 @@ class _Replay:
             return torch.log_softmax(ref_logits(D), -1)
 
         def cost():
-            """(the reference step's committed tokens on this context, the engine's)."""
+            """(the reference step's committed tokens on this context, the engine's); computed once a cycle."""
+            if "cost" not in cache:
+                cache["cost"] = step_cost()
+            return cache["cost"]
+
+        def step_cost():
             from workbench.engine.policies import DDTree, DFlash
 
             eng = len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None
@@ -425,9 +445,9 @@ class _Replay:
             if choice is None:
                 self._skip("accept walk", "no target_choice or target_topk_ids")
             else:
-                self._verdict("accept walk", rec, C.accept_problem(tokens, parents, choice.tolist(),
-                                                                   rec["accepted_nodes"].tolist(),
-                                                                   rec.get("bonus")), cost)
+                self._verdict("accept walk", rec, C.accept_problem(
+                    tokens, parents, choice.tolist(), rec["accepted_nodes"].tolist(), rec.get("bonus"),
+                    last=rq.ends_with(_list(rec, "committed_tokens"))), cost)
         # committed tokens: the accepted drafts then the bonus, K/V kept in path order, the engine's count
         if self._needs("committed tokens", rec):
             acc = rec["accepted_nodes"].tolist()
@@ -449,14 +469,21 @@ class _Replay:
         state) and the root itself at its own position: wrong there, the previous commit left a wrong state.
         Counted against that step's commit (it already counted as checked)."""
         rec, cost = previous
+        key = (rec.request, rec["step"])
+        if key in self._commit_broken:  # that step's commit is counted broken already
+            return
+        self._commit_broken.add(key)
         r = self.results["committed tokens"]
         r.broken += 1
+        ref_acc, eng_acc = cost()
+        if ref_acc is not None and eng_acc is not None:
+            r.accept[0] += ref_acc
+            r.accept[1] += eng_acc
         if r.first is None or (r.first["step"], r.first["row"]) > (rec["step"], rec.get("row") or 0):
-            ref_acc, eng_acc = cost()
             r.first = {"request": rec.request, "cycle": rec.get("cycle"), "step": rec["step"],
                        "row": rec.get("row") or 0, "reference_accept": ref_acc, "engine_accept": eng_acc,
                        "evidence": "the state this step committed (its kept K/V rows or recurrent state) gives the "
-                                   f"next step's root the wrong logits, its position and token being right: {root_problem}"}
+                                   f"next step's root the wrong logits, its position being right: {root_problem}"}
 
     def _tree(self, rec, rq, tokens, parents, shape, kind, cost) -> None:
         from workbench.engine.policies import DDTree, DFlash

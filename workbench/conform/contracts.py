@@ -288,9 +288,12 @@ def state_parents_problem(state_from: list[int], parents: list[int]) -> str | No
 
 # ------------------------------------------------------------------------------------------ accept, commit
 def accept_problem(tokens: list[int], parents: list[int], choice: list[int], accepted: list[int],
-                   bonus: int | None) -> str | None:
-    """The accepted path and bonus = the walk down the tree along the engine's own per-node choices."""
+                   bonus: int | None, last: bool = False) -> str | None:
+    """The accepted path and bonus = the walk down the tree along the engine's own per-node choices (on the
+    request's last step, where its token limit or end-of-text may stop it, a start of that walk)."""
     path, want_bonus = accept_walk_python(tokens, parents, choice)
+    if last and 0 < len(accepted) < len(path) and list(accepted) == path[: len(accepted)]:
+        return None
     if list(accepted) != path:
         return f"the engine accepted nodes {list(accepted)}, the walk along its own choices gives {path}"
     if bonus is not None and bonus != want_bonus:
