@@ -99,6 +99,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from workbench.version import __version__
     from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
+    from workbench.engine.policies import usages as policy_usages
     from workbench.engines.registry import engine_names
 
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
@@ -112,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true",
                    help="send --prompt as one user message through the target's chat template (non-thinking)")
     p.add_argument("--policy", default="ddtree:32",
-                   help="ar, dflash, ddtree:N or a label the bench prints, e.g. 'DDTree(16, width=1)' "
-                        "(default ddtree:32)")
+                   help=f"one of {policy_usages()} (every registered policy), or a label the bench prints, "
+                        "e.g. 'DDTree(16, width=1)' (default ddtree:32)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"new tokens in all, the first included (default {DEFAULT_MAX_NEW_TOKENS})")
     p.add_argument("--temperature", type=as_arg(validate.temperature), default=0.0,
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="policies side by side on a prompt set (Spec-Bench metrics)")
     p.add_argument("--policies", default="ar,dflash,ddtree:16,ddtree:32,ddtree:64",
-                   help="comma-separated, e.g. ar,dflash,ddtree:32 (default ar,dflash,ddtree:16,ddtree:32,ddtree:64)")
+                   help=f"comma-separated, each one of {policy_usages()} or a printed label, e.g. "
+                        "ar,dflash,ddtree:32 (default ar,dflash,ddtree:16,ddtree:32,ddtree:64)")
     p.add_argument("--prompts", metavar="FILE", help="JSON lines with id and prompt, or one prompt per line "
                                                      "(default: the shipped evaluation prompts)")
     p.add_argument("--split", choices=["long", "short"], default="long",
