@@ -144,7 +144,7 @@ def test_the_wheel_with_only_what_it_declares(wheel, tmp_path):
 
     pip = {extra: f"pip install 'ddtree-workbench[{extra}]'" for extra in ("dflash", "serve", "notebook", "vllm")}
     # Only the declared dependencies: loading a pair, and every command, names the extra it lacks.
-    core = {"load": "dflash", "run": "dflash", "serve": "serve", "report": "notebook", "bench-vllm": "dflash",
+    core = {"load": "dflash", "run": "dflash", "serve": "serve", "report": "notebook", "bench-vllm": "vllm",
             "bench-serve": "serve"}
     # dflash added (--no-deps, as its extra's note says): the others still name theirs.
     with_dflash = {"serve": "serve", "report": "notebook", "bench-vllm": "vllm", "bench-serve": "serve"}
