@@ -68,6 +68,20 @@ def test_sweep_times_every_point_and_reads_back(engine, tmp_path):
     assert len(err.rows) == 6 and err.max_rel_error >= err.median_rel_error >= 0
 
 
+def test_each_point_keeps_its_mask_buffer_across_rounds(engine, monkeypatch):
+    """A state verifies one node count: after its first verify the mask is never rebuilt (as in the engine's
+    static buckets, and what a CUDA graph's fixed addresses need); alternating counts would rebuild it per call."""
+    from workbench.models import PrefixMask
+
+    fresh = []
+    build = PrefixMask._fresh
+    monkeypatch.setattr(PrefixMask, "_fresh", lambda self, *a: (fresh.append(a[1]), build(self, *a))[1])
+    s = sw.sweep(engine, nodes=(1, 4, 16), rows=(1,), context=24, repeats=3, warmup=1, draft=False,
+                 device_profile=False)
+    assert sorted(fresh) == [1, 4, 16]  # one build per point, none in the 3 timed rounds
+    assert all(len(p.samples) == 3 for p in s.points)
+
+
 def test_random_weight_sweep_counts_more_ops_with_more_layers():
     """The verify really runs the built model: one more target layer dispatches more ops, and the drafter's
     forward gives finite logits."""

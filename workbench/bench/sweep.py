@@ -499,7 +499,7 @@ def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, 
     if context + max(nodes) > models.max_positions:
         raise ValueError(f"context {context} + nodes {max(nodes)} exceeds the target's {models.max_positions} positions")
     tcfg, dcfg = _configs_of(models)
-    check_fits_loaded(models, tcfg, dcfg, max(rows), max(nodes), context)
+    check_fits_loaded(models, tcfg, dcfg, max(rows), max(nodes), context, kv_rows=sum(rows) * len(nodes))
     say = progress or (lambda msg: None)
     modes = ["eager"] + (["graphs"] if graphs else [])
     graph_set = None
@@ -510,8 +510,10 @@ def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, 
     calls = []  # (Point, fn, state or None)
     with torch.no_grad():
         for r in rows:
-            tgt = _Target(models, r, context, max(nodes), seed + r)
             for n in nodes:
+                # one state per point: a state verifies one node count, as the engine's static buffers (and
+                # graphs) do per bucket; alternating counts on one state would rebuild its mask every call
+                tgt = _Target(models, r, context, max(nodes), seed + r)
                 for mode in modes:
                     if mode == "graphs" and not tgt.static:
                         continue
@@ -561,10 +563,14 @@ def sweep(models, nodes=NODES, rows=ROWS, context: int = 512, repeats: int = 7, 
     return Sweep([p for p, _, _ in calls], settings, tcfg, dcfg, dprof, notes)
 
 
-def check_fits_loaded(models, tcfg: dict, dcfg: dict, rows: int, nodes: int, context: int) -> dict:
+def check_fits_loaded(models, tcfg: dict, dcfg: dict, rows: int, nodes: int, context: int,
+                      kv_rows: int | None = None) -> dict:
     """``check_fits`` for models already in memory: their weights are already held, so only K/V and
-    activations must fit in what is free."""
+    activations must fit in what is free. ``kv_rows``: rows of K/V held at once (default ``rows``; a sweep
+    holds one state per point)."""
     need = needed_bytes(tcfg, dcfg, rows, nodes, context, models.dtype)
+    if kv_rows is not None:
+        need["kv"] = needed_bytes(tcfg, dcfg, kv_rows, nodes, context, models.dtype)["kv"]
     free = free_bytes(models.device)
     extra = need["kv"] + need["activations"]
     if extra > 0.9 * free:
