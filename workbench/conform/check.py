@@ -404,7 +404,9 @@ class _Replay:
             self.results["drafter output"].near_ties += near
             self._verdict("drafter output", rec, problem, cost)
         # tree: the exact best-N tree for the engine's own drafter output
-        if self._needs("tree", rec, ("draft_topk_ids", "draft_topk_values")):
+        if shape is not None and not all(f in rec for f in ("draft_topk_ids", "draft_topk_values")):
+            self._verdict("tree", rec, shape, lambda: (None, None))  # malformed: no drafter output needed to say so
+        elif self._needs("tree", rec, ("draft_topk_ids", "draft_topk_values")):
             self._tree(rec, rq, tokens, parents, shape, kind, cost)
         if shape is not None:  # the other contracts cannot read a malformed tree: the tree contract names it
             for name in C.CONTRACTS[3:]:
