@@ -357,3 +357,34 @@ def test_vllm_with_shifted_block_positions_is_named_under_the_drafter_context(tm
     r = conform(tmp_path / "v.dump")
     assert r.broken[0] == want, str(r)
     assert "block slot 0 is at position" in r.results[want].first["evidence"]
+
+
+# ------------------------------------------------------------------------------------------ visibility forms
+def as_form(form: str, cut_byte: bool = False):
+    """A cycle-record edit: the dense visibility rewritten as SGLang's flat mask, FlashInfer's packed bits or a bias."""
+    from workbench.conform.convert import pack_flashinfer
+    from workbench.serve.wire import unpack_tensor
+
+    def edit(o):
+        vis = unpack_tensor(o.pop("visibility")).bool()  # [n, n]
+        n, start = vis.shape[0], o["context_len"]
+        if form == "sglang_mask":
+            full = torch.cat([torch.ones(n, start, dtype=torch.bool), vis], 1)
+            o.update(sglang_custom_mask=pack_tensor(full.reshape(-1)), sglang_mask_mode="FULL_MASK")
+        elif form == "flashinfer_packed":
+            packed = pack_flashinfer(vis)[: -1 if cut_byte else None]  # a wrong indptr hands over a byte too few
+            o.update(fi_packed_mask=pack_tensor(packed), fi_kv_len=n,
+                     fi_mask_indptr=pack_tensor(torch.tensor([0, packed.numel()])))
+        else:
+            o.update(attn_bias=pack_tensor(torch.zeros(n, n).masked_fill(~vis, float("-inf"))))
+        o["visibility_form"] = form
+    return edit
+
+
+def test_visibility_is_checked_from_whichever_form_the_engine_held(engine, tmp_path):
+    path = write_dump(engine, tmp_path / "run.dump", wb.DDTree(16), new=8)
+    for form in ("sglang_mask", "flashinfer_packed", "bias"):
+        r = conform(rewrite(path, tmp_path / f"{form}.dump", as_form(form)), models=engine.models)
+        assert r.broken == [] and r.results["visibility"].checked == r.cycles, (form, str(r))
+    r = conform(rewrite(path, tmp_path / "cut.dump", as_form("flashinfer_packed", cut_byte=True)), models=engine.models)
+    assert r.broken[0] == "visibility" and "indptr" in r.results["visibility"].first["evidence"], str(r)
