@@ -59,3 +59,25 @@ def test_the_vllm_engine_refuses_workbench_options_before_loading():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda' but CUDA is not available on this machine"):
             wb.load(engine="vllm", device="cuda")
+
+
+def test_a_refused_pair_names_vllms_reason_not_its_error_count():
+    """vLLM refuses the hybrid pair with a config ValidationError whose first line only counts errors
+    ("1 validation error for ModelConfig"): the one line carries the messages."""
+    import pydantic
+
+    from workbench.engines.vllm_engine import refusal_reason
+
+    class ModelConfig(pydantic.BaseModel):
+        architecture: str
+
+        @pydantic.field_validator("architecture")
+        @classmethod
+        def known(cls, v):
+            raise ValueError(f"Model architectures ['{v}'] failed to be inspected")
+
+    with pytest.raises(pydantic.ValidationError) as e:
+        ModelConfig(architecture="Qwen3_5ForCausalLM")
+    assert str(e.value).splitlines()[0] == "1 validation error for ModelConfig"
+    assert refusal_reason(e.value) == "Value error, Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected"
+    assert refusal_reason(RuntimeError("first\nsecond")) == "first"
