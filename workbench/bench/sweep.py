@@ -10,9 +10,10 @@ forward over rows, on the device in use, beside the cost model's prediction of e
 What is timed is the engine's own forward, through its own model states: ``DenseKV.verify`` of a
 ``TreeLayout`` compiled by ``stages.tree_compile`` (the real visibility mask, the K/V cache holding
 ``context`` committed tokens per row) and ``DraftKV.draft`` of one block after ``block_size`` new context
-rows (a cycle that accepted its whole block). States that support static shapes run them (K/V and mask
-buffers of ``context + max(nodes)`` columns, as the engine's graphed path runs): ``eager`` is that path
-without graphs, ``graphs`` replays it from a CUDA graph. A state without static shapes (the hybrid's)
+rows (a cycle that accepted its whole block). Each point has its own state, verifying one node count as
+the engine's static buckets do. States that support static shapes run them (K/V and mask buffers of
+``context + max(nodes)`` columns, as the engine's graphed path runs): ``eager`` is that path without
+graphs, ``graphs`` replays it from a CUDA graph. A state without static shapes (the hybrid's)
 is prefilled with random tokens and runs eager with dynamic shapes.
 
 Cost does not depend on weight values, so ``random_models`` builds a shipped config's layout with
