@@ -88,7 +88,7 @@ for name in verified:
     lo, hi = min(row["speedup_vs_ar_per_repeat"]), max(row["speedup_vs_ar_per_repeat"])
     print(f"{name:22s} {row['tokens_per_s']:7.1f} tok/s   speedup over AR {row['speedup_vs_ar']:.2f}x "
           f"[{lo:.2f}-{hi:.2f} over 3 interleaved repeats]")
-# An order of speed is claimed only where the repeats' ranges separate; else: too noisy.
+# An order of speed is claimed only where a paired test (per prompt, Wilcoxon) separates it; else: too noisy.
 print(wb.analysis.order_verdict(result.summary, labels=["DDTree(15)", "EagleTree(4, 8, 16)", "DFlash"]))
 rows = [{"family": name.split("(")[0], "policy": name, "verified": n, "tau": result.summary[name]["tau"]}
         for name, n in verified.items()]
@@ -141,8 +141,9 @@ wb.views.budget_needed_figure(need, measured={b: result.summary[f"DDTree({b})"][
 # extend the top-k paths of each step, so at equal verified tokens DDTree should accept at least as much;
 # the table shows by how much (on the embedded pair: clearly more at both 16 and 32 verified tokens). The
 # hand-made caterpillar and the linear chain trail both. tau is a count, the same on any machine; speed
-# is not, so the verdict line above states a speed order only where it held across the three
-# interleaved repeats, and says "too noisy" otherwise. The reliability diagram tests DDTree's premise directly: the printed ECE and the
+# is not, so the verdict line above states a speed order only where a paired test over the prompts
+# separates it (four prompts here are too few: `python -m workbench pays-off` is the paired
+# measurement), and says "too noisy" otherwise. The reliability diagram tests DDTree's premise directly: the printed ECE and the
 # per-depth rates show how close the drafter's path probabilities are to the target's acceptance (a
 # calibrated drafter sits on the diagonal). The budget-needed curve, from a single run, predicts tau at
 # other budgets to within the printed error, and reproduces the run's own tau exactly: it tells where to

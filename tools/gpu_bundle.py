@@ -3,7 +3,7 @@
     .venv/bin/python tools/gpu_bundle.py --out gpu-bundle      # then copy gpu-bundle/ to the host
 
 The host (as described in docs/gpu.md) has Python 3.12, torch 2.11 (CUDA 13),
-triton 3.6, transformers 5.17, tokenizers 0.23.2, safetensors, numpy and nvcc. The bundle holds:
+triton 3.6, transformers 5.17, tokenizers 0.23.2, safetensors, numpy, scipy and nvcc. The bundle holds:
 
   wheels/         Python 3.12 manylinux wheels: dflash==0.1.0 (installed --no-deps: dflash.model
                   needs only torch and transformers), the [gpu] extra (apache-tvm-ffi==0.1.11 and
@@ -53,7 +53,8 @@ def gpu_extra() -> list[str]:
 NOTEBOOK = [r for r in extra("notebook") if r != "jupyterlab"]
 BUILD = ["setuptools>=68"]
 # Already on the host (or never wanted there): dropped if some dependency pulls them in.
-HOST_HAS = {"torch", "triton", "transformers", "tokenizers", "safetensors", "numpy", "sglang"}
+# The device image has scipy too (wb.analysis.paired, the pays-off verdict): a 35 MB wheel that need not travel.
+HOST_HAS = {"torch", "triton", "transformers", "tokenizers", "safetensors", "numpy", "scipy", "sglang"}
 SGLANG_JIT_DIRS = ("kernels/jit/utils", "kernels/jit/include", "kernels/jit/csrc/speculative")
 SGLANG_MODULES = ("sglang.kernels.ops.speculative.spec_tree", "sglang.kernels.ops.speculative.tree")
 

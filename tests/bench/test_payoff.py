@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from workbench.payoff import measure, pays_off
-from workbench.payoff.shapes import capacity, default_shapes, parse_batches
+from workbench.payoff.shapes import check_fills, default_shapes, family, parse_batches
 from workbench.payoff.verdict import what_decides
 
 PROMPTS = [f"t{i} t{i + 3} t{(i * 7) % 40 + 1} t{i + 1}" for i in range(1, 11)]  # 10: the fewest a test takes
@@ -41,8 +41,18 @@ def test_shapes_follow_the_drafters_block():
     assert {"Spine(1)", "Spine(2)", "Spine(4)", "DDTree(64)"} <= set(labels)
     small = [s.label for s in default_shapes(slots=4, vocab=3)]  # 3 + 9 + 27 + 81 = 120 prefixes at most
     assert "DDTree(8, width=1)" not in small and "DDTree(64)" in small
-    assert capacity(wb.DDTree(8, width=1), 4, 100) == 4 and capacity(wb.DDTree(64), 2, 5) == 30
-    assert capacity(wb.DDTree(64), 15, 4096) is None
+    # each policy says what a small vocabulary holds of it (None: it fills)
+    assert wb.DDTree(8, width=1).capacity(4, 100) == 4 and wb.DDTree(64).capacity(2, 5) == 30
+    assert wb.DDTree(64).capacity(15, 4096) is None and wb.DFlash().capacity(2, 2) is None
+    assert wb.Spine(4).capacity(2, 3) is None and wb.Spine(5).capacity(2, 3) == 6  # 2 slots, 2 runners-up each
+    with pytest.raises(ValueError, match=r"^Spine\(5\) asks for 7 nodes .* holds at most 6: use a budget <= 6$"):
+        check_fills(wb.Spine(5), 2, 3)
+    with pytest.raises(ValueError, match=r"^DDTree\(64\) asks for 64 nodes .* holds at most 30"):
+        check_fills(wb.DDTree(64), 2, 5)
+    # families by the registered kind; an unknown kind is 'other'
+    assert [family(p) for p in (wb.AR(), wb.DFlash(), wb.DDTree(8, width=1), wb.Spine(1), wb.DDTree(8))] == \
+        ["ar", "chain", "chain-cut", "spine", "tree"]
+    assert family(wb.EagleTree(topk=2, steps=2, num_draft_tokens=4)) == "other"
 
 
 def test_units_are_interleaved_and_rotated(monkeypatch):

@@ -139,3 +139,29 @@ def test_a_server_limits_every_policy_by_its_static_nodes(tiny_engines):
         with pytest.raises(ServeError, match="max_budget=20") as e:
             store.check_policy(bad)
         assert e.value.field == field, bad
+
+
+def test_nothing_outside_the_policies_package_tells_policies_apart_by_type():
+    # The registry is the one reader: elsewhere a policy is told apart by its kind or by what it declares
+    # (static_nodes, capacity, drafts), never by isinstance or its class name.
+    import ast
+    from pathlib import Path
+
+    names = {cls.__name__ for cls in policies.registered().values()} | {"TreePolicy"}
+    root = Path(wb.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "policies" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                classes = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", None)
+                           for n in ast.walk(node.args[1])}
+                if classes & names:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "__name__":
+                consts = {c.value for c in node.comparators if isinstance(c, ast.Constant)}
+                if consts & names:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == [], f"policies told apart by type outside the registry: {found}"
+    assert {"AR", "DFlash", "DDTree", "Spine", "EagleTree"} <= names  # the scan looks for the real names

@@ -9,6 +9,7 @@ import pytest
 import workbench as wb
 from workbench.engines import vllm_hooks
 from workbench.engines.conformance import EngineRun
+from workbench.records.cycle import cycle_problem
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["def parse(line):", "class Stack:\n    def __init__(self):\n"]
@@ -33,6 +34,7 @@ def test_accept_lengths_equal_the_workbenchs_at_every_limit(engines):
         assert [cb.tokens[:len(ca.tokens)].tolist() for ca, cb in zip(a.cycles, b.cycles)] == \
             [c.tokens.tolist() for c in a.cycles] and len(a.cycles) == len(b.cycles), (n, p)
         assert b.accept_lengths == a.accept_lengths and b.tau == a.tau, (n, p)
+        assert [cycle_problem(c) for c in b.cycles] == [None] * len(b.cycles), (n, p)  # the cut cycle too
         assert [c.committed for c in b.cycles] == b.accept_lengths  # accepted counted as committed
         runs = [EngineRun(name, [], [[c.accepted for c in t.cycles]], [[c.committed for c in t.cycles]])
                 for name, t in (("workbench", a), ("vllm", b))]

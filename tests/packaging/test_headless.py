@@ -79,7 +79,9 @@ def test_engine_cli_and_gpu_check_run_without_plotly_and_ipywidgets(tiny_pairs, 
     assert out["lossless"] and out["divergence"] == "None"
     assert out["run_rc"] == 0 and out["bench_rc"] == 0 and out["run_json"]["new_tokens"] == 6
     for name in ("views", "Stepper"):
-        assert "workbench.views needs the 'plotly' package" in out[name] and "pip install plotly" in out[name]
+        msg = out[name]  # one line: what needs it, the package, the install that brings it
+        assert msg.startswith("workbench.views") and "\n" not in msg, msg
+        assert "needs the 'plotly' package" in msg and "pip install 'ddtree-workbench[notebook]'" in msg, msg
     assert out["check_cuda_rc"] == 0 and "no CUDA" in out["check_cuda_out"]
 
 

@@ -621,7 +621,7 @@ def add_parser(sub) -> None:
     p.add_argument("--graphs", action="store_true", help="also replay each point from a CUDA graph (CUDA only)")
     p.add_argument("--no-draft", action="store_true", help="time the verify forward only")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     p.add_argument("--save", metavar="FILE", help="write the sweep as JSON to FILE (read it back with --from)")
     p.add_argument("--from", dest="from_file", metavar="FILE", help="a saved sweep: print it and the model's error, "
                    "measure nothing")

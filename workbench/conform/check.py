@@ -372,10 +372,8 @@ class _Replay:
             return cache["cost"]
 
         def step_cost():
-            from workbench.engine.policies import DDTree, DFlash
-
             eng = len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None
-            if ctx is None or not isinstance(rq.policy, (DDTree, DFlash)):
+            if ctx is None or not C.rebuilds(rq.policy):
                 return None, eng
             D = rec["draft_topk_ids"].shape[0] if "draft_topk_ids" in rec else m.block_size - 1
             want = C.reference_tree(ref_logprobs(D), ctx[-1], rq.policy)
@@ -488,17 +486,15 @@ class _Replay:
                                    f"next step's root the wrong logits, its position being right: {root_problem}"}
 
     def _tree(self, rec, rq, tokens, parents, shape, kind, cost) -> None:
-        from workbench.engine.policies import DDTree, DFlash
-
         policy = rq.policy
-        if not isinstance(policy, (DDTree, DFlash)):
+        if not C.rebuilds(policy):
             self._skip("tree", f"policy {policy} (the checker rebuilds DFlash and DDTree trees)")
             return
         if shape is not None:
             self._verdict("tree", rec, shape, lambda: (None, None))
             return
         ids, vals = rec["draft_topk_ids"].long(), rec["draft_topk_values"].float()
-        if isinstance(policy, DFlash):  # the argmax chain: the top-1 of each slot (log-probs or logits alike)
+        if policy.kind == "dflash":  # the argmax chain: the top-1 of each slot (log-probs or logits alike)
             best = vals.max(dim=1, keepdim=True).values
             first = torch.where(vals == best, ids, torch.iinfo(torch.long).max).min(dim=1).values  # lowest id on ties
             n = min(len(tokens) - 1, first.shape[0])  # a chain cut short by the token limit verifies fewer slots

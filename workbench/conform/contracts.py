@@ -94,32 +94,46 @@ def paths(tokens: list[int], parents: list[int]) -> dict[tuple, int]:
     return out
 
 
-def reference_tree(logprobs: Tensor, root: int, policy) -> dict:
-    """The tree the policy builds from drafter log-probs [D, V] under the workbench's tie rule:
-    DFlash the argmax chain (the lowest id among equal maxima), DDTree the exact best ``budget`` prefixes
-    (``oracles.build_tree_greedy_exact``). Returns {"tokens", "parents"} lists, root first."""
-    from workbench.engine.policies import DDTree, DFlash
+def chain_tree(logprobs: Tensor, root: int, policy) -> dict:
+    """DFlash's tree: the argmax chain (the lowest id among equal maxima)."""
+    chain = [int(t) for t in logprobs.float().argmax(-1).tolist()]
+    return {"tokens": [int(root)] + chain, "parents": list(range(-1, len(chain)))}
 
-    if isinstance(policy, DFlash):
-        chain = [int(t) for t in logprobs.float().argmax(-1).tolist()]
-        return {"tokens": [int(root)] + chain, "parents": list(range(-1, len(chain)))}
-    if isinstance(policy, DDTree):
-        # Only a slot's best min(budget, width) tokens can enter the tree: the oracle runs over those columns,
-        # kept in token-id order so that its tie rule (equal log-probs by token id) is the full vocabulary's.
-        k = min(policy.budget, policy.width or policy.budget, logprobs.shape[-1])
-        lp = logprobs.float()
-        top = torch.topk(lp, k, dim=-1).values[:, -1:]  # [D, 1]: each slot's k-th value
-        keep = [torch.nonzero(row >= kth).flatten() for row, kth in zip(lp, top)]  # ids ascending, ties kept
-        width = max(x.numel() for x in keep)
-        cols = torch.stack([torch.cat([x, x[-1:].expand(width - x.numel())]) for x in keep])  # [D, width]
-        small = lp.gather(1, cols)
-        for d, x in enumerate(keep):
-            small[d, x.numel():] = float("-inf")  # padding columns: never better than a real token
-        t = build_tree_greedy_exact(small, int(root), policy.budget, policy.width)
-        depth = depths_from(t["parents"])
-        tokens = [int(root)] + [int(cols[depth[i] - 1, c]) for i, c in enumerate(t["tokens"]) if i]
-        return {"tokens": tokens, "parents": t["parents"]}
-    raise ValueError(f"policy {policy}: the checker rebuilds DFlash and DDTree trees")
+
+def best_prefix_tree(logprobs: Tensor, root: int, policy) -> dict:
+    """DDTree's tree: the exact best ``budget`` prefixes (``oracles.build_tree_greedy_exact``)."""
+    # Only a slot's best min(budget, width) tokens can enter the tree: the oracle runs over those columns,
+    # kept in token-id order so that its tie rule (equal log-probs by token id) is the full vocabulary's.
+    k = min(policy.budget, policy.width or policy.budget, logprobs.shape[-1])
+    lp = logprobs.float()
+    top = torch.topk(lp, k, dim=-1).values[:, -1:]  # [D, 1]: each slot's k-th value
+    keep = [torch.nonzero(row >= kth).flatten() for row, kth in zip(lp, top)]  # ids ascending, ties kept
+    width = max(x.numel() for x in keep)
+    cols = torch.stack([torch.cat([x, x[-1:].expand(width - x.numel())]) for x in keep])  # [D, width]
+    small = lp.gather(1, cols)
+    for d, x in enumerate(keep):
+        small[d, x.numel():] = float("-inf")  # padding columns: never better than a real token
+    t = build_tree_greedy_exact(small, int(root), policy.budget, policy.width)
+    depth = depths_from(t["parents"])
+    tokens = [int(root)] + [int(cols[depth[i] - 1, c]) for i, c in enumerate(t["tokens"]) if i]
+    return {"tokens": tokens, "parents": t["parents"]}
+
+
+# The policies whose tree the checker rebuilds, by registered kind: an independent oracle for each.
+REFERENCE_TREES = {"dflash": chain_tree, "ddtree": best_prefix_tree}
+
+
+def rebuilds(policy) -> bool:
+    """Whether the checker has a reference tree for this policy."""
+    return policy.kind in REFERENCE_TREES
+
+
+def reference_tree(logprobs: Tensor, root: int, policy) -> dict:
+    """The tree the policy builds from drafter log-probs [D, V] under the workbench's tie rule
+    (``REFERENCE_TREES``). Returns {"tokens", "parents"} lists, root first."""
+    if not rebuilds(policy):
+        raise ValueError(f"policy {policy}: the checker rebuilds {' and '.join(sorted(REFERENCE_TREES))} trees")
+    return REFERENCE_TREES[policy.kind](logprobs, root, policy)
 
 
 def tree_problem(tokens: list[int], parents: list[int], want: dict) -> str | None:

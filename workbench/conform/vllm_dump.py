@@ -63,6 +63,7 @@ class VllmDump:
         f = {k: v for k, v in cycle_fields(c).items() if k not in ("verify_positions", "visibility_form", "visibility")}
         f.update(row=0, rows=1, committed_tokens=torch.tensor(committed_tokens, dtype=torch.long))
         notes = list(NOT_CAPTURED)
+        n = int(c.tokens.shape[0])  # the tree's nodes, root first
         if pending is not None:
             p, row = pending
             k = int(p.drafts.shape[1])
@@ -80,15 +81,17 @@ class VllmDump:
             if p.query_positions is not None:
                 f["draft_block_positions"] = p.query_positions[q]
             if p.draft_logits is not None:
-                v, i = p.draft_logits[row].float().topk(TOPK, dim=-1)
+                # a step cut by max_new_tokens is recorded with the root and the drafts it kept (its Cycle's tree)
+                v, i = p.draft_logits[row, : n - 1].float().topk(TOPK, dim=-1)
                 f.update(draft_topk_ids=i, draft_topk_values=v, draft_values="logits")
         if verify is not None:
             v, vrow = verify
-            v_, i_ = v.target_logits[vrow].float().topk(TOPK, dim=-1)
+            v_, i_ = v.target_logits[vrow][:n].float().topk(TOPK, dim=-1)
             f.update(target_topk_ids=i_, target_topk_values=v_)
         if session.finished and len(session.generated) >= session.max_new_tokens:
             notes.append(f"accepted_nodes: this step reached max_new_tokens={session.max_new_tokens}; vLLM cuts its "
-                         f"accepted path to the {len(committed_tokens)} tokens that were left")
+                         f"accepted path to the {len(committed_tokens)} tokens that were left, and the record keeps "
+                         "the root and the drafts it kept (as the workbench drafts no further than the limit)")
         self.writer.cycle(self.request, c.index, notes="\n".join(notes), **f)
         if session.finished:
             self.writer.close()

@@ -46,7 +46,7 @@ class BatchCycle:
     requests: tuple  # request indices (into BatchSession.sessions), batch-row order
     cycles: tuple  # Cycle per request, same order
     verify_lens: tuple  # tree nodes per request (root included): the ragged rows
-    budgets: tuple  # the policy budget per request (None for AR / DFlash)
+    policies: tuple  # the policy label per request ('DDTree(16)', 'Spine(2)')
     padded_nodes: int  # N: the common node count of the padded verify
     forwards: tuple  # ForwardRecord of the batched draft (if it ran) and verify forwards
     stage_seconds: dict = field(default_factory=dict)
@@ -157,7 +157,7 @@ class BatchSession:
         reqs = [self.sessions[i] for i in self._live]
         cycles, layout, forwards, sw = self._rows.step(reqs)
         bc = BatchCycle(len(self.cycles), tuple(self._live), tuple(cycles), tuple(layout.n),
-                        tuple(getattr(s.policy, "budget", None) for s in reqs), layout.N, forwards, sw.times)
+                        tuple(str(s.policy) for s in reqs), layout.N, forwards, sw.times)
         self.cycles.append(bc)
         self._retire()
         sw.stop()
@@ -185,7 +185,7 @@ class BatchSession:
         rec = bc.forwards[-1]
         lens = list(bc.verify_lens)
         return {
-            "cycle": bc.index, "requests": list(bc.requests), "budgets": list(bc.budgets), "verify_lens": lens,
+            "cycle": bc.index, "requests": list(bc.requests), "policies": list(bc.policies), "verify_lens": lens,
             "padded": {"forward": rec.to_dict(), "rows": len(lens) * bc.padded_nodes,
                        "padding_rows": len(lens) * bc.padded_nodes - sum(lens),
                        "logits": rec.outputs["logits"]["shape"]},

@@ -103,6 +103,10 @@ class VllmEngine(BaseEngine):
 
         spec = {"method": "dflash", "model": str(self.draft_dir), "num_speculative_tokens": k} if speculative else None
         t0 = time.perf_counter()
+        # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op once it binds its threads;
+        # a workbench engine loaded later in the same process (wb.compare, notebook 10) would then silently
+        # keep vLLM's count. Its binding is done at start-up, so putting the function back changes nothing there.
+        set_num_threads = torch.set_num_threads
         try:
             self.llm = LLM(model=str(self.target_dir), tokenizer=str(self.target_dir), dtype=self.dtype,
                            max_model_len=max_model_len, enforce_eager=True, max_num_seqs=1, seed=seed,
@@ -111,6 +115,8 @@ class VllmEngine(BaseEngine):
         except Exception as e:  # vLLM's own refusal of the pair, in one line (its log on stderr has the rest)
             raise VllmUnsupported(f"vLLM {self.version} refused the pair (target {self.target_dir}, drafter "
                                   f"{self.draft_dir}): {refusal_reason(e)[:300]}") from e
+        finally:
+            torch.set_num_threads = set_num_threads
         self.load_seconds = time.perf_counter() - t0
         self.max_model_len = int(max_model_len)  # prompt, new tokens and a block's drafts must fit in it
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.analysis.paired import MIN_PAIRS, check_pairs
-from workbench.engine.policies import AR, DDTree, DFlash
+from workbench.engine.policies import AR, DDTree, DFlash, Spine, as_policy
 
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
 SPINE_SIBLINGS = (1, 2, 4)
@@ -29,64 +29,36 @@ class Shape:
         return str(self.policy)
 
 
-def spine(k: int):
-    """``wb.Spine(siblings=k)``, or None in a build without it."""
-    from workbench.engine import policies
-
-    cls = getattr(policies, "Spine", None)
-    return None if cls is None else cls(siblings=k)
+# A policy's family by its registered kind (the DDTree chain cut: width 1); any other kind is "other".
+KIND_FAMILY = {"ar": "ar", "dflash": "chain", "spine": "spine", "ddtree": "tree"}
 
 
 def family(policy) -> str:
-    if isinstance(policy, AR):
-        return "ar"
-    if isinstance(policy, DFlash):
-        return "chain"
-    if isinstance(policy, DDTree):
-        return "chain-cut" if policy.width == 1 else "tree"
-    return "spine" if type(policy).__name__ == "Spine" else "other"
-
-
-def capacity(policy, slots: int, vocab: int) -> int | None:
-    """The most drafted nodes this shape can hold over a drafter of ``slots`` slots and ``vocab`` tokens
-    (None: no limit it could reach): a tree with at most w tokens per slot holds sum_d w**d prefixes."""
-    if isinstance(policy, DDTree):
-        w = min(policy.width or vocab, vocab)
-        total, p = 0, 1
-        for _ in range(slots):
-            p *= w
-            total += p
-            if total >= policy.budget:
-                return None
-        return total
-    if type(policy).__name__ == "Spine":
-        return None if policy.siblings <= slots * (vocab - 1) else slots + slots * (vocab - 1)
-    return None
+    fam = KIND_FAMILY.get(policy.kind, "other")
+    return "chain-cut" if fam == "tree" and policy.width == 1 else fam
 
 
 def check_fills(policy, slots: int, vocab: int) -> None:
-    """Refuse a budget the drafter cannot fill (its tree would silently be smaller than its label)."""
-    cap = capacity(policy, slots, vocab)
+    """Refuse a shape the drafter cannot fill (its tree would silently be smaller than its label)."""
+    cap = policy.capacity(slots, vocab)
     if cap is not None:
-        asked = policy.budget if isinstance(policy, DDTree) else slots + policy.siblings
+        asked = policy.static_nodes(slots + 1) - 1  # drafted nodes: the static count less the root
         raise ValueError(f"{policy} asks for {asked} nodes but this drafter's block drafts {slots} slots, where "
                          f"that shape holds at most {cap}: use a budget <= {cap}")
 
 
 def default_shapes(slots: int, vocab: int) -> list[Shape]:
-    """AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4) when the build has it, DDTree(4 ... 64): the
+    """AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64): the
     budgets the drafter can fill."""
     pols = [AR(), DFlash(), *(DDTree(n, width=1) for n in CHAIN_CUTS if n < slots)]
-    pols += [p for p in (spine(k) for k in SPINE_SIBLINGS) if p is not None]
-    pols += [p for p in (DDTree(n) for n in BUDGETS) if capacity(p, slots, vocab) is None]
+    pols += [Spine(k) for k in SPINE_SIBLINGS]
+    pols += [p for p in (DDTree(n) for n in BUDGETS) if p.capacity(slots, vocab) is None]
     return [Shape(p, family(p)) for p in pols]
 
 
 def shapes_of(policies, slots: int, vocab: int) -> list[Shape]:
     """The given policies (objects or 'ddtree:16'-style text) as shapes, AR and DFlash added when missing
     (every speedup is over them); a budget the drafter cannot fill is refused."""
-    from workbench.engine.policies import as_policy
-
     pols = [as_policy(p) for p in policies]
     for p in pols:
         check_fills(p, slots, vocab)

@@ -43,7 +43,15 @@ def chain_cycle(index: int, start: int, root: int, drafts, draft_logits, target_
     drafts: int64 [K] the proposal (the first d are verified); draft_logits: [K, V] or None (not captured);
     target_logits: [d + 1, V] at the root and each verified draft; accepted: int64 [d + 1] the accepted
     drafts then the bonus, -1 padded; committed: tokens the request kept (fewer than accepted + 1 when it
-    reached max_new_tokens: the last kept token is then the cycle's bonus)."""
+    reached max_new_tokens: the tree is then cut to the root and the kept drafts, its last kept token the bonus)."""
+    # A request that reached its limit inside the block kept only the first ``committed`` of its accepted
+    # drafts and bonus. The cycle records the tree the workbench's engine (which drafts no further than the
+    # limit) would have verified: the root and the committed - 1 drafts it kept, its last kept token the bonus;
+    # the accept length and per-position acceptance are then the same on the same drafts.
+    accepted = accepted[accepted >= 0]
+    if 1 <= committed < int(accepted.numel()):
+        accepted = accepted[:committed]
+        target_logits = target_logits[:committed]
     d = int(target_logits.shape[0]) - 1
     n = d + 1
     probs = torch.softmax(target_logits, dim=-1)
@@ -58,12 +66,6 @@ def chain_cycle(index: int, start: int, root: int, drafts, draft_logits, target_
         top_tokens, top_lp = idx[:, :topk], vals[:, :topk].float()
     else:
         score, top_tokens, top_lp = torch.zeros(n), torch.zeros(0, topk, dtype=torch.long), torch.zeros(0, topk)
-    # accepted drafts then the bonus; a request that reached its limit inside the block kept only the first
-    # ``committed`` of them, and the cycle records what it kept, as the workbench's engine (which drafts no
-    # further than the limit) does: its accept length is then the same on the same drafts
-    accepted = accepted[accepted >= 0]
-    if 1 <= committed < int(accepted.numel()):
-        accepted = accepted[:committed]
     nodes = torch.arange(int(accepted.numel()))
     return Cycle(
         index=index, policy=policy, start=start, root_token=int(root),

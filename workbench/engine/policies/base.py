@@ -4,7 +4,8 @@ A policy decides which drafted prefixes the target verifies. Everything the rest
 of a policy is declared on ``Policy``: its tree build (``build_tree``), its static node count
 (``static_nodes``, for CUDA graphs and buffer planning), whether it drafts at all (``drafts``), its label
 (``str(policy)``, written back by ``parse_policy``; ``label`` for a menu), its wire name (``kind``), the
-integer fields a control edits (``knobs``) and the drafter slots it needs (``check_slots``).
+integer fields a control edits (``knobs``), the drafter slots it needs (``check_slots``) and whether a
+small vocabulary can fill it (``capacity``).
 
 The registry maps each ``kind`` to its class. Parsing (``parse_policy``, ``--policies``), the wire format
 (``to_wire`` / ``from_wire``), validation, the stepper and the runner read it; nothing outside this
@@ -50,6 +51,11 @@ class Policy:
         (``drafted.logprobs`` [1, D, V], D >= 1; ``drafted.top(k)`` shares one top-k with the record).
         ``sync_free``: never wait for the device (static shapes / CUDA graphs)."""
         raise NotImplementedError(f"{type(self).__name__} declares no build_tree(drafted, roots, sync_free)")
+
+    def capacity(self, slots: int, vocab: int) -> int | None:
+        """The most drafted nodes this policy's tree can hold over ``slots`` slots of ``vocab`` tokens when
+        that is fewer than it asks for (its tree would be smaller than its label); None otherwise."""
+        return None
 
     def check_slots(self, slots: int) -> None:
         """Refuse (ValueError, one line) a policy that needs more drafted slots than the drafter has."""

@@ -40,6 +40,17 @@ class DDTree(Policy):
     def static_nodes(self, block_size: int) -> int:
         return self.budget + 1
 
+    def capacity(self, slots: int, vocab: int) -> int | None:
+        # at most w tokens per slot: sum_d w**d prefixes
+        w = min(self.width or vocab, vocab)
+        total, p = 0, 1
+        for _ in range(slots):
+            p *= w
+            total += p
+            if total >= self.budget:
+                return None
+        return total
+
     def build_tree(self, drafted, roots, sync_free):
         k = min(self.budget, self.width or self.budget)
         if sync_free:  # the device build on every device: the same tree, and no host read of the top-k

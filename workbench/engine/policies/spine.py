@@ -27,6 +27,10 @@ class Spine(Policy):
     def static_nodes(self, block_size: int) -> int:
         return block_size + self.siblings  # the root, block_size - 1 drafts, the siblings
 
+    def capacity(self, slots: int, vocab: int) -> int | None:
+        runners_up = slots * (vocab - 1)
+        return None if self.siblings <= runners_up else slots + runners_up
+
     def build_tree(self, drafted, roots, sync_free):
         return spine_tree_from_topk(*drafted.top(self.siblings + 1), roots, self.siblings)
 
