@@ -26,6 +26,7 @@ from workbench.serve import client as remote_mod
 from workbench.serve import wire
 from workbench.__main__ import main
 from workbench.serve import EngineServer, Limits
+from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
 from workbench.serve.main import read_or_make_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -577,8 +578,11 @@ def test_one_script_of_settings_gives_the_same_records_locally_and_remotely(engi
     # what a served session cannot change is refused in one line, not silently kept on this side
     with pytest.raises(AttributeError, match="fixed when a remote session starts"):
         rs.kernel_backend = "sglang"
-    with pytest.raises(AttributeError, match="RemoteEngine.batch_session is not served"):
+    with pytest.raises(EngineLacks, match=r"^the served engine has no batch_session\(\): the server runs one"):
         remote.batch_session(["a", "b"])
+    assert isinstance(remote, BaseEngine) and isinstance(rs, BaseSession)  # the engine interface, over HTTP
+    with pytest.raises(EngineLacks, match=r"wb.connect\(url, token=...\)"):
+        type(remote).load()
     with pytest.raises(ValueError, match="top_k"):
         rs.top_k = -1
     for s in (rs, again):

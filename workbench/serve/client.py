@@ -29,6 +29,7 @@ from workbench.engine.core import SessionFinished, SessionState
 from workbench.engine import validate
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.sampling import Sampling
+from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
 from workbench.serve.wire import WIRE_VERSION, WireVersionError
 
 __all__ = ["InvalidRequest", "LimitExceeded", "RemoteEngine", "RemoteError", "RemoteSession", "RemoteSessionFinished",
@@ -149,8 +150,18 @@ def connect(url: str, token: str | None = None, *, token_file=None, timeout: flo
     return RemoteEngine(_Http(url, token, timeout, insecure_http))
 
 
-class RemoteEngine:
-    """A served engine: ``session()``, ``session_by_id()``, ``sessions()``, ``generate()``, ``tokenizer``, ``info``."""
+class RemoteEngine(BaseEngine):
+    """A served engine: ``session()``, ``session_by_id()``, ``sessions()``, ``generate()``, ``tokenizer``, ``info``.
+    The engine interface of ``workbench.engines.base``, reached over HTTP (``wb.connect``, not ``wb.load``)."""
+
+    name = "served"
+    instead = {"batch_session": "the server runs one session per request; start several sessions, or use a "
+                                "local engine (wb.load) for a batch"}
+
+    @classmethod
+    def load(cls, target=None, draft=None, **options) -> "RemoteEngine":
+        raise EngineLacks("a served engine is not loaded in this process: start one with `python -m workbench "
+                          "serve` and connect with wb.connect(url, token=...)")
 
     def __init__(self, http: _Http):
         self._http = http
@@ -240,8 +251,6 @@ class RemoteEngine:
 
     # What a local Engine has and a served one cannot give: refused in one line, not a bare AttributeError.
     _LOCAL_ONLY = {
-        "batch_session": "the server runs one session per request; start several sessions, or use a local "
-                         "engine (wb.load) for a batch",
         "encode": "encode with remote.tokenizer, or pass messages=/prompt_ids= to remote.session",
         "models": "the models live in the server's process; remote.info['models'] describes them",
         "graphs": "CUDA graphs are the server's (serve --cuda-graphs is not offered)",
@@ -278,7 +287,7 @@ def _sid(session_id) -> str:
     return s
 
 
-class RemoteSession(SessionState):
+class RemoteSession(SessionState, BaseSession):
     """A session living on the server; the same attributes and methods as a local ``Session``.
 
     ``trace`` is kept here and grows with every reply, so figures read it without a request (once it
