@@ -186,7 +186,7 @@ batch = engine.batch_session(
 batch.step()
 lay = batch.verify_layout()
 f = lay["padded"]["forward"]
-print("requests (budget -> verified rows):", list(zip(lay["budgets"], lay["verify_lens"])))
+print("requests (policy -> verified rows):", list(zip(lay["policies"], lay["verify_lens"])))
 print("ours, padded   input_ids", f["inputs"]["input_ids"]["shape"], " mask", f["inputs"]["attention_mask"]["shape"],
       " logits", lay["padded"]["logits"], f"= {lay['padded']['rows']} rows, {lay['padded']['padding_rows']} padding")
 print("SGLang, ragged input_ids", lay["ragged"]["input_ids"], " logits", lay["ragged"]["logits"],
