@@ -19,7 +19,7 @@ from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=48, repeats=3, progress=True)
+results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=32, repeats=3, progress=True)
            for split in ("long", "short")}
 result, prompts = results["long"], eval_prompts("long")
 

@@ -7,15 +7,16 @@ is the server's job), this is the path.
 
 One request at a time, so that a counter's change over a request is that request's; one warm-up request
 first, not counted. vLLM (``vllm serve``) exposes ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
-``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos`` on ``/metrics`` (Prometheus counters
-get a ``_total`` suffix there). It counts a draft when it is verified: a request's last proposal is never
+``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos`` on ``/metrics`` (Prometheus counters get
+a ``_total`` suffix there). It counts a draft when it is verified: a request's last proposal is never
 verified and is not counted, and drafts are always ``num_speculative_tokens`` long, so the report compares
-committed tokens per verify (output tokens after the first, over verified drafts), not accepted draft
-tokens per drafted token. Its accepted counter also counts drafts its last verify accepted past
-max_new_tokens, which the workbench's records (of vLLM in process too) leave out: the report's "accepted"
-column is vLLM's own count, committed tau the figure that compares. SGLang's server (``launch_server``) needs CUDA and cannot run here: its
-counters are read from each response's ``meta_info`` (``spec_verify_ct``: verifies; ``completion_tokens``),
-as its 0.5.23 source writes them; that adapter is tested on a GPU host only (not run here).
+committed tokens per verify (output tokens after the first, over verified drafts), not accepted draft tokens
+per drafted token. Its accepted counter also counts drafts its last verify accepted past max_new_tokens,
+which the workbench's records (of vLLM in process too) leave out: the report's "accepted" column is vLLM's
+own count, committed tau the figure that compares. SGLang's server (``launch_server``) needs CUDA and cannot
+run here: its counters are read from each response's ``meta_info`` (``spec_verify_ct``: verifies;
+``completion_tokens``), as its 0.5.23 source writes them; that adapter is tested on a GPU host only (not run
+here).
 """
 from __future__ import annotations
 
