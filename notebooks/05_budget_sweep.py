@@ -6,8 +6,8 @@
 # decode speedup over AR (the cycles alone) with its *ceiling*: the speedup the policy would reach if
 # its cycles cost only their model forwards (drafter and target). Their ratio is the share of cycle
 # time spent in the forwards, at most 1 by construction, so the gap is what the engine spends outside
-# them. All measured side by side, interleaved prompt by prompt, two repeats per split: a speed order
-# is stated only where a paired test separates it (`wb.analysis.order_verdict`, below). The
+# them. All measured side by side, interleaved prompt by prompt, one pass per split: a speed order is
+# stated only where a paired test separates it (`wb.analysis.order_verdict`, below). The
 # prompt sets and sizes of every figure are listed in `docs/figures.md`. Then: what sampling does to tau.
 
 # %%
@@ -19,7 +19,7 @@ from workbench.bench.prompts import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=32, repeats=2, progress=True)
+results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=32, repeats=1, progress=True)
            for split in ("long", "short")}
 result, prompts = results["long"], eval_prompts("long")
 
@@ -35,16 +35,16 @@ for name in result.summary:
 for split, r in results.items():
     print(split)
     for name, row in r.summary.items():
-        lo, hi = min(row["speedup_vs_ar_per_repeat"]), max(row["speedup_vs_ar_per_repeat"])
+        lo, hi = min(row["speedup_vs_ar_per_prompt"]), max(row["speedup_vs_ar_per_prompt"])
         print(f"  {name:12s} tok/s {row['tokens_per_s']:7.1f}  speedup {row['speedup_vs_ar']:.2f}x "
-              f"[{lo:.2f}-{hi:.2f} over repeats]  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
+              f"[{lo:.2f}-{hi:.2f} over prompts]  decode speedup {row['decode_speedup_vs_ar']:.2f}x  "
               f"ceiling {row['ceiling_speedup']:.2f}x  share of cycle in forwards {row['ceiling_ratio']:.0%}")
 
 # %% [markdown]
 # **What the speed figures allow.** A speedup from one run is not a conclusion: on a loaded machine the
 # same DDTree(16) has measured 1.80x and 0.40x AR. The verdict below orders the policies by their
 # speedup over AR only where a paired test separates them: each prompt's speedup (its median over the
-# two interleaved repeats) is paired across the policies, and every neighbour in the order needs a
+# interleaved repeats, here one) is paired across the policies, and every neighbour in the order needs a
 # Wilcoxon signed-rank p below 0.05 over at least 10 prompts; otherwise it says the machine was too noisy
 # and no order is claimed (the ranges are shown beside it, never used to decide). This notebook's four
 # prompts are too few for that test, so it shows the figures and claims no order: `python -m workbench

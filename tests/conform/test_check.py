@@ -14,6 +14,7 @@ import torch
 import workbench as wb
 from workbench.conform import contracts as C
 from workbench.conform.check import ConformInputError, chain_logits, conform
+from workbench.cli import main
 from workbench.conform.dump import DumpFileError
 from workbench.serve.wire import pack_tensor
 
@@ -275,15 +276,16 @@ def test_a_dump_cut_short_mid_record_is_checked_up_to_its_last_whole_record(engi
     assert any("cut short" in n for n in r.notes) and r.cycles >= 1 and r.broken == []
 
 
-def test_the_cli_checks_a_dump_and_refuses_bad_input_in_one_line(small_dump, tmp_path):
+def test_the_cli_checks_a_dump_and_refuses_bad_input_in_one_line(small_dump, tmp_path, capsys):
     cmd = [sys.executable, "-m", "workbench", "conform", str(small_dump), "--quiet", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
     assert data["broken"] == [] and [c["contract"] for c in data["contracts"]] == list(C.CONTRACTS)
     other = edit_header(small_dump, tmp_path / "other.dump", vocab_size=5)
-    bad = subprocess.run(cmd[:4] + [str(other)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "pair.vocab_size" in bad.stderr
+    rc = main(["conform", str(other)])  # refused before the pair loads: in this process
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "pair.vocab_size" in err, err
 
 
 # ------------------------------------------------------------------------------------------ cost
