@@ -1,5 +1,5 @@
 """Figures stored in the notebooks' outputs say what they mean: a point reported with its range over
-repeats lies inside that range (a point outside its own range is a summary taken another way)."""
+repeats or prompts lies inside that range (a point outside its own range is a summary taken another way)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
-POINT_IN_RANGE = re.compile(r"(\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+) over repeats\]")
+POINT_IN_RANGE = re.compile(r"(\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+) over (?:repeats|prompts)\]")
 
 
 def stored_text(nb: Path) -> str:
