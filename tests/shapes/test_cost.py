@@ -467,6 +467,52 @@ def test_bad_tp_and_interconnect_are_one_line():
         wb.shapes.cost("qwen3-8b", overhead_s=-1)
 
 
+@pytest.mark.parametrize("tp", [3, 64, 1000])
+def test_a_tp_no_engine_can_shard_is_refused_with_the_valid_degrees(tp):
+    """Qwen3-8B has 32 attention heads: 3, 64 or 1000 GPUs cannot each hold a whole number of them."""
+    from workbench.shapes.parallel import TensorParallelError
+
+    with pytest.raises(TensorParallelError) as e:
+        wb.shapes.cost("qwen3-8b", tp=tp)
+    assert str(e.value) == (f"tp={tp} cannot shard qwen3-8b: its 32 attention heads do not split {tp} ways; "
+                            "valid tp for it: 1, 2, 4, 8, 16, 32")
+    assert isinstance(e.value, ValueError)
+
+
+def test_kv_heads_split_or_replicate_evenly_and_linear_heads_split():
+    """K/V heads either split tp ways or, past them, replicate (tp a multiple of them, as vLLM and SGLang
+    replicate K/V heads); a GatedDeltaNet layer's key and value heads must split tp ways too. The drafter runs
+    at its target's TP, so a drafter that cannot shard is refused as well."""
+    from workbench.shapes.parallel import TensorParallelError, valid_tp
+
+    odd = dict(arch_cfg("qwen3-8b"), num_attention_heads=28, num_key_value_heads=4)  # Qwen2.5-7B's heads
+    assert valid_tp(arch(odd)) == [1, 2, 4, 28]  # 7 and 14 divide 28 but neither split nor replicate 4 K/V heads
+    with pytest.raises(TensorParallelError, match=r"^tp=14 cannot shard .*: its 4 K/V heads neither split 14 ways "
+                       r"nor replicate evenly \(vLLM and SGLang replicate K/V heads when tp exceeds them, which "
+                       r"needs tp to be a multiple of 4\); valid tp for it: 1, 2, 4, 28$"):
+        wb.shapes.cost(odd, tp=14)
+    assert wb.shapes.cost(odd, tp=28).settings["tp"] == 28  # 7 replicas of each K/V head
+    assert wb.shapes.cost("qwen3-8b", tp=16).settings["tp"] == 16  # 8 K/V heads, each on 2 GPUs
+    assert valid_tp(arch(QWEN3_NEXT)) == [1, 2, 4, 8, 16]
+    lin = dict(QWEN3_NEXT, linear_num_key_heads=8)  # 16 attention heads split 16 ways; 8 key heads do not
+    with pytest.raises(TensorParallelError, match=r"^tp=16 cannot shard .*: its 8 linear-attention key heads do "
+                       r"not split 16 ways; valid tp for it: 1, 2, 4, 8$"):
+        wb.shapes.cost(lin, tp=16)
+    assert wb.shapes.cost("kimi-k2", tp=64).settings["tp"] == 64  # MLA: 64 heads, the latent whole on every GPU
+    draft = dict(arch_cfg("qwen3-8b-dflash-b16"), num_attention_heads=24, num_key_value_heads=8)
+    with pytest.raises(TensorParallelError, match=r"^tp=16 cannot shard .*: its 24 attention heads"):
+        wb.shapes.cost("qwen3-8b", tp=16, draft_config=draft)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_an_unknown_interconnect_is_refused_at_any_tp(tp):
+    """At tp=1 no collective runs, but a misspelt link must not pass there and fail only once tp changes."""
+    with pytest.raises(ValueError, match=r"^unknown interconnect='infiniband'; known: nvlink, pcie5; or pass "
+                       r"\(bandwidth, latency\)$"):
+        wb.shapes.cost("qwen3-8b", tp=tp, interconnect="infiniband")
+    assert wb.shapes.cost("qwen3-8b", tp=1, interconnect="pcie5").settings["interconnect"] is None
+
+
 def test_linear_dflash_row_is_the_chain_verify_plus_the_draft_plus_overhead():
     t = wb.shapes.cost("qwen3-8b", budgets=[16, 32], draft_config="qwen3-8b-dflash-b16", overhead_s=2e-3)
     assert t.chain_budget == 15  # root + 15 drafted tokens = the block of 16

@@ -364,6 +364,8 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     rows the drafter takes in per cycle (default its block size: a cycle that accepted everything).
     ``tp``: tensor-parallel degree over ``interconnect`` ("nvlink", "pcie5" or (bytes/s, s per ring step)):
     weights and K/V heads split, two all-reduces per layer (``workbench.shapes.parallel``); times are per GPU.
+    A degree no engine can shard (attention heads not split evenly, K/V heads neither split nor replicated
+    evenly) and an unknown interconnect are refused at any ``tp`` (``parallel.TensorParallelError``).
     ``overhead_s``: measured seconds per cycle outside the forwards (``cycle_seconds``, ``speedup``).
     Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts; comm_s).
     """
@@ -376,11 +378,15 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
         raise ValueError(f"budgets {bad} must be non-negative integers")
     g = resolve_gpu(gpu)
     parallel.check_tp(tp)
-    link = parallel.resolve_interconnect(interconnect) if tp > 1 else None
+    # resolved at any TP: a misspelt link at tp=1 would otherwise pass, then fail once tp changes
+    link = parallel.resolve_interconnect(interconnect)
+    link = link if tp > 1 else None  # TP1 has no collectives: its rows name no link
     overhead_s = _seconds(overhead_s, "overhead_s")
     t = arch(target_config, "target")
     d = arch(draft_config, "draft") if draft_config is not None else None
     families.check_pair(t.facts, d.facts if d else None)
+    for a in (t, d) if d else (t,):  # the drafter runs at the same TP as its target
+        parallel.check_split(a, tp)
     top = prompt_len + 1 + max(budgets, default=0)
     if t.max_positions and top > t.max_positions:
         raise ValueError(f"prompt_len + 1 + max budget = {top} exceeds max_position_embeddings {t.max_positions}")

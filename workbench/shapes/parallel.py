@@ -6,6 +6,9 @@ With TP degree t (Megatron-style, as SGLang and vLLM shard a decoder):
   weights;
 - K/V heads are split min(t, kv_heads) ways (a GQA head is replicated once t exceeds the K/V heads); MLA's
   latent is one "head" and every GPU holds it whole; linear-attention state is split by value heads (t ways);
+- a degree no engine can shard is refused (``check_split``): attention heads (and linear attention's key and
+  value heads) must split t ways, K/V heads too or t must be a multiple of them (replication, as vLLM and
+  SGLang do);
 - each layer all-reduces the tokens' hidden states twice (after attention's o_proj, after the MLP's
   down_proj): ``tokens x hidden x bytes`` each, a ring all-reduce costing
   ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency``;
@@ -21,6 +24,10 @@ import math
 from dataclasses import dataclass
 
 GPUS_FILE = __import__("pathlib").Path(__file__).resolve().parent / "gpus.json"
+
+
+class TensorParallelError(ValueError):
+    """A TP degree or interconnect the cost model cannot use: one line naming it and what would do."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +56,56 @@ def resolve_interconnect(link) -> Interconnect:
     if isinstance(link, (tuple, list)):
         if len(link) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in link) \
                 or not link[0] > 0:
-            raise ValueError(f"interconnect={link!r}: a custom link is (bandwidth in bytes/s > 0, latency in s >= 0)")
+            raise TensorParallelError(f"interconnect={link!r}: a custom link is (bandwidth in bytes/s > 0, latency in s >= 0)")
         return Interconnect(f"custom ({link[0]:.3g} B/s, {link[1]:.3g} s)", float(link[0]), float(link[1]))
     known = interconnects()
     if isinstance(link, str) and link.lower() in known:
         return known[link.lower()]
-    raise ValueError(f"unknown interconnect={link!r}; known: {', '.join(known)}; or pass (bandwidth, latency)")
+    raise TensorParallelError(f"unknown interconnect={link!r}; known: {', '.join(known)}; or pass (bandwidth, latency)")
 
 
 def check_tp(tp) -> int:
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp={tp!r} must be a positive integer (GPUs the model is split across)")
+        raise TensorParallelError(f"tp={tp!r} must be a positive integer (GPUs the model is split across)")
+    return tp
+
+
+def split_problem(arch, tp: int) -> str | None:
+    """Why ``tp`` GPUs cannot shard ``arch`` the way vLLM and SGLang do, in words; None when they can.
+
+    Attention heads (query heads; MLA's too) split evenly across the GPUs, as do a GatedDeltaNet layer's key
+    and value heads. K/V heads split evenly too, or, once ``tp`` exceeds them, are replicated: both engines
+    then give each GPU one K/V head, which needs ``tp`` to be a multiple of the K/V heads. MLA's latent is
+    one cache every GPU holds whole, so it adds no rule."""
+    att, lin = arch.facts.attention, arch.facts.linear
+    if att is not None and att.heads % tp:
+        return f"its {att.heads} attention heads do not split {tp} ways"
+    if att is not None and not att.mla and att.kv_heads:
+        kv = att.kv_heads
+        if kv % tp and tp % kv:
+            return (f"its {kv} K/V heads neither split {tp} ways nor replicate evenly (vLLM and SGLang replicate "
+                    f"K/V heads when tp exceeds them, which needs tp to be a multiple of {kv})")
+    if lin is not None:
+        for n, what in ((lin.key_heads, "linear-attention key"), (lin.value_heads, "linear-attention value")):
+            if n % tp:
+                return f"its {n} {what} heads do not split {tp} ways"
+    return None
+
+
+def valid_tp(arch) -> list[int]:
+    """Every TP degree that can shard ``arch`` (``split_problem`` finds nothing): at most its attention heads."""
+    att = arch.facts.attention
+    top = att.heads if att is not None else arch.facts.linear.value_heads
+    return [t for t in range(1, top + 1) if split_problem(arch, t) is None]
+
+
+def check_split(arch, tp: int) -> int:
+    """``tp`` when it can shard ``arch``; else one line naming the model, the reason and the valid degrees
+    (costing a split no engine can make would give a number for a deployment that cannot exist)."""
+    why = split_problem(arch, check_tp(tp))
+    if why is not None:
+        raise TensorParallelError(f"tp={tp} cannot shard {arch.name}: {why}; valid tp for it: "
+                                  f"{', '.join(map(str, valid_tp(arch)))}")
     return tp
 
 
