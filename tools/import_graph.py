@@ -54,10 +54,10 @@ def imports_of(path: Path, name: str) -> set[str]:
 
     def visit_one(node: ast.AST) -> None:
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("workbench"))
+            out.update(a.name for a in node.names if a.name.split(".")[0] in OURS)
         elif isinstance(node, ast.ImportFrom):
             base = imported_from(node, name, is_pkg)
-            if base.startswith("workbench"):
+            if base.split(".")[0] in OURS:
                 for a in node.names:  # `from workbench.engine import stages` imports that module alone
                     out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
         else:
@@ -67,7 +67,21 @@ def imports_of(path: Path, name: str) -> set[str]:
     return out
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+OURS = ("workbench", "ddtree_kernels")
+KERNELS = ROOT / "kernels"  # installed as ddtree_kernels: the house's ground floor, counted like any room
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of ours by its import name: workbench's and ddtree_kernels' (kernels/ on disk)."""
+    mods = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    if KERNELS.is_dir():
+        for p in KERNELS.rglob("*.py"):
+            parts = ["ddtree_kernels", *p.relative_to(KERNELS).with_suffix("").parts]
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+MODULES = all_modules()
 
 
 def graph() -> dict[str, set[str]]:
@@ -117,9 +131,48 @@ def circles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def room(mod: str) -> str:
-    """The package a module lives in (workbench's top-level modules are their own room)."""
+    """The package a module lives in (workbench's top-level modules are their own room; ddtree_kernels is
+    one room)."""
     parts = mod.split(".")
-    return ".".join(parts[:2])
+    return parts[0] if parts[0] == "ddtree_kernels" else ".".join(parts[:2])
+
+
+# The floor plan, ground floor first: a room imports only rooms on floors below its own (rooms on one floor
+# import neither each other). docs/architecture.md draws the same plan; a room not listed is reported.
+FLOORS = [
+    ["ddtree_kernels", "workbench.version", "workbench.extras"],
+    ["workbench.records"],
+    ["workbench.models", "workbench.analysis"],
+    ["workbench.interface"],          # the engine interface and registry: what every engine implements
+    ["workbench.engine"],             # the workbench's own engine
+    ["workbench.conform"],            # cycle dumps and the checker
+    ["workbench.adapters"],           # production engines (vLLM in process) and the conformance report
+    ["workbench.shapes"],
+    ["workbench.serve"],
+    ["workbench.bench"],
+    ["workbench.payoff", "workbench.train"],
+    ["workbench.views"],
+    ["workbench"],                    # the public API: re-exports from every floor below
+    ["workbench.cli"],
+    ["workbench.__main__"],
+]
+
+
+def floor_of(r: str) -> int | None:
+    return next((i for i, rooms in enumerate(FLOORS) if r in rooms), None)
+
+
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports from a room to one on its own floor or above (``a -> b``, one line each), and rooms missing
+    from the floor plan. The top-level package (``workbench``) re-exports the API and is the top floor."""
+    out = sorted(f"room {r} is on no floor (add it to FLOORS)" for r in {room(m) for m in g}
+                 if floor_of(r) is None)
+    for a, deps in sorted(g.items()):
+        for b in sorted(deps):
+            fa, fb = floor_of(room(a)), floor_of(room(b))
+            if room(a) != room(b) and fa is not None and fb is not None and fb >= fa:
+                out.append(f"{a} -> {b} (floor {fa} -> {fb})")
+    return out
 
 
 def room_arrows(g: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -132,7 +185,6 @@ def room_arrows(g: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 # --------------------------------------------------------------------------------------------- private names
-KERNELS = ROOT / "kernels"  # installed as ddtree_kernels
 
 
 def _our_name(path: Path) -> str:
@@ -218,11 +270,15 @@ def main(argv=None) -> int:
           f"{len(found)} circle(s)")
     for c in found:
         print("  circle: " + " <-> ".join(c))
+    up = upward_imports(g)
+    print(f"{len(up)} import(s) from a floor to its own or a higher one")
+    for line in up:
+        print("  " + line)
     private = private_reach_ins()
     print(f"{len(private)} private name(s) used across modules")
     for line in private:
         print("  " + line)
-    return 1 if found or private else 0
+    return 1 if found or private or up else 0
 
 
 if __name__ == "__main__":

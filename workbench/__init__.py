@@ -14,8 +14,8 @@ from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.engine.loading import ModelPairError, load_models
 from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, Policy, Spine, TreePolicy, parse_policy
 from workbench.engine.policies import register as register_policy
-from workbench.engines.base import BaseEngine, BaseSession
-from workbench.engines.registry import register_engine
+from workbench.interface.base import BaseEngine, BaseSession
+from workbench.interface.registry import register_engine
 from workbench import analysis, shapes  # after the engine: they read its records
 from workbench.serve.client import RemoteEngine, RemoteSession, connect
 from workbench.serve import client as remote  # wb.remote.UnknownSession, ... (docs/wire-format.md)

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.version import __version__
     from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS
     from workbench.engine.policies import usages as policy_usages
-    from workbench.engines.registry import engine_names
+    from workbench.interface.registry import engine_names
 
     parser = _Parser(prog="workbench", description="DFlash / DDTree speculative decoding workbench")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}",

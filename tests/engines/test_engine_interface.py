@@ -1,4 +1,4 @@
-"""The engine interface: one abstract base (``workbench.engines.base``), one registry by name, the
+"""The engine interface: one abstract base (``workbench.interface.base``), one registry by name, the
 workbench's engine behind it, an engine added as one class, and a production step recorded as a Cycle
 by ``workbench.records.engine_step``. (vLLM's side: tests/engines/test_vllm.py.)"""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engines import registry
-from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+from workbench.interface import registry
+from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
 from workbench.records.cycle import cycle_problem
 from workbench.records.engine_step import chain_cycle, decode_cycle
 

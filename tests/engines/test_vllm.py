@@ -95,7 +95,7 @@ def test_vllm_refuses_what_it_does_not_run(vllm_engine):
 
 
 def test_the_vllm_engine_implements_the_engine_interface(vllm_engine):
-    from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+    from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
 
     assert isinstance(vllm_engine, BaseEngine) and vllm_engine.name == "vllm"
     s = vllm_engine.session(PROMPTS[0], max_new_tokens=4)

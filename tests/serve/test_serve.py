@@ -26,7 +26,7 @@ from workbench.serve import client as remote_mod
 from workbench.serve import wire
 from workbench.__main__ import main
 from workbench.serve import EngineServer, Limits
-from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
 from workbench.serve.main import read_or_make_token
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from workbench.engine.prompting import Prompt, encode_prompt
 from workbench.engine.runner import SessionFinished, Stopwatch, clock  # noqa: F401  (re-exported: wb.SessionFinished)
 from workbench.engine.sampling import Sampling
 from workbench.engine.session import DEFAULT_MAX_NEW_TOKENS, Session, SessionState, to_host  # noqa: F401
-from workbench.engines import registry
-from workbench.engines.base import BaseEngine, BaseSession
+from workbench.interface import registry
+from workbench.interface.base import BaseEngine, BaseSession
 
 EMBEDDED = PACKAGE_PREFIX + "assets/"  # how model_ref names the embedded pairs ('workbench/assets/hybrid/target')
 
@@ -25,7 +25,7 @@ def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_back
          threads: int | None = None, device_map=None, trust_remote_code: bool = False,
          cuda_graphs: bool = False, engine: str = "workbench", **engine_options) -> BaseEngine:
     """Load a target and a DFlash drafter (default: the embedded pair) into the engine named ``engine``
-    (``workbench.engines.registry``: "workbench", the default, or "vllm"); an unknown name is refused in
+    (``workbench.interface.registry``: "workbench", the default, or "vllm"); an unknown name is refused in
     one line listing the known ones.
 
     ``engine="vllm"``: the same pair in vLLM's own engine, in this process, with vLLM's DFlash method

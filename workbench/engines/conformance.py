@@ -241,7 +241,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     from workbench.engine.core import Engine
     from workbench.engine.policies import AR, DFlash
     from workbench.engine.loading import load_models
-    from workbench.engines import registry
+    from workbench.interface import registry
 
     production = [n for n in registry.engine_names() if n != "workbench"]  # the report's other side
     if engine not in production:

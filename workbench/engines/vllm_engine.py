@@ -32,7 +32,7 @@ from workbench.engine.prompting import encode_prompt
 from workbench.engine.request import SessionState
 from workbench.engine.sampling import Sampling
 from workbench.engines import vllm_hooks
-from workbench.engines.base import BaseEngine, BaseSession
+from workbench.interface.base import BaseEngine, BaseSession
 from workbench.engines.vllm_hooks import Tap, VllmUnsupported
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.engine_step import RECORD_TOPK, chain_cycle, chain_forwards, decode_cycle
@@ -230,7 +230,7 @@ class Fixed:
 
 class VllmSession(SessionState, BaseSession):
     """One request in vLLM, stepped one engine step (= one cycle) at a time. Implements the session
-    interface (``workbench.engines.base.BaseSession``): ``step()`` -> Cycle, ``run()`` -> Trace, ``tokens``,
+    interface (``workbench.interface.base.BaseSession``): ``step()`` -> Cycle, ``run()`` -> Trace, ``tokens``,
     ``text``, ``finished``, ``trace``, and the settings, fixed for a vLLM request (greedy, vLLM's kernels)."""
 
     temperature = Fixed(0.0)

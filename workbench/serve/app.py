@@ -270,7 +270,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         import transformers
         import uvicorn
 
-        import workbench
+        from workbench.version import __version__
 
         eng, m = store.engine, store.engine.models
         t = m.target.config
@@ -281,7 +281,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                        "target_layer_ids": m.target_layer_ids, "max_positions": m.max_positions},
             "device": str(eng.device), "dtype": str(m.dtype).replace("torch.", ""),
             "kernel_backend": eng.kernel_backend, "limits": limits.to_dict(), "sessions": len(store),
-            "versions": {"workbench": workbench.__version__, "wire": wire.WIRE_VERSION, "python": platform.python_version(),
+            "versions": {"workbench": __version__, "wire": wire.WIRE_VERSION, "python": platform.python_version(),
                          "torch": torch.__version__, "transformers": transformers.__version__,
                          "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__},
         })

@@ -29,7 +29,7 @@ from workbench.engine.core import SessionFinished, SessionState
 from workbench.engine import validate
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.sampling import Sampling
-from workbench.engines.base import BaseEngine, BaseSession, EngineLacks
+from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
 from workbench.serve.wire import WIRE_VERSION, WireVersionError
 
 __all__ = ["InvalidRequest", "LimitExceeded", "RemoteEngine", "RemoteError", "RemoteSession", "RemoteSessionFinished",
@@ -152,7 +152,7 @@ def connect(url: str, token: str | None = None, *, token_file=None, timeout: flo
 
 class RemoteEngine(BaseEngine):
     """A served engine: ``session()``, ``session_by_id()``, ``sessions()``, ``generate()``, ``tokenizer``, ``info``.
-    The engine interface of ``workbench.engines.base``, reached over HTTP (``wb.connect``, not ``wb.load``)."""
+    The engine interface of ``workbench.interface.base``, reached over HTTP (``wb.connect``, not ``wb.load``)."""
 
     name = "served"
     instead = {"batch_session": "the server runs one session per request; start several sessions, or use a "

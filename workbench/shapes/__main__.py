@@ -26,10 +26,11 @@ def _main(argv=None) -> int:
         print(p)
         print(p.compare())
     if a.bench:
-        import workbench as wb
+        from workbench.engine.core import load
+        from workbench.engine.policies import DDTree
 
-        eng = wb.load(target=a.target, draft=a.draft, threads=a.threads)
-        for k, v in bench(eng, wb.DDTree(a.budget), cycles=a.cycles).items():
+        eng = load(target=a.target, draft=a.draft, threads=a.threads)
+        for k, v in bench(eng, DDTree(a.budget), cycles=a.cycles).items():
             print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     if not (a.plan or a.bench):
         ap.print_help()

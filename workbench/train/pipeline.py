@@ -769,10 +769,10 @@ def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tr
 def report(target, draft, tokenizer, held_ids, splits: dict, recipe: Recipe, out: Path, known,
            new_tokens: int = 64, tree_budget: int = 32) -> dict:
     """Every figure, for each split of the evaluation prompts."""
-    import workbench as wb
+    from workbench.engine.core import load
 
     # Same thread count as training: wb.load's default (up to 8) thrashes a shared 2-core machine.
-    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    engine = load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
     spread = spread_windows(held_ids, recipe.seq_len)
     return {
         # The first 64 windows of the held-out files (in path order, mostly argparse.py), as in every earlier report.
@@ -850,11 +850,11 @@ def hybrid_report(target, draft, tokenizer, held_ids, splits: dict, recipe: Reci
 @torch.no_grad()
 def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 32) -> dict:
     """Greedy DFlash and DDTree(budget) tau through the engine, pooled per split (any pair in --out)."""
-    import workbench as wb
+    from workbench.engine.core import load
     from workbench.bench.runs import run_one
     from workbench.engine.policies import DDTree, DFlash
 
-    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    engine = load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
     figures = {}
     for split, items in splits.items():
         runs = {"dflash": [], f"ddtree{tree_budget}": []}
@@ -871,10 +871,10 @@ def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 
 def convention_figures(out: Path, splits: dict) -> dict:
     """The engine-convention table for the pair in ``out`` (``workbench.engines.conventions``) on the first
     long evaluation prompt: the feature each engine's capture rule would hand the drafter."""
-    import workbench as wb
+    from workbench.engine.core import load
     from workbench.engines.conventions import conventions_report
 
-    engine = wb.load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
+    engine = load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
     first = next(iter(splits.values()))[0]["prompt"]
     return conventions_report(engine.models, engine.encode(first).ids)
 

@@ -2,13 +2,13 @@
 
 An entry names its class as 'module:Class', imported only when that engine loads (vLLM is optional, and
 importing it costs seconds). To add an engine: write one module with a ``BaseEngine`` subclass
-(``workbench.engines.base``) and add its line to ``ENGINES`` (or call ``register_engine`` from your code).
+(``workbench.interface.base``) and add its line to ``ENGINES`` (or call ``register_engine`` from your code).
 """
 from __future__ import annotations
 
 import importlib
 
-from workbench.engines.base import BaseEngine
+from workbench.interface.base import BaseEngine
 
 ENGINES: dict[str, str] = {
     "workbench": "workbench.engine.core:Engine",  # the workbench's own engine (the default)
@@ -43,7 +43,7 @@ def engine_class(name) -> type[BaseEngine]:
     module, _, cls_name = ENGINES[check_name(name)].partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
     if not (isinstance(cls, type) and issubclass(cls, BaseEngine)):
-        raise TypeError(f"engine {name!r} ({ENGINES[name]}) is not a workbench.engines.base.BaseEngine")
+        raise TypeError(f"engine {name!r} ({ENGINES[name]}) is not a workbench.interface.base.BaseEngine")
     return cls
 
 

@@ -3,7 +3,7 @@
 Every engine (the workbench's own, ``workbench.engine.core.Engine``; vLLM in process,
 ``workbench.engines.vllm_engine.VllmEngine``; a served one over HTTP, ``workbench.serve.client.RemoteEngine``)
 derives from ``BaseEngine`` and its sessions implement ``BaseSession``, as SGLang's attention backends derive
-from one ``AttentionBackend`` and vLLM's proposers from one proposer base. ``workbench.engines.registry`` finds
+from one ``AttentionBackend`` and vLLM's proposers from one proposer base. ``workbench.interface.registry`` finds
 an engine by its ``name``.
 
 An engine that lacks an operation says so in one line naming what to use instead (``BaseEngine.lacks``,
