@@ -20,3 +20,9 @@ __all__ = [
     "choices", "from_wire", "knob_values", "parse_policy", "register", "registered", "to_wire", "unregister",
     "usages", "with_knobs",
 ]
+
+# Policies other installed packages declare (entry-point group 'workbench.policies'): imported last, so they
+# register after the built-ins and every reader of a spelling (CLI, stepper, served engine, pays-off) has them.
+from workbench.interface.plugins import POLICY_GROUP, import_declared  # noqa: E402
+
+import_declared(POLICY_GROUP)

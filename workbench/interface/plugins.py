@@ -1,0 +1,52 @@
+"""Extensions from other installed packages, found through entry points (as pytest and Jupyter find theirs).
+
+A package that ships a policy or an engine declares it in its own metadata, and no file of this project is
+edited to reach it:
+
+    [project.entry-points."workbench.policies"]
+    mine = "my_pkg.my_policy"              # a module whose import registers the policy (@register)
+
+    [project.entry-points."workbench.engines"]
+    slowref = "my_pkg.my_engine:SlowRef"   # a BaseEngine subclass, imported only when that engine loads
+
+Policies load when ``workbench.engine.policies`` is imported (every reader of a spelling goes through it), so
+the CLI, the stepper, the served engine and ``pays-off`` know them; engines are listed by name and imported on
+``wb.load(engine=NAME)``. A plugin that fails to import is named in one warning line, never silently dropped,
+and never stops the workbench from starting.
+"""
+from __future__ import annotations
+
+import warnings
+from importlib.metadata import entry_points
+
+POLICY_GROUP = "workbench.policies"
+ENGINE_GROUP = "workbench.engines"
+
+_loaded: set[str] = set()  # entry-point values already imported in this process (import once)
+
+
+def declared(group: str) -> dict[str, str]:
+    """name -> 'module' or 'module:attr', for every installed package's entry point in ``group``."""
+    return {ep.name: ep.value for ep in entry_points(group=group)}
+
+
+def import_declared(group: str) -> list[str]:
+    """Import every module declared in ``group`` (once per process); the names that loaded. A plugin that
+    raises is reported in one warning naming its entry point and the error."""
+    import importlib
+
+    done = []
+    for name, value in declared(group).items():
+        module = value.partition(":")[0]
+        if value in _loaded:
+            done.append(name)
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # a broken third-party plugin must not stop the workbench from starting
+            warnings.warn(f"{group} plugin {name!r} ({value}) failed to import: {type(e).__name__}: {e}",
+                          stacklevel=2)
+            continue
+        _loaded.add(value)
+        done.append(name)
+    return done
