@@ -121,3 +121,124 @@ def test_cli_reads_a_saved_sweep_and_refuses_bad_input(engine, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["workbench: error: --nodes '0,4': each must be 1 or more",
                    "workbench: error: --layers / --draft-layers cut a random-weight --config; an embedded pair runs whole"]
+
+
+# ------------------------------------------------------------------------- refusals, before any weight is built
+def write_json(path: Path, obj) -> str:
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return str(path)
+
+
+def test_a_drafter_that_does_not_fit_the_target_is_refused_before_any_weight(monkeypatch):
+    """The default drafter (Qwen3-8B's, 4096 wide) beside a tiny target used to build 20 s of random weights and
+    then fail with a torch shape error; the pair is now checked on the configs as given."""
+    import transformers
+
+    def built(*a, **k):
+        raise AssertionError("random weights were built for a pair that cannot run")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", built)
+    with pytest.raises(sw.SweepInputError) as e:
+        sw.random_models(TINY, "qwen3-8b-dflash-b16", "cpu", "float32")
+    assert str(e.value) == ("draft config qwen3-8b-dflash-b16 does not fit target config tiny-qwen3: vocab size "
+                            "differs: target 256 vs draft 151936; give a drafter config made for tiny-qwen3 "
+                            "(draft_config=, --draft-config)")
+    wide = dict(TINY_DRAFT, hidden_size=128)
+    with pytest.raises(sw.SweepInputError, match=r"hidden size differs: target 64 vs draft 128; give a drafter"):
+        sw.cut_configs(TINY, wide)
+    # target layers out of range of the target as given (the clamp into a cut target comes after this check)
+    deep = dict(TINY_DRAFT, dflash_config={"block_size": 8, "target_layer_ids": [0, 5]})
+    with pytest.raises(sw.SweepInputError, match=r"draft target_layer_ids \[0, 5\] out of range for a target "
+                       r"with 3 layers \(bad: \[5\]\)"):
+        sw.cut_configs(TINY, deep, layers=2)
+    with pytest.raises(sw.SweepInputError, match=r"^target config tiny-dflash is a DFlash drafter; give a target"):
+        sw.cut_configs(TINY_DRAFT, TINY_DRAFT)
+    with pytest.raises(sw.SweepInputError, match=r"^draft config tiny-qwen3 is not a DFlash drafter"):
+        sw.cut_configs(TINY, TINY)
+    assert sw.cut_configs(TINY, TINY_DRAFT, layers=2)[1]["dflash_config"]["target_layer_ids"] == [0, 1]
+
+
+def test_a_config_the_cost_model_cannot_read_is_one_line_naming_it(tmp_path):
+    path = write_json(tmp_path / "a.json", {"a": 1})
+    with pytest.raises(sw.SweepInputError) as e:
+        sw.cut_configs(path, "qwen3-8b-dflash-b16")
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: target config model_type=None has no cost model; known: ") and "qwen3" in msg
+    assert "\n" not in msg
+
+
+def test_a_file_that_is_not_a_saved_sweep_is_one_line_naming_it(tmp_path):
+    fix = "give a file written by sweep --save (workbench.bench.sweep.save)"
+    cases = {"missing.json": (None, "does not exist"),
+             "notjson.json": ("not json", "is not JSON (Expecting value at line 1 column 1)"),
+             "list.json": ([1, 2], "holds a JSON list, not a saved sweep's object"),
+             "nopoints.json": ({"settings": {}}, "has no 'points' (list) as a saved sweep does"),
+             "nosettings.json": ({"points": [], "settings": {"model": "m"}, "target_config": {}},
+                                 ": its settings lack layers, draft_layers, dtype, device, context, repeats, warmup, "
+                                 "threads")}
+    for name, (content, says) in cases.items():
+        path = tmp_path / name
+        if content is not None:
+            write_json(path, content)
+        with pytest.raises(sw.SweepInputError) as e:
+            sw.load(path)
+        sep = "" if says.startswith(":") else " "
+        assert str(e.value) == f"saved sweep {path}{sep}{says}; {fix}", name
+    with pytest.raises(sw.SweepInputError, match=r"is a directory"):
+        sw.load(tmp_path)
+
+
+def cli(argv, capsys) -> tuple[int, list[str]]:
+    from workbench.cli import main
+
+    rc = main(argv)
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+SAVE_FIX = "give a file written by sweep --save (workbench.bench.sweep.save)"
+CLI_REFUSALS = {  # case: (argv, the line's start); {bad} etc. are files the test writes
+    "config-without-fields": (["--config", "{bad}"], "{bad}: target config model_type=None has no cost model; known: "),
+    "from-without-points": (["--from", "{nopoints}"],
+                            "saved sweep {nopoints} has no 'points' (list) as a saved sweep does; " + SAVE_FIX),
+    "from-not-json": (["--from", "{notjson}"],
+                      "saved sweep {notjson} is not JSON (Expecting value at line 1 column 1); " + SAVE_FIX),
+    "config-with-the-default-drafter": (["--config", "{tiny}"],
+                                        "draft config qwen3-8b-dflash-b16 does not fit target config {tiny}: vocab "
+                                        "size differs: target 256 vs draft 151936; give a drafter config made for "
+                                        "{tiny} (draft_config=, --draft-config)"),
+    "threads-0": (["--threads", "0"], "argument --threads: threads=0 must be a positive integer"),
+    "from-with-measuring-options": (["--from", "{nopoints}", "--config", "qwen3-8b", "--nodes", "1,2", "--threads", "2"],
+                                    "--config, --nodes, --threads would be ignored by --from (a saved sweep): drop "
+                                    "them"),
+    "tp-table-with-measuring-options": (["--tp-table", "--device", "cuda", "--repeats", "3"],
+                                        "--device, --repeats would be ignored by --tp-table (the cost model's table): "
+                                        "drop them"),
+    "tp-table-with-from": (["--tp-table", "--from", "{nopoints}"],
+                           "--from would be ignored by --tp-table (the cost model's table): drop it"),
+    "batch-without-tp-table": (["--batch", "8"], "--batch would be ignored by a measured sweep: drop it (--batch "
+                                                 "sizes the --tp-table; a measured sweep's batches are --rows)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_REFUSALS))
+def test_cli_refuses_what_the_sweep_cannot_use_in_one_line(case, tmp_path, capsys, monkeypatch):
+    """Each used to be a traceback (exit 1), a raw decoder message without the file, weights built then a shape
+    error, or an option silently ignored; now one line and exit 2, before any weight is built."""
+    import transformers
+
+    def built(*a, **k):
+        raise AssertionError("random weights were built for a pair that cannot run")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", built)
+    files = {"bad": write_json(tmp_path / "a.json", {"a": 1}),
+             "nopoints": write_json(tmp_path / "nopoints.json", {"settings": {}}),
+             "notjson": write_json(tmp_path / "notjson.json", "not json"),
+             "tiny": write_json(tmp_path / "tiny.json", {k: v for k, v in TINY.items() if k != "_name"})}
+    argv, says = CLI_REFUSALS[case]
+    rc, err = cli(["sweep", *(a.format(**files) for a in argv)], capsys)
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"workbench: error: {says.format(**files)}"), err
+
+
+def test_options_at_their_defaults_are_not_refused_beside_the_tp_table(capsys):
+    rc, _ = cli(["sweep", "--tp-table", "--batch", "8", "--device", "cpu", "--repeats", "7", "--json"], capsys)
+    assert rc == 0

@@ -34,12 +34,18 @@ from pathlib import Path
 
 import torch
 
+from workbench.models.registry import pair_mismatch
+from workbench.shapes import families
 from workbench.shapes.families import config_name, load_config
 
 NODES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 4, 8, 16)
 CPU_NODES = (1, 2, 4, 8, 16, 32)  # what a few minutes on two shared cores allow at a full-size width
 CPU_ROWS = (1, 4)
+
+
+class SweepInputError(ValueError):
+    """A config, saved sweep or option a sweep cannot use: one line naming it and the fix."""
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -110,7 +116,8 @@ class Sweep:
         return json.dumps(self.as_dict())
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Sweep":
+    def from_dict(cls, d: dict, source: str = "the saved sweep") -> "Sweep":
+        check_saved(d, source)
         keep = {f for f in Point.__dataclass_fields__}
         pts = [Point(**{k: v for k, v in p.items() if k in keep}) for p in d["points"]]
         dev = Device(**d["device"]) if d.get("device") else None
@@ -132,6 +139,41 @@ class Sweep:
 
 
 # -------------------------------------------------------------------------------- random-weight models
+def _label(config, cfg: dict) -> str:
+    """How the caller named a config: the path or shipped name given, else its own name."""
+    return str(config) if isinstance(config, (str, Path)) else config_name(config, cfg)
+
+
+def check_configs(target_config, t: dict, draft_config=None, d: dict | None = None) -> None:
+    """The configs as given (``t``, ``d``: their dicts, before any cut) describe a target the cost model
+    reads and a DFlash drafter that fits it: the same width and vocabulary (it uses the target's embedding
+    and LM head) and target layers the target has. A mismatch would otherwise surface only as a shape
+    error inside the first forward, after every random weight was built (seconds to minutes at full width)."""
+    facts = {}
+    for what, config, cfg in (("target", target_config, t), ("draft", draft_config, d)):
+        if cfg is None:
+            continue
+        try:
+            facts[what] = families.facts(cfg, what, purpose="cost model")
+        except ValueError as e:
+            raise SweepInputError(f"{_label(config, cfg)}: {e}") from None
+    tname = _label(target_config, t)
+    if facts["target"].draft is not None:
+        raise SweepInputError(f"target config {tname} is a DFlash drafter; give a target config (target_config=, "
+                              "--config) and the drafter as draft_config= (--draft-config)")
+    if d is None:
+        return
+    dname, df, tf = _label(draft_config, d), facts["draft"], facts["target"]
+    if df.draft is None:
+        raise SweepInputError(f"draft config {dname} is not a DFlash drafter (no dflash_config / target_layer_ids); "
+                              "give a DFlash drafter's config (draft_config=, --draft-config)")
+    wrong = pair_mismatch((tf.vocab_size, tf.hidden_size, tf.layers),
+                          (df.vocab_size, df.hidden_size, tuple(df.draft.target_layer_ids)))
+    if wrong is not None:
+        raise SweepInputError(f"draft config {dname} does not fit target config {tname}: {wrong[0]}; give a drafter "
+                              f"config made for {tname} (draft_config=, --draft-config)")
+
+
 def _cut(cfg: dict, config, layers: int | None, what: str, param: str) -> dict:
     """``cfg`` with ``layers`` decoder layers (None: as it is) and a ``_name`` that says so."""
     full = int(cfg["num_hidden_layers"])
@@ -150,11 +192,15 @@ def cut_configs(target_config, draft_config=None, layers: int | None = None,
                 draft_layers: int | None = None) -> tuple[dict, dict | None]:
     """Shipped (or given) configs as dicts, the target cut to ``layers`` decoder layers and the drafter to
     ``draft_layers`` (each None: as shipped). Every width stays; a cut drafter keeps as many target layers
-    as it reads (its fc's width), clamped into the cut target. ``_name`` says what was cut."""
-    t = _cut(load_config(target_config, "target"), target_config, layers, "config", "layers")
-    if draft_config is None:
+    as it reads (its fc's width), clamped into the cut target. ``_name`` says what was cut. The configs are
+    checked first, as given (``check_configs``)."""
+    t = load_config(target_config, "target")
+    d = load_config(draft_config, "draft") if draft_config is not None else None
+    check_configs(target_config, t, draft_config, d)
+    t = _cut(t, target_config, layers, "config", "layers")
+    if d is None:
         return t, None
-    d = _cut(load_config(draft_config, "draft"), draft_config, draft_layers, "drafter", "draft_layers")
+    d = _cut(d, draft_config, draft_layers, "drafter", "draft_layers")
     dfc = dict(d.get("dflash_config") or {})
     ids = dfc.get("target_layer_ids") or d.get("target_layer_ids")
     n = t["num_hidden_layers"]
@@ -586,8 +632,44 @@ def save(s: Sweep, path) -> None:
     Path(path).write_text(json.dumps(s.as_dict(), indent=1) + "\n")
 
 
+# what Sweep.table and sweep_error read from a saved sweep (a file missing one fails there, after the load)
+SAVED_KEYS = {"points": list, "settings": dict, "target_config": dict}
+SAVED_SETTINGS = ("model", "layers", "draft_layers", "dtype", "device", "context", "repeats", "warmup", "threads")
+SAVED_POINT = ("kind", "mode", "rows", "nodes", "keys", "context_rows", "samples", "ops", "median_s")
+
+
+def check_saved(d, source: str = "the saved sweep") -> None:
+    """``d`` has what a saved sweep (``Sweep.as_dict``) holds and its readers use; else one line naming
+    ``source`` and what is missing."""
+    fix = "give a file written by sweep --save (workbench.bench.sweep.save)"
+    if not isinstance(d, dict):
+        raise SweepInputError(f"{source} holds a JSON {type(d).__name__}, not a saved sweep's object; {fix}")
+    for key, kind in SAVED_KEYS.items():
+        if not isinstance(d.get(key), kind):
+            raise SweepInputError(f"{source} has no {key!r} ({kind.__name__}) as a saved sweep does; {fix}")
+    missing = [k for k in SAVED_SETTINGS if k not in d["settings"]]
+    if missing:
+        raise SweepInputError(f"{source}: its settings lack {', '.join(missing)}; {fix}")
+    for i, p in enumerate(d["points"]):
+        lacks = [k for k in SAVED_POINT if not isinstance(p, dict) or k not in p]
+        if lacks:
+            raise SweepInputError(f"{source}: point {i} lacks {', '.join(lacks)}; {fix}")
+
+
 def load(path) -> Sweep:
-    return Sweep.from_dict(json.loads(Path(path).read_text()))
+    """A sweep written by ``save``; a path that is not one is refused in one line naming it."""
+    p = Path(path)
+    fix = "give a file written by sweep --save (workbench.bench.sweep.save)"
+    if not p.is_file():
+        raise SweepInputError(f"saved sweep {p} {'is a directory' if p.is_dir() else 'does not exist'}; {fix}")
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SweepInputError(f"saved sweep {p} is not UTF-8 text; {fix}") from None
+    except json.JSONDecodeError as e:
+        raise SweepInputError(f"saved sweep {p} is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                              f"{fix}") from None
+    return Sweep.from_dict(d, f"saved sweep {p}")
 
 
 # ------------------------------------------------------------------------------------------ the CLI
@@ -601,8 +683,15 @@ def _ints(text: str, what: str) -> list[int]:
     return xs
 
 
-def add_parser(sub) -> None:
-    """``python -m workbench sweep`` and its options (registered by workbench.cli)."""
+# the options that choose or shape a measurement: --from (reads one) and --tp-table (measures nothing) use none
+MEASURING = ("pair", "config", "draft_config", "layers", "draft_layers", "device", "dtype", "nodes", "rows", "context",
+             "repeats", "warmup", "graphs", "no_draft", "threads", "seed", "save")
+
+
+def add_parser(sub):
+    """``python -m workbench sweep`` and its options (registered by workbench.cli). -> the parser."""
+    from workbench.engine.validate import as_arg, threads
+
     p = sub.add_parser("sweep", help="the measured verify/draft forward sweep beside the cost model; --tp-table")
     p.add_argument("--pair", default=None, help="an embedded pair: 'embedded' (the default dense pair) or 'hybrid'")
     p.add_argument("--config", default=None, help="a shipped target config (e.g. qwen3-8b) built with random weights")
@@ -620,7 +709,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
     p.add_argument("--graphs", action="store_true", help="also replay each point from a CUDA graph (CUDA only)")
     p.add_argument("--no-draft", action="store_true", help="time the verify forward only")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--threads", type=as_arg(threads), default=None, help="CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     p.add_argument("--save", metavar="FILE", help="write the sweep as JSON to FILE (read it back with --from)")
     p.add_argument("--from", dest="from_file", metavar="FILE", help="a saved sweep: print it and the model's error, "
@@ -629,6 +718,24 @@ def add_parser(sub) -> None:
                    "configs (cost model only) and exit")
     p.add_argument("--batch", type=int, default=1, help="batch of the --tp-table (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def unused_options(args) -> list[str]:
+    """The options given (set away from their defaults) that this invocation would not use, as spelt on the
+    command line: measuring options beside --from or --tp-table, --from beside --tp-table, --batch without it."""
+    import argparse
+
+    defaults = add_parser(argparse.ArgumentParser().add_subparsers())
+    given = [d for d in (*MEASURING, "from_file", "batch") if getattr(args, d) != defaults.get_default(d)]
+    if args.tp_table:
+        used = {"batch"}
+    elif args.from_file:
+        used = {"from_file"}
+    else:
+        used = {*MEASURING}
+    spell = {"from_file": "--from"}
+    return [spell.get(d, "--" + d.replace("_", "-")) for d in given if d not in used]
 
 
 def _models_for(args):
@@ -659,6 +766,14 @@ def run_command(args, out, err) -> int:
     """``python -m workbench sweep``: the measured sweep beside the cost model's prediction, or the TP table."""
     from workbench.shapes.measured import sweep_error
 
+    unused = unused_options(args)
+    if unused:  # said now: silently ignored, an option reads as applied to what is printed
+        mode = "--tp-table (the cost model's table)" if args.tp_table else (
+            "--from (a saved sweep)" if args.from_file else "a measured sweep")
+        hint = " (--batch sizes the --tp-table; a measured sweep's batches are --rows)" \
+            if "--batch" in unused and not args.tp_table else ""
+        raise SweepInputError(f"{', '.join(unused)} would be ignored by {mode}: drop "
+                              f"{'it' if len(unused) == 1 else 'them'}{hint}")
     if args.tp_table:
         from workbench.shapes.parallel_table import parallelism_table
 
@@ -675,7 +790,7 @@ def run_command(args, out, err) -> int:
             from workbench.engine.validate import output_path
 
             output_path(args.save, "--save")
-        if args.threads:
+        if args.threads is not None:
             torch.set_num_threads(args.threads)
         m, nodes, rows = _models_for(args)
         s = sweep(m, nodes, rows, args.context, args.repeats, args.warmup, args.graphs, not args.no_draft, args.seed,
