@@ -39,6 +39,65 @@ def test_every_page_the_readme_names_exists():
     assert len(readme.splitlines()) <= 200, "README.md is the front door: the rest belongs in docs/"
 
 
+def cli_commands(monkeypatch) -> tuple[set[str], str]:
+    """The subcommands workbench/cli.py's parser really has (the choices of the subparsers ``build_parser`` adds,
+    caught as argparse hands them back) and the parser's usage line."""
+    import argparse
+
+    from workbench.cli import build_parser
+
+    made = []
+    add = argparse.ArgumentParser.add_subparsers
+
+    def keep(self, **kwargs):
+        made.append(add(self, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(argparse.ArgumentParser, "add_subparsers", keep)
+    parser = build_parser()
+    return set(made[0].choices), parser.format_usage()
+
+
+def command_list_problems(commands: set[str], readme: str, cli_md: str, pages: dict[str, str]) -> list[str]:
+    """What the README's command list, docs/cli.md's command table and every ``python -m workbench NAME`` in
+    ``pages`` say that the parser does not: a command left out, or a name that is no command."""
+    found = re.search(r"`python -m workbench ((?:[\w-]+ \| )*[\w-]+)`", readme)
+    listed = {"README.md's command list": set(found.group(1).split(" | ")) if found else set(),
+              "docs/cli.md's command table": set(re.findall(r"^\| `([\w-]+)` \|", cli_md, re.M))}
+    out = []
+    for where, names in listed.items():
+        out += [f"{where} omits {c}" for c in sorted(commands - names)]
+        out += [f"{where} names {c}, which is no command" for c in sorted(names - commands)]
+    for page, text in pages.items():
+        out += [f"{page} runs `python -m workbench {c}`, which is no command"
+                for c in sorted(set(re.findall(r"-m workbench ([a-z][\w-]*)", text)) - commands)]
+    return out
+
+
+def test_every_command_is_listed_and_every_listed_command_exists(monkeypatch):
+    """The README's one-line command list and docs/cli.md's table name exactly the parser's subcommands (they
+    once omitted pays-off, sweep and conform), every page's ``python -m workbench NAME`` runs a command, and
+    the usage line (a hand-written metavar) lists them all."""
+    commands, usage = cli_commands(monkeypatch)
+    assert {"run", "bench", "pays-off", "sweep", "conform"} <= commands
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    assert command_list_problems(commands, pages["README.md"], pages["docs/cli.md"], pages) == []
+    shown = re.search(r"\{([\w,-]+)\}", usage).group(1).split(",")
+    assert sorted(shown) == sorted(commands) and len(shown) == len(commands)
+
+
+def test_a_stale_command_list_fails():
+    """The check can fail: the README's list as it stood, and a page naming a command that is not there."""
+    old = "- **A command line**: `python -m workbench run | bench | report | serve | bench-serve | kernels` (x)."
+    table = "".join(f"| `{c}` | ... |\n" for c in ("run", "bench", "report", "kernels", "serve", "bench-serve", "sweep",
+                                                   "conform", "pays-off", "replay"))
+    commands = {"run", "bench", "report", "kernels", "serve", "bench-serve", "pays-off", "sweep", "conform"}
+    assert command_list_problems(commands, old, table, {"docs/x.md": "python -m workbench profile --x"}) == [
+        "README.md's command list omits conform", "README.md's command list omits pays-off",
+        "README.md's command list omits sweep", "docs/cli.md's command table names replay, which is no command",
+        "docs/x.md runs `python -m workbench profile`, which is no command"]
+
+
 def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
     """docs/architecture.md, "Add a tree policy": its class, taken from the page as it stands, registers, parses
     back, crosses the wire, and decodes greedily token for token as plain decoding does."""
