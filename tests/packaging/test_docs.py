@@ -6,6 +6,8 @@ import doctest
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -123,6 +125,15 @@ def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
         ar = eng.session("t1 t2 t3", policy=wb.AR(), max_new_tokens=20)
         s.run(), ar.run()
         assert s.tokens == ar.tokens and max(c.n_nodes for c in s.cycles) <= 3
+        # the how-to is where people copy validation from: its class refuses a bad depth where it is made
+        # (Prefix(-2) once verified a 13-slot chain; Prefix("3") failed inside build_tree)
+        for bad in (-2, 0, "3", 2.5, True, None):
+            with pytest.raises(ValueError) as e:
+                Prefix(bad)
+            assert str(e.value) == (f"Prefix depth={bad!r} must be a positive integer (drafted slots kept, "
+                                    "e.g. Prefix(4))")
+        with pytest.raises(ValueError, match=r"^Prefix depth=-2 must be a positive integer"):
+            wb.parse_policy("prefix:-2")
     finally:
         unregister("prefix")
         sys.modules.pop("my_policy", None)
