@@ -139,6 +139,18 @@ def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
         sys.modules.pop("my_policy", None)
 
 
+def test_loading_the_served_engine_says_to_connect_as_the_page_says():
+    """docs/architecture.md says wb.load(engine="served") explains itself in one line; it once said "not known"."""
+    import workbench as wb
+
+    text = " ".join((ROOT / "docs" / "architecture.md").read_text().split())
+    assert '`wb.load(engine="served")` says so in one line' in text
+    with pytest.raises(ValueError) as e:
+        wb.load(engine="served")
+    msg = str(e.value)
+    assert "\n" not in msg and "not known" not in msg and "wb.connect(URL" in msg and "python -m workbench serve" in msg
+
+
 def test_every_file_docs_architecture_names_exists():
     """The route and the rooms name files; a file moved or renamed without the page fails here."""
     text = (ROOT / "docs" / "architecture.md").read_text()
