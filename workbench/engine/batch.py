@@ -24,6 +24,7 @@ SGLang's view of the same verify flattens the batch into one token dimension (``
 """
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,9 @@ from workbench.records.cycle import Trace
 from workbench.records.forward import ForwardRecord
 from workbench.models.layout import pad_trees as _pad_trees  # noqa: F401  (tests import it from here)
 from workbench.engine.policies import as_policy
-from workbench.engine.runner import Rows, SessionFinished, clock
+from workbench.engine.hooks import as_pairs
+from workbench.engine.runner import Rows, SessionFinished
+from workbench.engine.stopwatch import clock
 from workbench.engine.sampling import Sampling
 from workbench.engine.session import Session, shapes_of
 
@@ -149,11 +152,26 @@ class BatchSession:
         self._rows.select(keep)
         self._live = [self._live[r] for r in keep]
 
+    @contextmanager
+    def hooks(self, *hooks):
+        """``with batch.hooks(("cycle.hook_tree", fn)):`` -- the hooks on every request of the batch inside the
+        block (each call sees one request's row: ``hook.request``, ``hook.row``); removed at its end, also
+        when it raises. One request's own: ``batch.sessions[i].hooks(...)``."""
+        pairs = as_pairs(hooks[0] if len(hooks) == 1 else hooks)
+        with ExitStack() as stack:
+            for s in self.sessions:
+                stack.enter_context(s.hooks(pairs))
+            yield self
+
     @torch.inference_mode()
-    def step(self) -> BatchCycle:
-        """One cycle for every live request: one drafter forward, one target verify forward."""
+    def step(self, hooks=None) -> BatchCycle:
+        """One cycle for every live request: one drafter forward, one target verify forward. ``hooks``:
+        ``[(point, fn), ...]`` on every request for this cycle only (``hooks``)."""
         if self.finished:
             raise SessionFinished(f"every request of the batch has finished after {len(self.cycles)} cycles")
+        if hooks is not None:
+            with self.hooks(hooks):
+                return self.step()
         reqs = [self.sessions[i] for i in self._live]
         cycles, layout, forwards, sw = self._rows.step(reqs)
         bc = BatchCycle(len(self.cycles), tuple(self._live), tuple(cycles), tuple(layout.n),
@@ -173,6 +191,11 @@ class BatchSession:
         while not self.finished:
             self.step()
         return self.traces
+
+    def run_with_hooks(self, max_new_tokens: int | None = None, hooks=()) -> list[Trace]:
+        """``run`` with ``hooks`` on every request's cycles, removed at its end, also on error."""
+        with self.hooks(hooks):
+            return self.run(max_new_tokens)
 
     # ---------------------------------------------------------------- shapes
     def verify_layout(self, cycle: int = -1) -> dict:

@@ -98,18 +98,16 @@ class HostReadLog(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _forward_inputs(engine, run) -> tuple[list, list, list]:
-    """Run ``run(window)`` with pre-hooks on the target and the drafter: each forward's tensor inputs as
-    (shape, address), the K/V store included. -> (target forwards, draft forwards, host reads per cycle)."""
-    from workbench.engine import runner
-
+def _forward_inputs(engine, s) -> tuple[list, list, list]:
+    """Run session ``s`` to its end with pre-hooks on the target and the drafter: each forward's tensor inputs
+    as (shape, address), the K/V store included. -> (target forwards, draft forwards, host reads per cycle)."""
     m = engine.models
     seen = {"target": [], "draft": []}
 
     reads: list[list[str]] = []
     state = {"log": None}
 
-    def close_log():
+    def close_log(*_):
         if state["log"] is not None:
             state["log"].__exit__(None, None, None)
             reads.append(state["log"].reads)
@@ -127,18 +125,15 @@ def _forward_inputs(engine, run) -> tuple[list, list, list]:
             seen[name].append(sig)
         return pre
 
-    def on_stage(name):  # a host-read log from the draft stage to the start of the verify forward
-        if name == "draft":
-            state["log"] = HostReadLog()
-            state["log"].__enter__()
-        elif name == "accept":  # a cycle without a target forward
-            close_log()
+    def open_log(depth, hook):  # a host-read log from the draft stage to the start of the verify forward
+        state["log"] = HostReadLog()
+        state["log"].__enter__()
 
     handles = [m.target.register_forward_pre_hook(hook("target"), with_kwargs=True),
                m.draft.register_forward_pre_hook(hook("draft"), with_kwargs=True)]
     try:
-        with runner.stage_hook(on_stage):
-            run()
+        # Just before the draft stage, and after the verify (a cycle whose target forward hooked nothing).
+        s.run_with_hooks(hooks=[("cycle.hook_begin", open_log), ("cycle.hook_choices", close_log)])
     finally:
         close_log()
         for h in handles:
@@ -152,7 +147,7 @@ def readiness(engine, prompt: str, policy, max_new_tokens: int = 32, static_shap
     included: preallocated, not regrown), no host read between the draft and the verify forward, and
     the decode equal to the dynamic path's. -> {requirement: (met, evidence)}"""
     s = engine.session(prompt, policy, max_new_tokens=max_new_tokens, static_shapes=static_shapes)
-    target, draft, reads = _forward_inputs(engine, s.run)
+    target, draft, reads = _forward_inputs(engine, s)
     ref = engine.session(prompt, policy, max_new_tokens=max_new_tokens)
     ref.run()
 

@@ -5,14 +5,18 @@ is a request with a driver of its own (or its batch's, or a server's scheduler).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from ddtree_kernels import check_backend
 from workbench.engine import validate
 from workbench.engine.loading import model_ref
+from workbench.models.identity import pair_identity
 from workbench.engine.policies import Policy, as_policy
 from workbench.engine.prompting import Prompt
-from workbench.engine.runner import clock
+from workbench.engine.hooks import HookPoints, as_pairs
+from workbench.engine.stopwatch import clock
 from workbench.engine.sampling import Sampling
 from workbench.records.build import CycleParts, cycle_record
 from workbench.records.cycle import Cycle, Trace, setting_label
@@ -60,10 +64,12 @@ class Request(SessionState):
         if not isinstance(prompt, Prompt):
             prompt = engine.encode(prompt)
         validate.record_topk(record_topk), validate.capture(capture)
-        validate.policy_fits(policy, m.block_size - 1)
+        policy = validate.policy_fits(policy, m.block_size - 1, pair_identity(m))  # bound to this pair, checked
         check_backend(kernel_backend, m.device)
         self.check_max_new(max_new_tokens)
         self.engine, self.models = engine, m
+        self.hook_points = HookPoints()  # this request's own hooks (workbench.engine.hooks); a capture is one
+        self._capture, self._capture_off = None, ()
         self._policy, self.sampling = policy, sampling
         self.kernel_backend, self.record_topk, self.capture = kernel_backend, record_topk, capture
         self._max_new_tokens = max_new_tokens
@@ -93,13 +99,43 @@ class Request(SessionState):
 
     @policy.setter
     def policy(self, p) -> None:
-        self._policy = validate.policy_fits(as_policy(p), self.models.block_size - 1)
+        self._policy = validate.policy_fits(as_policy(p), self.models.block_size - 1, pair_identity(self.models))
         self._changed("policy", str(self._policy))
 
     def _changed(self, name: str, value) -> None:
         """A setting set between cycles: the trace records it with the cycle it applies from."""
         if self.trace is not None:
             self.trace.note_change(len(self.trace.cycles), name, value)
+
+    @property
+    def capture(self):
+        """The shape capture its one-row forwards record into (``wb.shapes.capture``), or None. Set between
+        cycles; it rides on this request's hook points (``capture_hooks``), so the cycle knows no capture."""
+        return self._capture
+
+    @capture.setter
+    def capture(self, cap) -> None:
+        for off in self._capture_off:
+            off()
+        self._capture, self._capture_off = cap, ()
+        if cap is not None:
+            self._capture_off = tuple(self.hook_points.add(name, fn) for name, fn in capture_hooks(cap))
+
+    @contextmanager
+    def hooks(self, *hooks):
+        """``with s.hooks(("cycle.hook_tree", fn), ("accept", g)):`` -- ``fn(value, hook)`` runs at that point
+        of every cycle of this request inside the block (a stage's name stands for the point at its output;
+        ``workbench.engine.hooks.POINTS``); all are removed at the block's end, also when it raises. A list
+        of pairs or a dict works too. Other requests never see them."""
+        pairs = as_pairs(hooks[0] if len(hooks) == 1 else hooks)
+        removers = []
+        try:
+            for name, fn in pairs:
+                removers.append(self.hook_points.add(name, fn))
+            yield self
+        finally:
+            for off in reversed(removers):
+                off()
 
     @property
     def seed(self) -> int:
@@ -222,3 +258,17 @@ class Request(SessionState):
         if self.dump is not None:
             self.dump.cycle(self, parts, cyc)
         return cyc
+
+
+def capture_hooks(capture) -> list[tuple[str, object]]:
+    """The hooks through which a request's shape capture sees its forwards: the model states record into
+    ``capture`` during a one-row prefill or cycle (a batch's forwards are the batch's, not one request's),
+    and stop at its end, also when it raised."""
+    def on(value, hook) -> None:
+        if hook.batch == 1:
+            hook.rows.target.capture = hook.rows.draft.capture = capture
+
+    def off(value, hook) -> None:
+        hook.rows.target.capture = hook.rows.draft.capture = None
+
+    return [("prefill.hook_begin", on), ("prefill.hook_end", off), ("cycle.hook_begin", on), ("cycle.hook_end", off)]

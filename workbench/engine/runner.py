@@ -8,73 +8,17 @@ no reference to them between calls.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-
 import torch
 
 from workbench.engine import stages
+from workbench.engine.hooks import CycleHooks, hooks_for
+from workbench.engine.replacements import checked_choices, checked_path, checked_tree, with_choices, with_paths
+from workbench.engine.stopwatch import Stopwatch, clock  # noqa: F401  (re-exported: workbench.engine.core)
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.models.layout import TreeLayout
 from workbench.models.registry import new_draft_state, new_target_state
 from workbench.engine.sampling import target_choice
 from workbench.records.build import CycleParts
-
-_STAGE_HOOKS: list = []  # callables(name) run as each stage of any cycle starts (see stage_hook)
-
-
-@contextmanager
-def stage_hook(fn):
-    """Within the block, ``fn(name)`` runs as each named stage of every cycle starts ("draft", "verify",
-    ...; "other" first), before the stage's work: what a checker needs to watch one stage of a live
-    cycle (``workbench.engine.graphs.readiness`` logs host reads from the draft to the verify forward)."""
-    _STAGE_HOOKS.append(fn)
-    try:
-        yield fn
-    finally:
-        _STAGE_HOOKS.remove(fn)
-
-
-def clock(device: torch.device) -> float:
-    """Seconds, after the device's queued work is done (a CUDA kernel launch returns before it runs)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-class Stopwatch:
-    """Times the consecutive stages of one cycle: ``start("draft")`` ... ``start("verify")`` ... ``stop()``.
-
-    Each start closes the previous stage. While a torch profiler records, every stage is also a
-    named range in its trace (``bench --profile``), so a slow cycle can be read stage by stage.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.times: dict[str, float] = {}
-        self._name: str | None = None
-        self._t = 0.0
-        self._range = None
-        self._profiling = torch.autograd._profiler_enabled()
-
-    def start(self, name: str) -> None:
-        for hook in _STAGE_HOOKS:
-            hook(name)
-        now = self.stop()
-        self._name, self._t = name, now
-        if self._profiling:
-            self._range = torch.profiler.record_function(name)
-            self._range.__enter__()
-
-    def stop(self) -> float:
-        now = clock(self.device)
-        if self._name is not None:
-            self.times[self._name] = self.times.get(self._name, 0.0) + now - self._t
-            if self._range is not None:
-                self._range.__exit__(None, None, None)
-                self._range = None
-            self._name = None
-        return now
 
 
 def static_nodes(policy, block_size: int) -> int:
@@ -98,9 +42,10 @@ class Rows:
     ``step`` must be this object's rows, in order.
 
     What the cycle reads of a request and hands it (``workbench.engine.request.Request``): its settings
-    (``policy``, ``sampling``, ``generator``, ``max_new_tokens``, ``kernel_backend``, ``capture``), its
-    position (``start``, ``bonus``, ``generated``, ``prompt_ids``), and ``begin`` (after the prefill),
-    ``extend`` (the committed tokens) and ``record`` (its share of the cycle) -- nothing else.
+    (``policy``, ``sampling``, ``generator``, ``max_new_tokens``, ``kernel_backend``), its hooks
+    (``hook_points``, ``workbench.engine.hooks``: a shape capture is one), its position (``start``, ``bonus``,
+    ``generated``, ``prompt_ids``, ``trace``), and ``begin`` (after the prefill), ``extend`` (the committed
+    tokens) and ``record`` (its share of the cycle) -- nothing else.
     """
 
     def __init__(self, models, static_shapes: bool = False, graphs=None):
@@ -133,15 +78,23 @@ class Rows:
             st.preallocate(len(reqs), self.capacity)
             st.graphs = self.graphs
 
-    def _capture(self, reqs: list) -> None:
-        """A one-row batch records its forwards' module shapes while its session's capture is on
-        (``wb.shapes.capture(s)`` sets it between cycles)."""
-        self.target.capture = self.draft.capture = reqs[0].capture if len(reqs) == 1 else None
-
     def prefill(self, reqs: list) -> None:
+        """Start ``reqs``: one EXTEND forward over their prompts, each one's first token chosen. Their
+        hooks see ``prefill.hook_begin`` and ``prefill.hook_end`` (the latter even when it raises)."""
+        hooks = hooks_for(reqs, self, prefill=True)
+        if hooks is None:
+            return self._prefill(reqs)
+        try:
+            hooks.observe("prefill.hook_begin", [s.prompt_ids for s in reqs])
+            self._prefill(reqs)
+        except BaseException as e:
+            hooks.end("prefill.hook_end", e)
+            raise
+        hooks.end("prefill.hook_end", None)
+
+    def _prefill(self, reqs: list) -> None:
         m = self.models
         t0 = clock(m.device)
-        self._capture(reqs)
         if self.static_shapes:
             self._preallocate(reqs, max(static_nodes(s.policy, m.block_size) for s in reqs))
         out = self.target.prefill([s.prompt_ids for s in reqs])
@@ -197,10 +150,23 @@ class Rows:
         self.draft.select(rows)
 
     def step(self, reqs: list) -> tuple[list, TreeLayout, tuple, Stopwatch]:
-        m = self.models
-        sw = Stopwatch(m.device)
+        """One cycle over ``reqs`` (this object's rows, in order). Each request's hooks see its own row at
+        every point (``workbench.engine.hooks.POINTS``), ``cycle.hook_end`` even when the cycle raises."""
+        sw = Stopwatch(self.models.device)
         sw.start("other")  # checks and bookkeeping between the named stages
-        self._capture(reqs)
+        hooks = hooks_for(reqs, self, sw)
+        if hooks is None:  # no request has a hook: the cycle exactly as without hook points
+            return self._cycle(reqs, sw, None)
+        try:
+            out = self._cycle(reqs, sw, hooks)
+        except BaseException as e:
+            hooks.end("cycle.hook_end", e)
+            raise
+        hooks.end("cycle.hook_end", None)
+        return out
+
+    def _cycle(self, reqs: list, sw: Stopwatch, hooks: CycleHooks | None) -> tuple[list, TreeLayout, tuple, Stopwatch]:
+        m = self.models
         starts, roots, policies = [s.start for s in reqs], [s.bonus for s in reqs], [s.policy for s in reqs]
         # Never draft past a request's token limit or the model's positions.
         depths = [min(m.block_size - 1, s.max_new_tokens - len(s.generated) - 1, m.max_positions - 1 - s.start)
@@ -213,27 +179,44 @@ class Rows:
             nodes = max(static_nodes(p, m.block_size) for p in policies)
             self._preallocate(reqs, nodes)
 
+        if hooks is not None:
+            hooks.observe("cycle.hook_begin", max_depths)
         sw.start("draft")
         drafted = [None] * len(reqs)
         if any(uses):
             drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
+        if hooks is not None:
+            hooks.observe("cycle.hook_draft", drafted)
         sw.start("tree_build")
         trees = [stages.tree_build(p, d, r, m.device, sync_free=self.static_shapes)
                  for p, d, r in zip(policies, drafted, roots)]
+        if hooks is not None and hooks.has("cycle.hook_tree"):
+            vocab = m.target.get_output_embeddings().weight.shape[0]
+            for b, t in hooks.replace("cycle.hook_tree", trees, lambda v, b: checked_tree(
+                    v, roots[b], vocab, max_depths[b], nodes, trees[b])).items():
+                trees[b] = t
         sw.start("tree_compile")
         layout = stages.tree_compile(trees, starts, max_depths, nodes)
+        if hooks is not None:
+            hooks.observe("cycle.hook_compiled", layout.compileds)
         sw.start("verify")
         # A state that runs kernels inside its forward (a hybrid's GatedDeltaNet layers) takes the backend here.
         self.target.kernel_backend = reqs[0].kernel_backend
         mode = ForwardMode.DECODE if not any(p.drafts for p in policies) else ForwardMode.TARGET_VERIFY
         verified = stages.verify(self.target, layout, mode, [s.sampling for s in reqs],
                                  [s.generator for s in reqs], sync_free=self.static_shapes)
+        if hooks is not None and hooks.has("cycle.hook_choices"):
+            verified = self._hook_choices(hooks, layout, verified)
         sw.start("accept")
         accepted = stages.accept(reqs[0].kernel_backend, layout, verified)
+        if hooks is not None and hooks.has("cycle.hook_accepted"):
+            accepted = self._hook_accepted(hooks, layout, verified, accepted)
         sw.start("commit")
         committed = stages.commit(self.target, layout, accepted, verified.features)
         self.draft.add_context([c.context for c in committed])
         kept = [s.extend(c.tokens) for s, c in zip(reqs, committed)]
+        if hooks is not None:
+            hooks.observe("cycle.hook_committed", committed)
         sw.start("record")
         times = sw.times  # every Cycle holds this dict: "record" and the rest of "other" land in it later
         cycles = []
@@ -242,7 +225,27 @@ class Rows:
             cycles.append(s.record(CycleParts(
                 policies[b], starts[b], roots[b], drafted[b], layout.trees[b], layout.compileds[b],
                 verified.row(b, layout.n[b]), committed[b], kept[b], times,
-                None if state_from is None else state_from[b, : layout.n[b]])))
+                None if state_from is None else state_from[b, : layout.n[b]],
+                () if hooks is None else tuple(hooks.replaced[b]))))
+        if hooks is not None:
+            hooks.observe("cycle.hook_record", cycles)
         draft_rec = next((d.record for d in drafted if d is not None), None)
         forwards = tuple(r for r in (draft_rec, verified.record) if r is not None)
         return cycles, layout, forwards, sw
+
+    def _hook_choices(self, hooks: CycleHooks, layout: TreeLayout, verified):
+        """Each row's choices [1, n] through its cycle.hook_choices hooks; a replacement is checked and put in."""
+        vocab = self.models.target.get_output_embeddings().weight.shape[0]
+        rows = [verified.choice[b : b + 1, : n] for b, n in enumerate(layout.n)]  # [1, n_b] views
+        got = hooks.replace("cycle.hook_choices", rows,
+                            lambda v, b: checked_choices(v, layout.n[b], vocab, verified.choice))
+        return with_choices(verified, got) if got else verified
+
+    def _hook_accepted(self, hooks: CycleHooks, layout: TreeLayout, verified, accepted):
+        """Each row's accepted path [L + 1] through its cycle.hook_accepted hooks (a host read of the
+        lengths: only when such a hook is registered); a replacement must be a root-to-node path of the tree."""
+        lengths = accepted.length.tolist()
+        paths = [accepted.index[b, : L + 1] for b, L in enumerate(lengths)]
+        got = hooks.replace("cycle.hook_accepted", paths, lambda v, b: checked_path(
+            v, layout.trees[b].parents[0].tolist(), accepted.index))
+        return with_paths(accepted, got, verified.choice) if got else accepted

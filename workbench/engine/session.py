@@ -105,14 +105,18 @@ class Session(Request):
         return self._driver.kv_shapes(self)
 
     @torch.inference_mode()
-    def step(self) -> Cycle:
-        """Run one draft/verify cycle and return its record."""
+    def step(self, hooks=None) -> Cycle:
+        """Run one draft/verify cycle and return its record. ``hooks``: ``[(point, fn), ...]`` for this
+        cycle only (``Session.hooks``; ``workbench.engine.hooks.POINTS``), removed after it, also on error."""
         if self.finished:
             raise SessionFinished(
                 f"session finished ({self.finish_reason}) after {len(self.generated)} new tokens in "
                 f"{len(self.cycles)} cycles; start a new session, or run(max_new_tokens=N) with a larger N"
             )
-        return self._driver.step_request(self)
+        if hooks is None:
+            return self._driver.step_request(self)
+        with self.hooks(hooks):
+            return self._driver.step_request(self)
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
         """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default;
@@ -122,6 +126,12 @@ class Session(Request):
         while not self.finished:
             self.step()
         return self.trace
+
+    def run_with_hooks(self, max_new_tokens: int | None = None, hooks=()) -> Trace:
+        """``run`` with ``hooks`` (``[(point, fn), ...]``) on every cycle of it, removed at its end, also
+        when a hook or a cycle raises (TransformerLens's ``run_with_hooks``)."""
+        with self.hooks(hooks):
+            return self.run(max_new_tokens)
 
 
 REPLAYED = ("policy", "temperature", "top_p", "top_k", "seed", "max_new_tokens")  # what meta["changes"] holds
@@ -173,6 +183,11 @@ def check_replayable(trace: Trace, engine) -> list[dict]:
                              f"target {mine[0]!r} with drafter {mine[1]!r}, so its tokens would differ: replay it "
                              f"on {_load_hint(*theirs)}")
     n = len(trace.cycles)
+    forced = [c.index for c in trace.cycles if c.replaced]
+    if forced:
+        raise ValueError(f"cycle(s) {', '.join(map(str, forced[:5]))}{' ...' if len(forced) > 5 else ''} of this "
+                         "trace had a stage's output replaced by a hook (Cycle.replaced); replay re-runs the engine "
+                         "without hooks, so it would not reproduce them")
     changes = m.get("changes", [])
     if not isinstance(changes, list):
         raise ValueError(f"trace.meta['changes']={changes!r:.80} is not a list of changes; fix or drop it")

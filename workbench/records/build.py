@@ -37,6 +37,7 @@ class CycleParts:
     kept: int  # tokens the request kept (end-of-text or its limit may cut the accepted path)
     times: dict  # the cycle's stage seconds (shared by every request of the cycle)
     state_from: torch.Tensor | None = None  # [n]: recurrent targets only
+    replaced: tuple = ()  # the stages whose output a hook replaced this cycle (workbench.engine.hooks)
 
 
 def cycle_record(index: int, p: CycleParts, record_topk: int, sampling) -> Cycle:
@@ -66,6 +67,6 @@ def cycle_record(index: int, p: CycleParts, record_topk: int, sampling) -> Cycle
         accepted_tokens=host["tokens"][host["accepted_nodes"]], bonus=p.committed.bonus, committed=p.kept,
         stage_seconds=p.times,
         forwards=tuple(r for r in ((drafted.record if drafted else None), verified.record) if r is not None),
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, replaced=tuple(p.replaced),
         **host,
     )

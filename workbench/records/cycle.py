@@ -52,7 +52,9 @@ def cycle_problem(c: "Cycle", vocab: int | None = None) -> str | None:
     depth 0) and every parent before its child; depth = parent's depth + 1; token ids (tree, draft
     top-k, target choices, bonus) inside the vocabulary; the accepted path starts at the root,
     walks parent to child, carries the nodes' tokens, follows the target's choice at every step,
-    stops where no child matches it, and ends in the bonus = the choice at its last node.
+    stops where no child matches it, and ends in the bonus = the choice at its last node. A path a hook
+    put in place (``"accept" in c.replaced``) need only walk parent to child: following the choices is
+    what it was replaced to escape.
     """
     n = int(c.tokens.shape[0]) if c.tokens.dim() == 1 else -1
     if n < 1:
@@ -86,16 +88,17 @@ def cycle_problem(c: "Cycle", vocab: int | None = None) -> str | None:
         return f"accepted_nodes ({len(path)}) and accepted_tokens ({len(path_tok)}) differ in length or are empty"
     if path[0] != 0:
         return f"the accepted path starts at node {path[0]}, not the root"
+    forced = "accept" in c.replaced
     for a, b in zip(path, path[1:]):
         if not 0 <= b < n or par[b] != a:
             return f"the accepted path steps from node {a} to node {b}, which is not its child"
-        if tok[b] != choice[a]:
+        if tok[b] != choice[a] and not forced:
             return (f"the accepted path takes node {b} (token {tok[b]}) where the target chose {choice[a]} "
                     f"at node {a}")
     if [tok[i] for i in path] != path_tok:
         return "accepted_tokens are not the tokens of accepted_nodes"
     last = path[-1]
-    if any(par[i] == last and tok[i] == choice[last] for i in range(1, n)):
+    if not forced and any(par[i] == last and tok[i] == choice[last] for i in range(1, n)):
         return f"the accepted path stops at node {last} though a child carries the target's choice {choice[last]}"
     if c.bonus != choice[last]:
         return f"bonus {c.bonus} is not the target's choice {choice[last]} at the last accepted node {last}"
@@ -154,6 +157,15 @@ class Cycle:
     # a hybrid target: the node whose recurrent state (conv window, delta-rule state) node i continued from,
     # -1 = the request's committed state (SGLang's retrieve_parent_token); None for attention-only targets
     state_from: Tensor | None = None  # int64 [n]
+    # the stages whose output a hook replaced in this cycle ("tree_build", "verify", "accept"; see
+    # workbench.engine.hooks): after a replaced verify or accept the output need not be the target's own
+    replaced: tuple = ()
+
+    @property
+    def lossless(self) -> bool:
+        """False when a hook replaced the target's choices or the accepted path: the tokens this cycle
+        committed need not be the ones the target would have committed (a replaced tree keeps them)."""
+        return not ({"verify", "accept"} & set(self.replaced))
 
     @property
     def n_nodes(self) -> int:
@@ -218,6 +230,10 @@ class Cycle:
                     v = tuple(ForwardRecord.from_dict(r) for r in v)
                 elif f.name == "stage_seconds" and not isinstance(v, dict):
                     raise ValueError("not an object")
+                elif f.name == "replaced":
+                    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+                        raise ValueError("not a list of stage names")
+                    v = tuple(v)
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
                 raise ValueError(f"field {f.name!r}: {why}") from None
@@ -227,7 +243,8 @@ class Cycle:
     # ---- display: a summary line and a small table (the full record is many kilobytes)
     def __repr__(self) -> str:
         return (f"Cycle({self.index}, {self.setting}, start={self.start}, {self.n_nodes} drafted nodes, "
-                f"accepted {self.accepted} + bonus {self.bonus}, committed {self.committed}, {_ms(self.seconds)})")
+                f"accepted {self.accepted} + bonus {self.bonus}, committed {self.committed}, {_ms(self.seconds)}"
+                + (f", replaced by a hook: {', '.join(self.replaced)}" if self.replaced else "") + ")")
 
     def _repr_html_(self) -> str:
         stages = "".join(f"<td>{1e3 * self.stage_seconds.get(s, 0.0):.2f}</td>" for s in STAGES)
@@ -235,7 +252,8 @@ class Cycle:
         more = " ..." if self.accepted_tokens.shape[0] > 24 else ""
         return (f"<p><b>cycle {self.index}</b> · {html.escape(self.setting)} · root {self.root_token} at "
                 f"position {self.start} · {self.n_nodes} drafted nodes · accepted {self.accepted} + bonus "
-                f"{self.bonus}</p><table><tr>" + "".join(f"<th>{s} ms</th>" for s in STAGES) +
+                f"{self.bonus}" + (f" · <b>replaced by a hook: {', '.join(self.replaced)}</b>" if self.replaced
+                                   else "") + "</p><table><tr>" + "".join(f"<th>{s} ms</th>" for s in STAGES) +
                 f"</tr><tr>{stages}</tr></table><p>accepted token ids (root first): {acc}{more}</p>")
 
 
@@ -291,7 +309,8 @@ class Summary:
     """A run in figures. ``tokens_per_s`` = new_tokens / seconds, where ``seconds`` is the whole
     generation (prefill + cycles), so the line's numbers divide; ``decode_tokens_per_s`` counts only
     the cycles (tokens they committed / their time). ``by_policy``: the same per setting (policy and
-    sampling), in order of first use; more than one entry when settings changed mid-session."""
+    sampling), in order of first use; more than one entry when settings changed mid-session.
+    ``replaced``: {stage: cycles} whose output a hook replaced (``Cycle.replaced``); empty for a plain run."""
 
     policy: str
     tau: float
@@ -305,16 +324,30 @@ class Summary:
     prefill_seconds: float = 0.0
     decode_tokens_per_s: float = 0.0  # tokens committed by cycles / time in cycles
     by_policy: dict = field(default_factory=dict)  # setting label -> PolicyFigures
+    replaced: dict = field(default_factory=dict)  # stage -> cycles whose output for it a hook replaced
 
     @property
     def mixed(self) -> bool:
         return len(self.by_policy) > 1
 
+    @property
+    def lossless(self) -> bool:
+        """False when a hook replaced the target's choices or an accepted path in any cycle."""
+        return not ({"verify", "accept"} & set(self.replaced))
+
+    def replaced_note(self) -> str:
+        """'' for a plain run; else which stages hooks replaced, in how many cycles, and what that means."""
+        if not self.replaced:
+            return ""
+        what = ", ".join(f"{k} in {v} cycle{'s' if v != 1 else ''}" for k, v in self.replaced.items())
+        return f"replaced by hooks: {what}" + ("" if self.lossless else " (the output is not the target's own)")
+
     def __str__(self) -> str:
         line = (f"{self.policy}: tau {self.tau:.2f}, {self.new_tokens} new tokens in {self.cycles} cycles "
                 f"+ prefill, {_ms(self.seconds)}, {self.tokens_per_s:.1f} tok/s "
                 f"(cycles alone {self.decode_tokens_per_s:.1f} tok/s)"
-                + (f", finished: {self.finish_reason}" if self.finish_reason else ""))
+                + (f", finished: {self.finish_reason}" if self.finish_reason else "")
+                + (f"; {self.replaced_note()}" if self.replaced else ""))
         if self.mixed:
             line += "".join(f"\n  {f}" for f in self.by_policy.values())
         return line
@@ -336,6 +369,7 @@ class Summary:
             + "".join(f"<th>{s} ms</th>" for s in STAGES) + f"</tr>{rows}</table>"
             f"<p>tok/s = new tokens / (prefill + cycles) = {self.new_tokens} / {_ms(self.seconds)}; "
             f"accept lengths: {hist}</p>"
+            + (f"<p><b>{html.escape(self.replaced_note())}</b></p>" if self.replaced else "")
         )
 
 
@@ -441,6 +475,8 @@ class Trace:
             tokens_per_s=self.new_tokens / secs if secs > 0 else 0.0, finish_reason=self.finish_reason,
             prefill_seconds=self.prefill_seconds, decode_tokens_per_s=gen / cycle_s if cycle_s > 0 else 0.0,
             by_policy={k: _figures(k, v) for k, v in groups.items()},
+            replaced={k: n for k, n in sorted(Counter(x for c in self.cycles for x in c.replaced).items(),
+                                              key=lambda kv: STAGES.index(kv[0]) if kv[0] in STAGES else len(STAGES))},
         )
 
     # ---- display: a summary line and a small table (the full record is megabytes)
