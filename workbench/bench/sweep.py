@@ -17,8 +17,9 @@ graphs, ``graphs`` replays it from a CUDA graph. A state without static shapes (
 is prefilled with random tokens and runs eager with dynamic shapes.
 
 Cost does not depend on weight values, so ``random_models`` builds a shipped config's layout with
-random weights on the device (no checkpoint), optionally with fewer layers; ``check_fits`` refuses,
-before anything is allocated, a sweep whose weights + K/V + activations exceed the device's free memory.
+random weights on the device (no checkpoint), optionally with fewer layers; ``check_configs`` refuses a
+config the cost model cannot read or a drafter that does not fit its target, and ``check_fits`` a sweep whose
+weights + K/V + activations exceed the device's free memory, both before anything is allocated.
 Each point: ``warmup`` untimed calls, then ``repeats`` timed ones interleaved over every point (machine
 load hits all points alike); median with the quartiles and the extremes beside it.
 """
