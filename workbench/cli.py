@@ -303,9 +303,9 @@ def cmd_bench(args, out, err) -> int:
                 check_lossless=args.check_lossless, progress=_progress(args), warmup=not args.no_warmup,
                 temperature=args.temperature, seed=args.seed)
     if args.out:
-        from workbench.views.export import atomic_write_text
+        from workbench.records.files import write_text_atomic
 
-        atomic_write_text(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
+        write_text_atomic(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     summary = None  # --json: one object, the reference comparison and op counts inside it
     if args.json:
         from workbench.bench.runs import bench_json
@@ -423,7 +423,7 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
                          workarounds=args.workarounds, progress=say)
         data = report.to_dict()
     if args.out:
-        from workbench.engine.validate import write_text_atomic
+        from workbench.records.files import write_text_atomic
 
         write_text_atomic(args.out, json.dumps(data) + "\n")
     print(json.dumps(data) if args.json else str(report), file=out)
@@ -561,11 +561,11 @@ def cmd_report(args, out, err) -> int:
                                  f"({' '.join(str(e).split())[:200]})") from None
         write_report(path, dest, tokenizer=tokenizer)
     else:
-        from workbench.views.export import atomic_write_text
+        from workbench.records.files import write_text_atomic
 
         from workbench.views.report import bench_page
 
-        atomic_write_text(dest, bench_page(read_bench_rows(path), path.name))
+        write_text_atomic(dest, bench_page(read_bench_rows(path), path.name))
     print(str(dest), file=out)
     return 0
 
@@ -651,9 +651,9 @@ def cmd_bench_serve(args, out, err) -> int:
                       progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
     print(table(res), file=out)
     if dest is not None:
-        from workbench.views.export import atomic_write_text
+        from workbench.records.files import write_text_atomic
 
-        atomic_write_text(dest, json.dumps(res, indent=2) + "\n")
+        write_text_atomic(dest, json.dumps(res, indent=2) + "\n")
     return 0
 
 

@@ -150,24 +150,24 @@ def test_unwritable_output_refused_before_work(capsys, tmp_path, pair_args, monk
 
 
 def test_write_error_names_the_path_not_the_temp_file(tmp_path, monkeypatch):
-    from workbench.engine import validate
+    from workbench.records.files import write_text_atomic
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError) as e:
-        validate.write_text_atomic(tmp_path / "out.html", "x")
+        write_text_atomic(tmp_path / "out.html", "x")
     assert str(tmp_path / "out.html") in str(e.value) and ".tmp" not in str(e.value)
     assert list(tmp_path.iterdir()) == []  # the temporary file is gone too
 
 
 def test_trace_saved_with_the_mode_of_other_outputs(eng, tmp_path):
-    from workbench.views.export import atomic_write_text
+    from workbench.records.files import write_text_atomic
 
     t = eng.generate("t1 t2", wb.DDTree(4), max_new_tokens=4)
     a = t.save(tmp_path / "t.jsonl")
-    b = atomic_write_text(tmp_path / "b.html", "x")
+    b = write_text_atomic(tmp_path / "b.html", "x")
     assert stat.S_IMODE(a.stat().st_mode) == stat.S_IMODE(b.stat().st_mode) == 0o666 & ~_umask()
     with pytest.raises(ValueError, match="does not exist"):
         t.save(tmp_path / "missing" / "t.jsonl")

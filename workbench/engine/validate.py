@@ -11,7 +11,7 @@ import argparse
 import math
 
 from workbench.models.config_facts import RUN_DTYPES, run_dtype
-from workbench.records.files import output_dir, output_path, write_text_atomic  # noqa: F401  (validation of outputs)
+from workbench.records.files import output_dir, output_path  # noqa: F401  (validation of outputs)
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 DTYPES = RUN_DTYPES  # what the models run in (aliases: config_facts.DTYPE_ALIASES)
@@ -122,11 +122,13 @@ def capture(value):
                      "or leave it None")
 
 
-def policy_fits(policy, slots: int):
+def policy_fits(policy, slots: int, pair: dict | None = None):
     """A policy that needs more drafted slots than the drafter has is refused now, not at step()
-    (``Policy.check_slots``)."""
+    (``Policy.check_slots``); given the pair's identity (``workbench.models.identity.pair_identity``), so is one
+    that cannot run on that pair (a calibration made on another), and the policy comes back ready for it
+    (``Policy.for_pair``)."""
     policy.check_slots(slots)
-    return policy
+    return policy if pair is None else policy.for_pair(pair)
 
 
 def as_arg(check):

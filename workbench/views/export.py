@@ -37,12 +37,6 @@ def page(title: str, parts: list, style: str = "") -> str:
     )
 
 
-def atomic_write_text(path, text: str) -> Path:
-    """Write to a temporary file in the same folder, then rename over ``path``: never half-written.
-    The folder must exist (nothing is created); see ``workbench.records.files.write_text_atomic``."""
-    return write_text_atomic(path, text)
-
-
 def to_html(obj, title: str | None = None) -> str:
     """A figure (Figure or FigureWidget) or a Stepper's current view as one self-contained HTML page."""
     if isinstance(obj, go.Figure):
@@ -54,4 +48,4 @@ def to_html(obj, title: str | None = None) -> str:
 
 def save_html(fig_or_stepper, path, title: str | None = None) -> Path:
     """Write ``fig_or_stepper`` to ``path`` as self-contained HTML (plotly.js inline). Returns the path."""
-    return atomic_write_text(path, to_html(fig_or_stepper, title))
+    return write_text_atomic(path, to_html(fig_or_stepper, title))

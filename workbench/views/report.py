@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from workbench.records.cycle import Trace
-from workbench.views.export import atomic_write_text, page
+from workbench.records.files import write_text_atomic
+from workbench.views.export import page
 from workbench.views.figures import (
     acceptance_figure, draft_heatmap, stage_times_figure, token_stream, tree_figure,
 )
@@ -121,7 +122,7 @@ def write_report(trace_path_or_traces, out_path, tokenizer=None, title: str = "d
     ``trace_path_or_traces``: a trace JSONL path, a Trace, a list of either, or {label: path or Trace}.
     Token text comes from ``tokenizer``, else from the tokenizer saved with the trace's target model.
     """
-    return atomic_write_text(out_path, report_html(trace_path_or_traces, tokenizer=tokenizer, title=title))
+    return write_text_atomic(out_path, report_html(trace_path_or_traces, tokenizer=tokenizer, title=title))
 
 
 def bench_page(rows: list[dict], source: str) -> str:
