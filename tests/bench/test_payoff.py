@@ -8,7 +8,8 @@ import pytest
 
 import workbench as wb
 from workbench.payoff import measure, pays_off
-from workbench.payoff.shapes import check_fills, default_shapes, family, parse_batches
+from workbench.payoff.inputs import PaysOffInputError, check_inputs, fit_to_engine, parse_batches
+from workbench.payoff.shapes import check_fills, default_shapes, family
 from workbench.payoff.verdict import what_decides
 
 PROMPTS = [f"t{i} t{i + 3} t{(i * 7) % 40 + 1} t{i + 1}" for i in range(1, 11)]  # 10: the fewest a test takes
@@ -74,11 +75,12 @@ def test_units_are_interleaved_and_rotated(monkeypatch):
 
 def test_pays_off_end_to_end_on_a_tiny_pair(tiny_engines):
     eng = tiny_engines["l4-h32"]  # block 8: 7 slots
-    res = pays_off(eng, PROMPTS, batch=(1, 2), policies=["ddtree:4", "spine:1"], max_new_tokens=10,
-                   warmup=False, progress=False)
-    assert set(res.batches) == {1, 2}
+    # batch sizes out of order, a copy of a prompt, one comma-separated string with a width-2 DDTree (issue 50)
+    res = pays_off(eng, PROMPTS + [PROMPTS[3]], batch=(2, 1), policies="ddtree:4,DDTree(4, width=2),spine:1",
+                   max_new_tokens=10, warmup=False, progress=False)
+    assert list(res.batches) == [1, 2]
     for b, v in res.batches.items():
-        assert v.units == 10 and not v.lossless, v.lossless  # every greedy shape equals AR's output
+        assert v.units == 10 and not v.lossless, v.lossless  # the copy is no unit; every greedy shape equals AR's
         ar = v.row("AR")
         assert ar.forwards_per_token == pytest.approx(1 / b)  # one forward per token per row: counted, not inferred
         for r in v.rows:
@@ -87,13 +89,36 @@ def test_pays_off_end_to_end_on_a_tiny_pair(tiny_engines):
                 assert r.decision.predicted == pytest.approx(r.predicted_vs_chain)  # one split of one ratio
             if r.label != "DFlash":
                 assert r.measured_vs_chain.n == 10 and 0 <= r.measured_vs_chain.wilcoxon_p <= 1
-        assert v.best_budget == "DDTree(4)" and v.verdict.startswith(f"at batch {b}")
-    assert res.counterfactual and res.counterfactual[0]["label"] == "DDTree(4)"
+        assert v.best_budget in ("DDTree(4)", "DDTree(4, width=2)") and v.verdict.startswith(f"at batch {b}")
+        assert "Bonferroni over 2 budgets: p<0.025" in v.verdict
+        assert v.fastest and "x AR" in v.fastest and "Bonferroni over 4 shapes: p<0.0125" in v.fastest
+    # batch 1 came second in the list and still gives the counterfactual; the width-2 tree is said to have none
+    assert [r["label"] for r in res.counterfactual] == ["DDTree(4)"]
+    assert res.not_shown[0].startswith("DDTree(4, width=2): no counterfactual row")
     assert res.branching is not None and res.branching.cycles > 0
     text = str(res)
     assert "verdict: at batch 1" in text and "counterfactual from one trace" in text and "Spine(1)" in text
-    d = json.loads(json.dumps(res.to_dict()))
+    assert "fastest: " in text and "note: 1 repeated prompt(s) left out (prompt-10: the same text as an " in text
+    cf = res.counterfactual[0]
+    assert cf["bias_points"] == pytest.approx(100 * (cf["counterfactual_gain"] - cf["end_to_end_gain"]))
+    assert f"{cf['bias_points']:+.1f}" in text.split("bias (points)")[1].splitlines()[1]  # points in both
+    strict = json.dumps(res.to_dict(), allow_nan=False)  # no bare NaN (this tiny pair leaves rates over 0 cycles)
+    d = json.loads(strict)
     assert d["batches"]["2"]["shapes"][0]["label"] == "AR" and math.isfinite(d["batches"]["1"]["shapes"][1]["tau"])
+    nulls = [c for c in d["branching"]["continuation"]["by_depth"] if c["spine_top1"] is None]
+    assert nulls and all(c["spine_top1_note"].startswith("no cycles to rate (spine_n=0)") for c in nulls)
+
+
+def test_strict_json_writes_null_with_the_reason():
+    from workbench.payoff.strict_json import strict_json
+
+    d = strict_json({"a": float("nan"), "spine_n": 0, "spine_top1": float("nan"), "r": [1.0, float("inf")],
+                     "ok": 2.5, "nested": [{"x": float("-inf")}]})
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
+    assert d["a"] is None and d["a_note"].startswith("not a number (computed from no data")
+    assert d["spine_top1"] is None and d["spine_top1_note"].startswith("no cycles to rate (spine_n=0)")
+    assert d["r"] == [1.0, None] and d["r_note"].startswith("null entries")
+    assert d["nested"][0] == {"x": None, "x_note": "-inf (a ratio over zero) written as null"} and d["ok"] == 2.5
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -109,8 +134,13 @@ def test_bad_input_is_one_line_before_any_work(tiny_engines, monkeypatch):
     with pytest.raises(ValueError, match=r"DDTree\(8, width=1\) asks for 8 nodes but this drafter's block drafts 4 "
                                          r"slots, where that shape holds at most 4: use a budget <= 4"):
         pays_off(eng, PROMPTS, policies=[wb.DDTree(8, width=1)], progress=False)
-    with pytest.raises(ValueError, match="batch 100000000 cannot be held: .* GiB free"):
+    with pytest.raises(PaysOffInputError, match="batch 100000000 with 10 distinct prompts: each window of 100000000 "
+                                                "would hold 99999990 prompt"):
         pays_off(eng, PROMPTS, batch=(1, 10**8), progress=False)
+    huge = check_inputs(PROMPTS, batch=1, max_new_tokens=8)
+    huge.batches = (1, 10**8)  # past the window check: the memory estimate is what refuses it
+    with pytest.raises(PaysOffInputError, match="batch 100000000 cannot be held: .* GiB free"):
+        fit_to_engine(huge, eng)
     with pytest.raises(ValueError, match="each batch size must be a positive integer"):
         parse_batches("1,0")
     with pytest.raises(ValueError, match="batch size 8 is given twice"):
@@ -148,3 +178,201 @@ def test_the_verdict_counts_a_budget_only_where_the_paired_test_separates_it():
     rows = [row(f"DDTree({n})", 1.2, 0.02) for n in (4, 8, 16, 32)] + [row("DDTree(64)", 0.7, 0.001)]
     head, _ = verdict_line(1, rows, "DFlash")
     assert "is not shown to pay off over DFlash (no budget significantly faster; slower: DDTree(64))" in head
+
+
+# ------------------------------------------------------------------------ issue 50: nothing silent, round 5
+class Reached(Exception):
+    """Raised by the stand-in decode: every check passed and the first decode was about to run."""
+
+
+@pytest.fixture
+def guarded(monkeypatch):
+    """No decode runs: input that passes every check reaches the stand-in and raises ``Reached``; input that
+    should have been refused and was not shows up as ``Reached`` too, at once rather than after a measurement."""
+    def stand_in(engine, policy, prompts, *a, **k):
+        raise Reached(str(policy))
+
+    monkeypatch.setattr(measure, "decode_unit", stand_in)
+
+
+def test_a_copy_of_a_prompt_is_not_a_new_paired_unit(tiny_engines, guarded):
+    eng = tiny_engines["l3-h48-b5"]
+    with pytest.raises(PaysOffInputError, match=r"^10 prompts hold 1 distinct text \(a copy is not a new sample\); "
+                                                r"a paired test needs at least 10 distinct prompts: give 9 more$"):
+        pays_off(eng, [PROMPTS[0]] * 10, progress=False)
+    inp = check_inputs(PROMPTS + PROMPTS[:2], batch=1)  # copies left out, and said so
+    assert inp.texts == PROMPTS and inp.notes == [
+        "2 repeated prompt(s) left out (prompt-10, prompt-11: the same text as an earlier prompt, so not a new paired "
+        "unit); 10 distinct prompts measured"]
+    # a window larger than the prompts would hold a prompt twice
+    with pytest.raises(PaysOffInputError, match=r"^batch 12 with 10 distinct prompts: each window of 12 would hold 2 "
+                                                r"prompt\(s\) twice \(a copy is not a new sample\); use a batch <= 10 "
+                                                r"or give 2 more prompts$"):
+        pays_off(eng, PROMPTS, batch="1,12", progress=False)
+    with pytest.raises(Reached):
+        pays_off(eng, PROMPTS, batch="1,10", max_new_tokens=4, progress=False)  # the largest batch they allow
+
+
+def test_batch_takes_one_size_and_refuses_fractions(tiny_engines, guarded):
+    eng = tiny_engines["l3-h48-b5"]
+    with pytest.raises(Reached):
+        pays_off(eng, PROMPTS, batch=8, max_new_tokens=4, progress=False)  # one size: once a TypeError
+    assert parse_batches(8) == (8,) and parse_batches("8,1") == (1, 8) and parse_batches(["2", 1]) == (1, 2)
+    with pytest.raises(PaysOffInputError, match=r"^batch=\(1, 8.5\): 8.5 is not a batch size; each batch size must "
+                                                r"be a positive integer, e.g. 1,8$"):
+        pays_off(eng, PROMPTS, batch=(1, 8.5), progress=False)  # once ran batch 8
+    with pytest.raises(PaysOffInputError, match="True is not a batch size"):
+        parse_batches((True,))
+    with pytest.raises(PaysOffInputError, match="'' is not a batch size"):
+        parse_batches("1,,8")
+
+
+def test_policies_take_every_spelling_the_registry_takes(tiny_engines, guarded):
+    from workbench.engine.policies import parse_policy, registered
+    from workbench.payoff.inputs import parse_policy_list
+
+    eng = tiny_engines["l4-h32"]  # block 8: 7 slots
+    spellings = ["ar", "dflash", "ddtree:4", "ddtree:4:2", "DDTree(6, width=2)", "ddtree(budget=5, width=3)",
+                 "spine:1", "Spine(siblings=3)", "eagle:2:3:8", "EagleTree(2, 3, 6)",
+                 "EagleTree(topk=2, steps=2, num_draft_tokens=5)"]
+    for s in spellings:  # each with every other option, on the pair: no decode
+        want = parse_policy(s)
+        shapes = fit_to_engine(check_inputs(PROMPTS, batch=(1, 2), policies=f"{s},ddtree:3:3", max_new_tokens=8), eng)
+        assert [x.label for x in shapes][-2:] == [str(want), "DDTree(3, width=3)"] or str(want) in ("AR", "DFlash")
+    for cls in registered().values():  # every registered policy's own label and repr
+        try:
+            p = cls()
+        except (TypeError, ValueError):  # no defaults for every field (a TreePolicy needs its function)
+            continue
+        for s in (str(p), repr(p)):
+            assert parse_policy_list(s) == [p] and parse_policy_list(f"{s},ddtree:3:3") == [p, wb.DDTree(3, width=3)]
+    with pytest.raises(Reached):
+        pays_off(eng, PROMPTS, policies="ddtree:4", max_new_tokens=4, progress=False)  # once 'unknown policy d'
+    with pytest.raises(Reached):
+        pays_off(eng, PROMPTS, policies=wb.DDTree(4), max_new_tokens=4, progress=False)
+
+
+def test_policy_lists_refuse_what_they_once_skipped(tiny_engines, guarded):
+    eng = tiny_engines["l3-h48-b5"]  # block 5: 4 slots
+    with pytest.raises(PaysOffInputError, match=r"^policies='' names no policy; give e.g. 'dflash,ddtree:8', or "
+                                                r"leave it out for the default set$"):
+        pays_off(eng, PROMPTS, policies="", progress=False)  # once: the default set
+    with pytest.raises(PaysOffInputError, match=r"^policies='dflash,,ddtree:4': entry 2 is empty; remove the extra "
+                                                r"comma$"):
+        pays_off(eng, PROMPTS, policies="dflash,,ddtree:4", progress=False)  # once: skipped
+    with pytest.raises(PaysOffInputError, match=r"DDTree\(4\) is listed twice"):
+        pays_off(eng, PROMPTS, policies="ddtree:4,DDTree(4)", progress=False)
+    with pytest.raises(PaysOffInputError, match=r"^EagleTree\(2, 9, 8\) has steps=9 but this drafter drafts 4 slots "
+                                                r"per cycle; use steps <= 4$"):
+        pays_off(eng, PROMPTS, policies="eagle:2:9:8", progress=False)  # once: at the first decode
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_too_few_new_tokens_for_a_drafted_cycle_are_refused(tiny_engines, guarded, n):
+    with pytest.raises(PaysOffInputError, match=rf"^max_new_tokens={n} leaves no drafted cycle \(the prefill commits "
+                                                r"the first token, and a cycle drafts only while 2 or more remain\): "
+                                                r"use max_new_tokens >= 3$"):
+        pays_off(tiny_engines["l3-h48-b5"], PROMPTS, max_new_tokens=n, progress=False)  # once: after every decode
+    with pytest.raises(Reached):
+        pays_off(tiny_engines["l3-h48-b5"], PROMPTS, max_new_tokens=3, progress=False)
+
+
+def long_split_size() -> int:
+    from workbench.bench.prompts import eval_prompts
+
+    return len(eval_prompts("long"))
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["pays-off", "--policies", ""], "policies='' names no policy"),
+    (["pays-off", "--policies", "dflash,,ddtree:8"], "policies='dflash,,ddtree:8': entry 2 is empty"),
+    (["pays-off", "--max-new-tokens", "2"], "use max_new_tokens >= 3"),
+    (["pays-off", "--batch", "1,8.5"], "'8.5' is not a batch size"),
+    (["pays-off", "--limit", "10", "--batch", "1,12"], "batch 12 with 10 distinct prompts"),
+    (["pays-off", "--limit", "1000"], f"--limit 1000 but the long split holds {long_split_size()} prompts: use "
+                                      f"--limit {long_split_size()} or less"),
+])
+def test_cli_refuses_before_any_decode(capsys, guarded, argv, line):
+    from workbench.__main__ import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert line in err and "\n" not in err
+
+
+def test_a_txt_file_of_json_lines_is_refused_with_the_name_to_give_it(tmp_path, capsys, guarded):
+    from workbench.__main__ import main
+
+    f = tmp_path / "prompts.txt"
+    f.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    assert main(["pays-off", "--prompts", str(f)]) == 2  # once: each JSON line decoded as a prompt text
+    assert capsys.readouterr().err.strip().endswith(
+        f"prompts file '{f}' holds JSON lines, but a .txt file is read as one prompt per line (each line's JSON "
+        f"would be a prompt): rename it '{tmp_path / 'prompts.jsonl'}'")
+
+
+def test_the_verdict_and_the_table_each_say_their_rule():
+    from workbench.analysis.paired import PairedRatio
+    from workbench.payoff.tables import batch_tables
+    from workbench.payoff.verdict import BatchVerdict, ShapeRow, verdict_line
+
+    ms = dict.fromkeys(["draft", "tree", "verify", "accept", "commit", "host", "total"], 1.0)
+
+    def row(label, median, p, family="tree"):
+        return ShapeRow(label, family, 3.0, 3.0, 1 / 3, ms, 10,
+                        measured_vs_chain=PairedRatio(label, "DFlash", (median,) * 10, p, p) if median else None)
+
+    trees = [row(f"DDTree({n})", 1.2, 0.037) for n in (4, 8, 16, 32)]
+    v = BatchVerdict(1, 10, [row("DFlash", None, None, "chain"), *trees])
+    v.verdict, v.decides = verdict_line(1, trees, "DFlash")
+    text = batch_tables(v)
+    # the table orders each row at p < 0.05; the verdict, over 4 budgets at once, at p < 0.0125: both say so
+    assert "DDTree(8) > DFlash" in text and "order (p<0.05, uncorrected)" in text
+    assert "DDTree is not shown to pay off" in v.verdict and v.verdict.endswith(
+        "10 paired units; Bonferroni over 4 budgets: p<0.0125)")
+
+
+def test_without_a_ddtree_budget_the_verdict_says_why(tiny_engines):
+    from workbench.payoff import spine_share
+    from workbench.payoff.shapes import shapes_of
+    from workbench.payoff.verdict import BatchVerdict, ShapeRow, verdict_line
+
+    head, why = verdict_line(1, [], "DFlash")  # eagle:4:5:64 or spine:1 alone: once no verdict and no reason
+    assert head == ("at batch 1 no verdict on DDTree: no DDTree budget among the policies (the verdict compares DDTree "
+                    "budgets against DFlash); add ddtree:N, e.g. ddtree:8") and why == ""
+    shapes = shapes_of(["spine:1"], 15, 4096)
+    rows = [ShapeRow(s.label, s.family, 2.0, 2.0, 0.5, {}, 10) for s in shapes]
+    assert spine_share(BatchVerdict(1, 10, rows), shapes) == (None, [
+        "no spine comparison: it measures a spine against the best DDTree's tokens-per-forward gain, and no DDTree "
+        "budget was among the policies; add ddtree:N"])
+
+
+def test_the_verdict_names_the_fastest_policy_ar_included():
+    """Issue 47: DDTree(8) 1.46x DFlash at batch 8 while AR ran 1.76x DFlash; the verdict must say AR was fastest."""
+    from workbench.analysis.paired import PairedRatio
+    from workbench.payoff.verdict import ShapeRow, fastest_line
+
+    def row(label, median, p, family="tree"):
+        return ShapeRow(label, family, 3.0, 3.0, 1 / 3, {}, 10,
+                        measured_vs_ar=PairedRatio(label, "AR", (median,) * 10, p, p) if median else None)
+
+    ar = row("AR", None, None, "ar")
+    line = fastest_line(8, [ar, row("DFlash", 0.57, 0.002, "chain"), row("DDTree(8)", 0.83, 0.002)])
+    assert line.startswith("at batch 8 no speculative shape beats AR here: AR is the fastest measured; the best of "
+                           "the rest, DDTree(8) 0.83x AR (") and line.endswith("Bonferroni over 2 shapes: p<0.025)")
+    line = fastest_line(1, [ar, row("DFlash", 1.2, 0.002, "chain"), row("DDTree(16)", 1.52, 0.002)])
+    assert line.startswith("fastest at batch 1 (the highest median against AR, and separated from it): DDTree(16) "
+                           "1.52x AR (")
+    line = fastest_line(1, [ar, row("DFlash", 0.9, 0.3, "chain"), row("DDTree(16)", 1.1, 0.2)])
+    assert line.startswith("at batch 1 no speculative shape is shown faster than AR (the fastest is not separated "
+                           "from AR): the best median, DDTree(16) 1.10x AR")
+    assert [s.label for s in default_shapes(15, 4096)][0] == "AR"  # AR is in the default set, so always measured
+
+
+def test_notebook_11_states_the_rules_its_verdicts_use():
+    from pathlib import Path
+
+    src = " ".join((Path(__file__).parents[2] / "notebooks" / "11_does_ddtree_pay_off.py").read_text()
+                   .replace("#", " ").split())
+    assert "no order is claimed where p >= 0.05" not in src  # its verdicts use p < 0.025 (two budgets)
+    assert "Bonferroni" in src and "p < 0.025" in src

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.payoff.inputs import PaysOffInputError, check_inputs, fit_to_engine
 from workbench.payoff.measure import decode_unit, lossless_failures, run_sweep
-from workbench.payoff.shapes import (check_batch_fits, check_prompts, default_shapes, parse_batches, shapes_of)
+from workbench.payoff.strict_json import strict_json
 from workbench.payoff.tables import render
 from workbench.payoff.verdict import BatchVerdict, analyse, what_decides
 
@@ -29,112 +30,122 @@ class PaysOff:
     batch 1 and greedy, the branching rates and the counterfactual rows."""
 
     settings: dict
-    batches: dict  # batch size -> BatchVerdict
+    batches: dict  # batch size -> BatchVerdict, ascending
     branching: object | None = None  # workbench.analysis.branching.Branching (greedy only)
     counterfactual: list = field(default_factory=list)  # {label, end_to_end_tau, counterfactual_tau, ...}
     spine_siblings_90: int | None = None  # fewest siblings reaching 90% of the best tree's gain (batch 1)
+    not_shown: list = field(default_factory=list)  # one line per part left out, saying why
 
     def __str__(self) -> str:
         return render(self)
 
     def to_dict(self) -> dict:
-        return {"settings": self.settings,
-                "batches": {str(b): {"units": v.units, "verdict": v.verdict, "decides": v.decides,
-                                     "best_budget": v.best_budget, "predicted_best": v.predicted_best,
-                                     "best_vs_runner_up": v.best_vs_runner_up.to_dict() if v.best_vs_runner_up
-                                     else None, "lossless_failures": v.lossless,
-                                     "shapes": [r.to_dict() for r in v.rows]}
-                            for b, v in self.batches.items()},
-                "branching": self.branching.to_dict() if self.branching is not None else None,
-                "counterfactual": self.counterfactual, "spine_siblings_90": self.spine_siblings_90}
+        """Strict JSON (no NaN or infinity: null, with a sibling '<key>_note' saying why). Gains and speedups
+        are ratios (0.126 = +12.6%); ``bias_points`` is in percentage points, as the text prints it."""
+        return strict_json({
+            "settings": self.settings,
+            "batches": {str(b): {"units": v.units, "verdict": v.verdict, "decides": v.decides, "fastest": v.fastest,
+                                 "best_budget": v.best_budget, "predicted_best": v.predicted_best,
+                                 "best_vs_runner_up": v.best_vs_runner_up.to_dict() if v.best_vs_runner_up
+                                 else None, "lossless_failures": v.lossless,
+                                 "shapes": [r.to_dict() for r in v.rows]}
+                        for b, v in self.batches.items()},
+            "branching": self.branching.to_dict() if self.branching is not None else None,
+            "counterfactual": self.counterfactual, "spine_siblings_90": self.spine_siblings_90,
+            "not_shown": self.not_shown})
 
 
-def _prompt_texts(prompts) -> tuple[list[str], list[str]]:
-    """[{id, prompt}] or [str] or a split name ('long', 'short') -> (texts, ids)."""
-    from workbench.bench.prompts import SPLITS, eval_prompts
-
-    if prompts is None or (isinstance(prompts, str) and prompts in SPLITS):
-        items = eval_prompts(prompts or "long")
-    elif isinstance(prompts, str):
-        raise ValueError(f"prompts={prompts!r}: give a list of prompts or a split name ({', '.join(SPLITS)})")
-    else:
-        items = [p if isinstance(p, dict) else {"id": f"prompt-{i}", "prompt": p} for i, p in enumerate(prompts)]
-    for i, p in enumerate(items):
-        if not isinstance(p.get("prompt"), str) or not p["prompt"]:
-            raise ValueError(f"prompts[{i}] is not a non-empty prompt text")
-    return [p["prompt"] for p in items], [str(p.get("id", i)) for i, p in enumerate(items)]
-
-
-def counterfactual_rows(traces, verdict: BatchVerdict, chain: str = "DFlash") -> list[dict]:
+def counterfactual_rows(traces, verdict: BatchVerdict, shapes, chain: str = "DFlash") -> tuple[list[dict], list[str]]:
     """Per DDTree(N) at batch 1: what the chain's trace says N nodes would have accepted (one trace, every
-    cycle replayed at budget N) beside what DDTree(N)'s own decode accepted, and the gain's bias."""
+    cycle replayed at budget N) beside what DDTree(N)'s own decode accepted, and the gain's bias (percentage
+    points). -> (rows, one line per tree left out and why)."""
     from workbench.analysis.budget import budget_needed
 
     need = budget_needed(traces)
     cycles = [c for t in traces for c in t.cycles]
     chain_tau = sum(c.accept_length for c in cycles) / len(cycles)
-    out = []
+    policy = {s.label: s.policy for s in shapes}
+    out, left = [], []
     for r in verdict.rows:
         if r.family != "tree":
             continue
-        budget = int(r.label[len("DDTree("):-1])
-        if budget > need.max_budget:
+        p = policy[r.label]
+        if p.width is not None:  # the counterfactual ranks a full-width tree: it says nothing of a capped one
+            left.append(f"{r.label}: no counterfactual row (the single-trace counterfactual is of full-width "
+                        f"DDTree(N) only)")
             continue
-        cf = need.tau_at(budget)
+        if p.budget > need.max_budget:
+            left.append(f"{r.label}: no counterfactual row (the trace ranks candidates up to {need.max_budget})")
+            continue
+        cf = need.tau_at(p.budget)
         e2e_gain, cf_gain = r.tau / verdict.row(chain).tau - 1, cf / chain_tau - 1
         out.append({"label": r.label, "end_to_end_tau": r.tau, "counterfactual_tau": cf, "chain_tau": chain_tau,
-                    "end_to_end_gain": e2e_gain, "counterfactual_gain": cf_gain, "bias_points": cf_gain - e2e_gain})
-    return out
+                    "end_to_end_gain": e2e_gain, "counterfactual_gain": cf_gain,
+                    "bias_points": 100 * (cf_gain - e2e_gain)})
+    if not any(r.family == "tree" for r in verdict.rows):
+        left.append("no counterfactual table: it is of DDTree budgets, and none was among the policies; add ddtree:N")
+    return out, left
+
+
+def spine_share(first: BatchVerdict, shapes) -> tuple[int | None, list[str]]:
+    """The fewest siblings whose spine reaches 90% of the best tree's tokens-per-forward gain over DFlash,
+    or a line saying why there is no answer (no spine, no tree, a tree that gains nothing, none reaches)."""
+    from workbench.analysis.branching import siblings_to_share
+
+    policy = {s.label: s.policy for s in shapes}
+    spines = {policy[r.label].siblings: r.tokens_per_forward for r in first.rows if r.family == "spine"}
+    trees = [r for r in first.rows if r.family == "tree"]
+    if not spines:
+        return None, []
+    if not trees:
+        return None, ["no spine comparison: it measures a spine against the best DDTree's tokens-per-forward "
+                      "gain, and no DDTree budget was among the policies; add ddtree:N"]
+    chain, best = first.row("DFlash").tokens_per_forward, max(r.tokens_per_forward for r in trees)
+    if best <= chain:
+        return None, [f"no spine comparison: the best DDTree gains nothing over DFlash in tokens per forward "
+                      f"({best:.2f} vs {chain:.2f}, batch 1), so there is no gain to reach 90% of"]
+    k = siblings_to_share(spines, chain, best)
+    if k is None:
+        return None, ["no measured spine reaches 90% of the best tree's tokens-per-forward gain (batch 1)"]
+    return k, []
 
 
 def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
              temperature: float = 0.0, seed: int = 0, repeats: int = 1, warmup: bool = True,
              progress=None) -> PaysOff:
-    """Measure whether DDTree pays off (see the module docstring). Every input is checked before any decode.
+    """Measure whether DDTree pays off (see the module docstring). Every input is checked before any model
+    loads or decodes (``workbench.payoff.inputs``); bad input raises ``PaysOffInputError`` (a ValueError).
 
     engine: a loaded ``wb.Engine`` (default: the embedded dense pair); prompts: a list (texts or {id, prompt}),
-    or a split name 'long' / 'short' (default 'long'), at least 10; batch: sizes, e.g. (1, 8) or '1,8';
-    policies: the shapes (default: AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the
-    drafter's block allows; AR and DFlash are always added); repeats: timed decodes per unit and shape
-    (medians kept)."""
-    from workbench.bench.runs import positive_ints
-    from workbench.engine import validate
+    or a split name 'long' / 'short' (default 'long'), at least 10 distinct (copies are left out, with a note);
+    batch: a size or sizes, e.g. 8, (1, 8) or '1,8', each at most the number of prompts; policies: the shapes,
+    as policies or their spellings ('ddtree:8', 'dflash,ddtree:8', ['spine:2', wb.DDTree(16)]) (default: AR,
+    DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the drafter's block allows; AR and
+    DFlash are always added); max_new_tokens: at least 3; repeats: timed decodes per unit and shape (medians
+    kept)."""
     from workbench.engine.core import load
     from workbench.engine.policies import DFlash
 
-    texts, ids = _prompt_texts(prompts)
-    check_prompts(len(texts))
-    batches = parse_batches(batch)
-    validate.temperature(temperature), validate.seed(seed)
-    positive_ints(max_new_tokens=max_new_tokens, repeats=repeats)
+    inp = check_inputs(prompts, batch, policies, max_new_tokens, temperature, seed, repeats)
     engine = load() if engine is None else engine
-    m = engine.models
-    slots, vocab = m.block_size - 1, int(m.target.config.get_text_config().vocab_size)
-    shapes = default_shapes(slots, vocab) if policies is None else shapes_of(policies, slots, vocab)
-    longest = max(len(engine.encode(t).ids) for t in texts)
-    if longest + max_new_tokens >= m.max_positions:
-        raise ValueError(f"the longest prompt is {longest} tokens; with max_new_tokens={max_new_tokens} it passes "
-                         f"the target's {m.max_positions} positions: fewer new tokens or shorter prompts")
-    from workbench.engine.runner import static_nodes
-
-    widest = max(static_nodes(s.policy, m.block_size) for s in shapes)
-    for b in batches:
-        check_batch_fits(engine, b, longest + max_new_tokens, widest)
+    shapes = fit_to_engine(inp, engine)
+    texts, batches, m = inp.texts, inp.batches, engine.models
+    vocab = int(m.target.config.get_text_config().vocab_size)
 
     from tqdm.auto import tqdm
 
-    greedy = temperature == 0.0
+    greedy = inp.temperature == 0.0
     total = sum((len(shapes) if warmup else 0) + len(texts) * repeats * len(shapes) for _ in batches)
     bar = tqdm(total=total + (len(texts) if greedy else 0), desc="pays-off", unit="decode", leave=False,
                disable=(None if progress is None else not progress))
-    res = PaysOff(settings={"prompts": len(texts), "prompt_ids": ids, "batch": list(batches),
+    res = PaysOff(settings={"prompts": len(texts), "prompt_ids": inp.ids, "batch": list(batches),
                             "shapes": [s.label for s in shapes], "max_new_tokens": max_new_tokens,
-                            "temperature": temperature, "seed": seed, "repeats": repeats,
+                            "temperature": inp.temperature, "seed": seed, "repeats": repeats,
                             "device": str(engine.device), "target": str(m.target_dir),
-                            "block_size": m.block_size}, batches={})
+                            "block_size": m.block_size, "notes": list(inp.notes)}, batches={})
     try:
         for b in batches:
-            sw = run_sweep(engine, shapes, texts, b, max_new_tokens, temperature, seed, repeats, warmup, bar)
+            sw = run_sweep(engine, shapes, texts, b, max_new_tokens, inp.temperature, seed, repeats, warmup, bar)
             v = res.batches[b] = analyse(sw, shapes)
             if greedy:
                 v.lossless = lossless_failures(sw)
@@ -146,20 +157,21 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
                 traces += decode_unit(engine, DFlash(), [t], max_new_tokens, 0.0, seed,
                                       record_topk=min(max(budgets), vocab))[1]
                 bar.update(1)
-            from workbench.analysis.branching import branching, siblings_to_share
+            from workbench.analysis.branching import branching
 
             res.branching = branching(traces)
-            first = res.batches[batches[0]]
-            if batches[0] == 1:
-                res.counterfactual = counterfactual_rows(traces, first)
-            spines = {int(r.label[len("Spine("):-1]): r.tokens_per_forward for r in first.rows if r.family == "spine"}
-            trees = [r for r in first.rows if r.family == "tree"]
-            if spines and trees and "DFlash" in [r.label for r in first.rows]:
-                res.spine_siblings_90 = siblings_to_share(spines, first.row("DFlash").tokens_per_forward,
-                                                          max(r.tokens_per_forward for r in trees))
+            # The counterfactual and the spine's share compare with one decode per prompt: batch 1's, wherever
+            # it stands in the list (at batch B a forward's tokens are set by the slowest row).
+            if 1 in res.batches:
+                res.counterfactual, left = counterfactual_rows(traces, res.batches[1], shapes)
+                res.spine_siblings_90, why = spine_share(res.batches[1], shapes)
+                res.not_shown += left + why
+            else:
+                res.not_shown.append("no counterfactual table or spine comparison: both compare with batch 1's "
+                                     "decodes (one per prompt); add 1 to the batch sizes")
     finally:
         bar.close()
     return res
 
 
-__all__ = ["PaysOff", "pays_off", "what_decides"]
+__all__ = ["PaysOff", "PaysOffInputError", "check_inputs", "pays_off", "what_decides"]

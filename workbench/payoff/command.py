@@ -1,8 +1,9 @@
 """``python -m workbench pays-off``: the verdict from the command line (``workbench.payoff``).
 
-Every bad input is one line on stderr and exit code 2, before any model loads where it can be (prompts too
-few, a batch list or budget that cannot be used) and before any decode otherwise (a batch the memory cannot
-hold, a budget the drafter's block cannot fill)."""
+Every bad input is one line on stderr and exit code 2, before any model loads where it can be (too few
+distinct prompts, a --limit past them, a .txt file of JSON lines, a batch list, policy list or token count
+that cannot be used: ``workbench.payoff.inputs.check_inputs``) and before any decode otherwise (a batch the
+memory cannot hold, a budget the drafter's block cannot fill: ``fit_to_engine``)."""
 from __future__ import annotations
 
 import json
@@ -19,12 +20,16 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", default="long",
                    help="long (default) or short: the shipped evaluation split; or a prompts file (JSON lines "
                         "with id and prompt, or one prompt per line); at least 10 prompts")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (N >= 10)")
-    p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use only the first N prompts (N >= 10, at most the prompts there are)")
+    p.add_argument("--batch", default="1,8",
+                   help="comma-separated batch sizes, each at most the number of distinct prompts (default 1,8)")
     p.add_argument("--policies", default=None,
-                   help="comma-separated shapes, e.g. dflash,ddtree:16,spine:2 (default: AR, DFlash, the chain cut "
-                        "to 4 and 8, Spine(1,2,4), DDTree(4..64); AR and DFlash are always added)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+                   help="comma-separated shapes in any spelling the policy registry takes, e.g. "
+                        "dflash,ddtree:16,ddtree:8:2,spine:2,eagle:4:5:16,'DDTree(16, width=1)' (default: AR, "
+                        "DFlash, the chain cut to 4 and 8, Spine(1,2,4), DDTree(4..64); AR and DFlash are always "
+                        "added)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, >= 3 (default 64)")
     p.add_argument("--repeats", type=int, default=1, help="timed decodes per unit and shape, medians kept (default 1)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: after the greedy tables, a second set sampled at this temperature")
@@ -35,50 +40,78 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _prompts(args) -> list[dict]:
+def looks_like_json_lines(lines: list[str]) -> bool:
+    """Every non-empty line a JSON object with a 'prompt': what a .jsonl file holds."""
+    found = False
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            return False
+        if not isinstance(obj, dict) or "prompt" not in obj:
+            return False
+        found = True
+    return found
+
+
+def read_prompts(args) -> list[dict]:
+    """The split or the file, cut to --limit; a --limit past the prompts there are is refused, as is a .txt
+    file of JSON lines (read as text, each line's JSON would be a prompt)."""
+    from pathlib import Path
+
     from workbench.analysis.paired import MIN_PAIRS
     from workbench.bench.prompts import SPLITS, eval_prompts, load_prompts
+    from workbench.payoff.inputs import PaysOffInputError
 
-    items = eval_prompts(args.prompts) if args.prompts in SPLITS else load_prompts(args.prompts)
+    if args.prompts in SPLITS:
+        items, source = eval_prompts(args.prompts), f"the {args.prompts} split"
+    else:
+        items, source = load_prompts(args.prompts), f"'{args.prompts}'"
+        path = Path(args.prompts)
+        if path.suffix.lower() == ".txt" and looks_like_json_lines([p["prompt"] for p in items]):
+            raise PaysOffInputError(f"prompts file '{path}' holds JSON lines, but a .txt file is read as one prompt "
+                                    f"per line (each line's JSON would be a prompt): rename it "
+                                    f"'{path.with_suffix('.jsonl')}'")
     if args.limit is not None:
         if args.limit < MIN_PAIRS:
-            raise ValueError(f"--limit {args.limit}: a paired test needs at least {MIN_PAIRS} prompts; use "
-                             f"--limit {MIN_PAIRS} or more")
+            raise PaysOffInputError(f"--limit {args.limit}: a paired test needs at least {MIN_PAIRS} prompts; use "
+                                    f"--limit {MIN_PAIRS} or more")
+        if args.limit > len(items):
+            raise PaysOffInputError(f"--limit {args.limit} but {source} holds {len(items)} prompts: use --limit "
+                                    f"{len(items)} or less (or leave --limit out for all {len(items)})")
         items = items[: args.limit]
     return items
 
 
 def run(args, out, err) -> int:
     from workbench.engine.core import load
-    from workbench.bench.runs import parse_policies
     from workbench.engine import validate
     from workbench.payoff import pays_off
-    from workbench.payoff.shapes import check_prompts, parse_batches
+    from workbench.payoff.inputs import PaysOffInputError, check_inputs
 
-    # the cheap checks first: nothing loads before they pass
-    prompts = _prompts(args)
-    check_prompts(len(prompts))
-    parse_batches(args.batch)
-    policies = parse_policies(args.policies) if args.policies else None
-    validate.temperature(args.temperature), validate.seed(args.seed), validate.threads(args.threads)
-    for name, v in (("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats)):
-        if v < 1:
-            raise ValueError(f"{name} {v} must be a positive integer")
+    # every check that needs no model first: nothing loads before they pass (pays_off repeats them: cheap)
+    prompts = read_prompts(args)
+    check_inputs(prompts, args.batch, args.policies, args.max_new_tokens, args.temperature, args.seed, args.repeats)
+    validate.threads(args.threads), validate.device(args.device)
     if args.target in PAIRS and args.draft:
-        raise ValueError(f"--target {args.target} is an embedded pair with its own drafter: drop --draft")
+        raise PaysOffInputError(f"--target {args.target} is an embedded pair with its own drafter: drop --draft")
     if args.target not in PAIRS and not args.draft:
-        raise ValueError(f"--target {args.target!r}: use dense or hybrid, or give a target directory with --draft DIR")
+        raise PaysOffInputError(f"--target {args.target!r}: use dense or hybrid, or give a target directory with "
+                                "--draft DIR")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     target = None if args.target == "dense" else args.target
     engine = load(target=target, draft=args.draft, device=args.device, threads=args.threads)
     temps = [0.0] + ([args.temperature] if args.temperature > 0 else [])
-    results = [pays_off(engine, prompts, batch=args.batch, policies=policies, max_new_tokens=args.max_new_tokens,
-                        temperature=t, seed=args.seed, repeats=args.repeats, progress=not args.quiet) for t in temps]
-    if args.json:
+    results = [pays_off(engine, prompts, batch=args.batch, policies=args.policies,
+                        max_new_tokens=args.max_new_tokens, temperature=t, seed=args.seed, repeats=args.repeats,
+                        progress=not args.quiet) for t in temps]
+    if args.json:  # strict JSON: to_dict writes null (with a note) for NaN, and allow_nan=False proves it
         print(json.dumps({"greedy": results[0].to_dict(),
-                          "sampled": results[1].to_dict() if len(results) > 1 else None}), file=out)
+                          "sampled": results[1].to_dict() if len(results) > 1 else None}, allow_nan=False), file=out)
     else:
         print("\n\n".join(str(r) for r in results), file=out)
     return 0

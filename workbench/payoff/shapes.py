@@ -1,4 +1,5 @@
-"""The tree shapes ``pays-off`` decodes, and the input it refuses before any work (one line each).
+"""The tree shapes ``pays-off`` decodes, and the shapes and batches it refuses before any decode (one line each;
+the rest of the input is checked in ``workbench.payoff.inputs``).
 
 Shapes, all over the same drafter: AR (no drafter), DFlash's chain (the argmax of every slot), the chain cut
 to N nodes (``DDTree(N, width=1)``), the spine with k siblings (``Spine(k)``: the chain plus the k best
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.analysis.paired import MIN_PAIRS, check_pairs
 from workbench.engine.policies import AR, DDTree, DFlash, Spine, as_policy
 
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
@@ -67,29 +67,6 @@ def shapes_of(policies, slots: int, vocab: int) -> list[Shape]:
         if p not in seen:
             seen.append(p)
     return [Shape(p, family(p)) for p in seen]
-
-
-def check_prompts(n: int) -> None:
-    check_pairs(n, "prompts", MIN_PAIRS)
-
-
-def parse_batches(text) -> tuple[int, ...]:
-    """'1,8' or (1, 8) -> (1, 8); one line on anything else."""
-    items = [x.strip() for x in text.split(",")] if isinstance(text, str) else list(text)
-    out = []
-    for x in items:
-        try:
-            v = int(x)
-        except (TypeError, ValueError):
-            v = None
-        if v is None or isinstance(x, bool) or v < 1:
-            raise ValueError(f"batch={text!r}: each batch size must be a positive integer, e.g. 1,8")
-        if v in out:
-            raise ValueError(f"batch={text!r}: batch size {v} is given twice")
-        out.append(v)
-    if not out:
-        raise ValueError(f"batch={text!r} names no batch size; e.g. 1,8")
-    return tuple(out)
 
 
 def check_batch_fits(engine, batch: int, context: int, nodes: int) -> None:

@@ -140,8 +140,9 @@ class BatchVerdict:
     best_budget: str | None = None  # the DDTree(N) with the highest measured median speedup over the chain
     best_vs_runner_up: PairedRatio | None = None
     predicted_best: str | None = None
-    verdict: str = ""
+    verdict: str = ""  # DDTree's budgets against the chain (or why there is no verdict)
     decides: str = ""
+    fastest: str = ""  # the fastest policy measured, AR included
     lossless: list = field(default_factory=list)  # failure lines (greedy only)
 
     def row(self, label: str) -> ShapeRow:
@@ -182,6 +183,8 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
                 r.measured_vs_ar = paired_ratio(tps[r.label], tps[ar], r.label, ar, min_pairs=1, what="units")
     out = BatchVerdict(sw.batch, n, rows)
     trees = [r for r in rows if r.family == "tree" and r.measured_vs_chain is not None]
+    out.verdict, out.decides = verdict_line(sw.batch, trees, chain)
+    out.fastest = fastest_line(sw.batch, rows, ar)
     if trees:
         ranked = sorted(trees, key=lambda r: -r.measured_vs_chain.median)
         best = ranked[0]
@@ -190,26 +193,38 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
         if len(ranked) > 1:
             out.best_vs_runner_up = paired_ratio(tps[best.label], tps[ranked[1].label], best.label, ranked[1].label,
                                                  min_pairs=1, what="units")
-        out.verdict, out.decides = verdict_line(sw.batch, trees, chain)
     return out
+
+
+def bonferroni(alpha: float, k: int, what: str) -> tuple[float, str]:
+    """The per-comparison threshold when ``k`` comparisons are tried at once, and the rule as the lines print
+    it ('Bonferroni over 4 budgets: p<0.0125'), so no line leaves its rule to be guessed."""
+    each = alpha / k
+    return each, f"Bonferroni over {k} {what}{'s' if k != 1 else ''}: p<{each:.3g}"
+
+
+def figure(row, m: PairedRatio, baseline: str, rule: str) -> str:
+    lo, hi = m.iqr
+    return (f"{row.label} {m.median:.2f}x {baseline} (IQR {lo:.2f}-{hi:.2f}, worst {m.tails[0]:.2f}, "
+            f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units; {rule})")
 
 
 def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> tuple[str, str]:
     """The verdict over every DDTree budget at one batch size, and what decides it.
 
     A budget counts as faster (or slower) than the chain only where its paired Wilcoxon p-value is below
-    ``alpha`` / the number of budgets (Bonferroni: several budgets are tried at once). "pays off": some budget is
-    faster (the fastest of those is named); "does not pay off": every budget is slower; otherwise "not shown to
-    pay off", naming the best median. What decides is read from the named budget's prediction."""
-    each = alpha / len(trees)
+    ``alpha`` / the number of budgets (Bonferroni: several budgets are tried at once); the line says so, since
+    the tables' order column is uncorrected. "pays off": some budget is faster (the fastest of those is named);
+    "does not pay off": every budget is slower; otherwise "not shown to pay off", naming the best median.
+    What decides is read from the named budget's prediction. No budget: a line saying why no verdict."""
+    if not trees:
+        return (f"at batch {batch} no verdict on DDTree: no DDTree budget among the policies (the verdict compares "
+                f"DDTree budgets against {chain}); add ddtree:N, e.g. ddtree:8", "")
+    each, rule = bonferroni(alpha, len(trees), "budget")
     faster = [r for r in trees if r.measured_vs_chain.wilcoxon_p < each and r.measured_vs_chain.median > 1]
     slower = [r for r in trees if r.measured_vs_chain.wilcoxon_p < each and r.measured_vs_chain.median < 1]
     best = max(faster or trees, key=lambda r: r.measured_vs_chain.median)
-    m = best.measured_vs_chain
-    lo, hi = m.iqr
-    fig = (f"{best.label} {m.median:.2f}x {chain} (IQR {lo:.2f}-{hi:.2f}, worst {m.tails[0]:.2f}, "
-           f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units; a budget counts where "
-           f"p < {each:.2g}, {alpha:g} over {len(trees)} budgets)")
+    fig = figure(best, best.measured_vs_chain, chain, rule)
     if faster:
         head = f"at batch {batch} DDTree pays off over {chain}: {fig}"
     elif len(slower) == len(trees):
@@ -219,3 +234,22 @@ def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> t
         head = f"at batch {batch} DDTree is not shown to pay off over {chain} (no budget significantly faster{others}): {fig}"
     why = best.decision.sentence(best.label, chain) if best.decision else ""
     return head, why
+
+
+def fastest_line(batch: int, rows: list, ar: str = "AR", alpha: float = ALPHA) -> str:
+    """The fastest policy measured, AR included (issue 47: a tree that beats DFlash can still lose to plain
+    decoding at batch 8). Every speculative shape is compared with AR, paired, Bonferroni over the shapes;
+    '' when AR was not measured."""
+    rivals = [r for r in rows if r.label != ar and r.measured_vs_ar is not None]
+    if not rivals:
+        return ""
+    each, rule = bonferroni(alpha, len(rivals), "shape")
+    best = max(rivals, key=lambda r: r.measured_vs_ar.median)
+    m = best.measured_vs_ar
+    fig = figure(best, m, ar, rule)
+    if m.median > 1 and m.wilcoxon_p < each:
+        return f"fastest at batch {batch} (the highest median against {ar}, and separated from it): {fig}"
+    if m.median <= 1 and m.wilcoxon_p < each:
+        return f"at batch {batch} no speculative shape beats {ar} here: {ar} is the fastest measured; the best of the rest, {fig}"
+    return (f"at batch {batch} no speculative shape is shown faster than {ar} (the fastest is not separated from "
+            f"{ar}): the best median, {fig}")
