@@ -1,7 +1,7 @@
 """Profile mode: where a cycle's time goes, op by op, inside the named stages.
 
 ``profile_generation`` runs one generation under the torch profiler. Every stage of every
-cycle is a named range in the trace (see ``workbench.engine.runner.Stopwatch``), so the trace
+cycle is a named range in the trace (see ``workbench.engine.stopwatch.Stopwatch``), so the trace
 (Chrome trace JSON: open it in https://ui.perfetto.dev or chrome://tracing) shows draft,
 tree_build, ... per cycle with the ops inside them.
 """
