@@ -120,7 +120,7 @@ class Figure:
 
     key: str
     source: str  # who published it and where (repository, file or thread, section)
-    url: str
+    url: str | None  # its public address; None only for a report that is not public (the source says so)
     model: str
     hardware: str
     batch: int
@@ -149,8 +149,12 @@ class Figure:
                 raise ValueError(f"{self.key}: {arm.label} tau {arm.tau} outside [1, budget + 1 = {arm.budget + 1}]")
             if arm.budget is None and arm.tau not in (None, 1, 1.0):
                 raise ValueError(f"{self.key}: {arm.label} is AR (no budget), so its tau is 1, not {arm.tau}")
-        if not (self.url.startswith("https://") and self.source):
-            raise ValueError(f"{self.key}: every figure names its source and a https:// address")
+        if not self.source.strip():
+            raise ValueError(f"{self.key}: every figure names its source")
+        if self.url is None and "not public" not in self.source:
+            raise ValueError(f"{self.key}: a figure without an address says its source is not public")
+        if self.url is not None and not self.url.startswith("https://"):
+            raise ValueError(f"{self.key}: a source's address is https://..., not {self.url!r}")
         if self.ref_step_s is not None and self.ref_speedup_vs_ar is not None:
             raise ValueError(f"{self.key}: calibrate on the reference arm's step time or its speedup, not both")
 
@@ -386,8 +390,8 @@ FIGURES: tuple = (
                  "256-512)", "context not published: 512 tokens assumed (HumanEval, up to 2048 generated)"),
         alt_budgets=(64, 1024)),
     Figure(
-        key="users-8x-rtx-pro-6000", source="a standalone DDTree service (ddtree-in-production.md, 'the other "
-        "side of the evidence')", url="https://github.com/liranringel/ddtree",
+        key="users-8x-rtx-pro-6000", source="our users' report of a standalone DDTree service (not public; the "
+        "project's reference notes, ddtree-in-production.md)", url=None,
         model="not published (Qwen3-8B + DFlash-b16 assumed)", hardware="8x RTX PRO 6000 Blackwell, PCIe",
         batch=1, mode="not published", tree=Arm("DDTree (budget not published)", 64, None),
         ref=Arm("DFlash chain (15)", 15, None), published=1.24,
@@ -499,6 +503,10 @@ def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v * 1e3:.1f}"
 
 
+def _cite(f: Figure) -> str:
+    return f"[{f.source}]({f.url})" if f.url else f.source
+
+
 def _tau(arm: Arm) -> str:
     b = "AR" if arm.budget is None else f"B={arm.budget}"
     return f"{'n/a' if arm.tau is None else f'{arm.tau:.2f}'} ({b})"
@@ -521,7 +529,7 @@ def render_markdown(preds: list[Prediction]) -> str:
     for i, p in enumerate(preds, 1):
         f = p.figure
         lines.append(
-            f"| {i} | [{f.source}]({f.url}) | {f.model} · {f.hardware} | {f.batch} · {f.mode} | "
+            f"| {i} | {_cite(f)} | {f.model} · {f.hardware} | {f.batch} · {f.mode} | "
             f"{f.tree.label}: {_tau(f.tree)} | {f.ref.label}: {_tau(f.ref)} | **{f.published:.2f}x** | "
             f"{_x(p.roofline)} | {_pct(p.roofline_error)} | {_x(p.with_overhead)} | {_pct(p.overhead_error)} | "
             f"{_ms(p.implied_tree_s)} |")
