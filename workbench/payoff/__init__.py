@@ -2,7 +2,8 @@
 
     res = wb.pays_off(engine, prompts, batch=(1, 8))      # every shape its own decode, interleaved per unit
     print(res)                                            # acceptance, cost, predicted vs measured, verdicts
-    res.batches[8].verdict, res.batches[8].decides
+    res.batches[8].verdict, res.batches[8].decides        # DDTree's budgets against DFlash, and what decides
+    res.batches[8].fastest                                # the fastest policy measured, AR included
 
 Three things are measured apart: acceptance (target forwards counted from the cycles, per shape, each shape
 its own decode), per-step cost (the engine's stage times, medians over steps) and the speedup (paired per
