@@ -42,14 +42,15 @@ def main(argv=None) -> None:
 
     def run(i: int, dump: bool) -> tuple[float, int, int]:
         path = tmp / f"p{i}.dump" if dump else None
+        again = dump and path.exists()  # the warm-up wrote p0.dump: this tool's own file, replaced on purpose
         if a.batch == 1:
-            s = engine.session(prompts[i], policy=policy, max_new_tokens=a.tokens, dump=path)
+            s = engine.session(prompts[i], policy=policy, max_new_tokens=a.tokens, dump=path, dump_replace=again)
             t0 = time.perf_counter()
             s.run()
             secs, cycles = time.perf_counter() - t0, len(s.trace.cycles)
         else:
             b = engine.batch_session(prompts[i * a.batch : (i + 1) * a.batch], policy=policy,
-                                     max_new_tokens=a.tokens, dump=path)
+                                     max_new_tokens=a.tokens, dump=path, dump_replace=again)
             t0 = time.perf_counter()
             b.run()
             secs, cycles = time.perf_counter() - t0, sum(len(s.trace.cycles) for s in b.sessions)

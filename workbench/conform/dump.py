@@ -4,8 +4,8 @@ Engine-neutral and versioned (docs/dump-format.md). A dump is UTF-8 JSON lines, 
 steps (one line per record, flushed), so a run that stopped early is readable up to its last whole line:
 
     line 1      header   {"format": "ddtree-workbench-dump", "version": 1, "engine", "pair", "policy", "sampling", ...}
-    then        records  {"kind": "request", ...}  a request starts (its prompt ids)
-                         {"kind": "cycle", ...}    one engine step of one request (one per row per step)
+    then        records  {"kind": "request", "seq", ...}  a request starts (its prompt ids)
+                         {"kind": "cycle", "seq", ...}    one engine step of one request (one per row per step)
     last        end      {"kind": "end", "records": N}  written by close(); absent when the run stopped early
 
 Arrays are the wire format's packed tensors (``workbench.serve.wire.pack_tensor``: the values as raw
@@ -15,11 +15,14 @@ so a record stays small and the file stays text (``head -1 run.dump`` shows the 
 Every record field is optional but ``kind`` / ``request`` / ``step``: an engine dumps what it holds and
 ``Record.missing()`` names what a record lacks (a checker reports those contracts as not checked).
 ``FIELDS`` is the one list of fields: the writer refuses a name not in it, the reader reports one it does
-not know (``Record.unknown``) and otherwise ignores it.
+not know (``Record.unknown``) and otherwise ignores it. The writer numbers every record (``seq``), refuses an
+existing file unless asked to replace it and a path another of its writers holds open (``check_dump_path``).
 """
 from __future__ import annotations
 
 import json
+import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -54,8 +57,11 @@ class Field:
 
 # n = tree nodes (root included, root at 0); D = drafted slots; k = top-k; V = vocabulary; c = context rows;
 # B = drafter block; L = accepted drafts; m = visibility columns (n, or context_len + n).
+SEQ_DOC = ("the record's number in the file (0, 1, ... over request and cycle records, as the writer wrote "
+           "them): a checker names a record missing, repeated or out of order by it")
 CYCLE_FIELDS = (
     Field("kind", "str", "", "", "record", '"cycle"'),
+    Field("seq", "int", "", "", "record", SEQ_DOC),
     Field("request", "str", "", "", "record", "the request's id (as its request record names it)"),
     Field("step", "int", "", "", "record", "the engine step (0, 1, ... over the whole run; rows of one step share it)"),
     Field("cycle", "int", "", "", "record", "this request's cycle index (0 = its first step after the prefill)"),
@@ -124,6 +130,7 @@ CYCLE_FIELDS = (
 )
 REQUEST_FIELDS = (
     Field("kind", "str", "", "", "record", '"request"'),
+    Field("seq", "int", "", "", "record", SEQ_DOC),
     Field("request", "str", "", "", "record", "the request's id"),
     Field("prompt_ids", "tensor", "int", "[p]", "context", "the prompt's token ids"),
     Field("first_token", "int", "", "", "context", "the token the prefill chose (the first cycle's root)"),
@@ -135,7 +142,8 @@ REQUEST_FIELDS = (
     Field("max_new_tokens", "int", "", "", "commit", "the request's token limit"),
 )
 HEADER_KEYS = ("format", "version", "engine", "pair", "policy", "sampling", "created")
-PAIR_KEYS = ("target", "draft", "vocab_size", "block_size", "dtype", "device", "target_layer_ids", "hybrid")
+PAIR_KEYS = ("target", "draft", "vocab_size", "block_size", "dtype", "device", "target_layer_ids", "hybrid",
+             "mask_token_id", "fingerprint")
 FIELDS = {"cycle": {f.name: f for f in CYCLE_FIELDS}, "request": {f.name: f for f in REQUEST_FIELDS}}
 REQUIRED = ("kind", "request")  # a cycle also needs "step"
 
@@ -346,33 +354,76 @@ def make_header(engine: dict, pair: dict, policy=None, sampling: dict | None = N
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
-def check_dump_path(path) -> Path:
-    """A path a dump can be written to, or ValueError (one line) naming it: before any expensive work."""
-    if not isinstance(path, (str, Path)) or not str(path):
+# The writers open in this process, by resolved path: a second writer on a path the first still writes would
+# interleave two runs' records in one file (weak: a writer dropped without close() frees its path).
+OPEN_WRITERS: "weakref.WeakValueDictionary[str, DumpWriter]" = weakref.WeakValueDictionary()
+
+
+def check_dump_path(path, replace: bool = False, flag: str = "dump_replace") -> Path:
+    """A path a dump can be written to, or ValueError (one line) naming it: before any expensive work.
+
+    Refused: not a path, a directory, a path under a file or in a folder that does not exist, a path another
+    open writer of this process writes, an existing file unless ``replace`` (``flag`` names the caller's
+    keyword in the message), and a path the OS will not let us create or write (probed by creating the file
+    and removing it again, so a read-only or virtual folder such as /proc is named before the run, not after
+    its prefill)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ValueError(f"dump={path!r:.60} must be a path (a str or pathlib.Path) to the file to write")
+    if not isinstance(replace, bool):
+        raise ValueError(f"{flag}={replace!r:.40} must be True (overwrite an existing dump) or False")
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"dump={str(path)!r} is a directory; give a file path such as {str(p / 'run.dump')!r}")
     if not p.parent.is_dir():
+        for up in (p.parent, *p.parent.parents):  # the nearest thing that exists says what is wrong
+            if up.exists() or up.is_symlink():
+                if not up.is_dir():
+                    raise ValueError(f"dump={str(path)!r}: {up} is a file, not a folder; give a path inside a folder")
+                break
         raise ValueError(f"dump={str(path)!r}: the folder {p.parent} does not exist; create it first")
+    owner = OPEN_WRITERS.get(writer_key(p))
+    if owner is not None and not owner.closed:
+        raise ValueError(f"dump={str(path)!r} is still being written by {owner!r} in this process; give another "
+                         "path, or close that one first (session.dump.close())")
+    if p.exists() and not replace:
+        raise ValueError(f"dump={str(path)!r} exists; pass {flag}=True to overwrite it, or give another path")
+    try:
+        if p.exists():  # opened for appending and closed at once: the file is not changed
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+        else:
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            p.unlink()
+    except OSError as e:
+        raise ValueError(f"dump={str(path)!r} cannot be written ({e.strerror or type(e).__name__}); give a path in a "
+                         "folder you can write to") from None
     return p
+
+
+def writer_key(path: Path) -> str:
+    """One key per file however the path is spelled (relative, through a symlinked folder)."""
+    return str(Path(path).resolve())
 
 
 class DumpWriter:
     """Writes one dump: the header now, then a line per ``request(...)`` / ``cycle(...)``, flushed as written
     (a run that stops early leaves a readable file), and the end line on ``close()``. A context manager.
 
-    Fields are checked against ``FIELDS`` as they are written: an unknown name or a value of the wrong kind
-    raises ValueError naming it; tensors may sit on any device (copied to the host)."""
+    ``replace``: overwrite an existing file (refused otherwise); a path another open writer of this process
+    holds is refused either way. Every record gets ``seq``, its number in the file, so a checker can tell a
+    record lost, repeated or moved from an engine's fault. Fields are checked against ``FIELDS`` as they are
+    written: an unknown name or a value of the wrong kind raises ValueError naming it; tensors may sit on any
+    device (copied to the host)."""
 
-    def __init__(self, path, header: dict):
+    def __init__(self, path, header: dict, replace: bool = False):
         if not isinstance(header, dict) or header.get("format") != DUMP_FORMAT:
             raise ValueError("header must come from workbench.conform.dump.make_header(...)")
-        self.path = check_dump_path(path)
+        self.path = check_dump_path(path, replace, flag="replace")
         self.records = 0
         self.bytes = 0  # = characters: json.dumps writes ASCII only
         self._end_at = None  # where the end line starts once written (reopen() cuts it off)
+        self._closed_as = None  # the file as close() left it: reopen() refuses a file another writer changed
         self._fh = open(self.path, "w", encoding="utf-8")
+        OPEN_WRITERS[writer_key(self.path)] = self
         self._line(header)
 
     def _line(self, obj: dict) -> None:
@@ -385,7 +436,9 @@ class DumpWriter:
         if self._fh is None:
             raise ValueError(f"dump {self.path} is closed")
         spec = FIELDS[kind]
-        out = {"kind": kind}
+        if "seq" in fields:
+            raise ValueError("dump field 'seq' is numbered by the writer (the record's place in the file); leave it out")
+        out = {"kind": kind, "seq": self.records}
         for name, value in fields.items():
             if value is None:
                 continue  # a field the engine does not hold: left out, reported by Record.missing()
@@ -421,15 +474,24 @@ class DumpWriter:
             self._line({"kind": "end", "records": self.records})
             self._fh.close()
             self._fh = None
+            self._closed_as = file_state(self.path)
 
     def reopen(self) -> None:
         """Go on writing a closed dump (a finished session resumed under a larger token limit): the end line
-        is cut off and written again by the next close()."""
+        is cut off and written again by the next close(). Refused (ValueError, one line) when the file is no
+        longer the one this writer closed (another writer replaced it, or it was edited or removed), or
+        another open writer holds the path: appending there would mix two runs in one file."""
         if self._fh is None and self._end_at is not None:
+            owner = OPEN_WRITERS.get(writer_key(self.path))
+            if (owner is not None and owner is not self and not owner.closed) or file_state(self.path) != self._closed_as:
+                raise ValueError(f"dump {str(self.path)!r} changed since this writer closed it (replaced by another "
+                                 "writer, edited or removed): the resumed run's records are not appended to it; give "
+                                 "the resumed run its own dump")
             self._fh = open(self.path, "r+", encoding="utf-8")
             self._fh.truncate(self._end_at)
             self._fh.seek(self._end_at)
             self.bytes, self._end_at = self._end_at, None
+            OPEN_WRITERS[writer_key(self.path)] = self
 
     @property
     def closed(self) -> bool:
@@ -443,3 +505,12 @@ class DumpWriter:
 
     def __repr__(self) -> str:
         return f"DumpWriter({str(self.path)!r}, {self.records} records, {self.bytes} bytes)"
+
+
+def file_state(path: Path) -> tuple | None:
+    """What tells one version of a file from another here: its inode, size and modification time (None: gone)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

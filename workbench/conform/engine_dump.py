@@ -19,20 +19,23 @@ from __future__ import annotations
 import torch
 
 from workbench.conform.dump import DumpWriter, make_header
+from workbench.conform.fingerprint import pair_fingerprint
 from workbench.engine.loading import model_ref
 from workbench.records.build import CycleParts
 from workbench.records.cycle import Cycle
 
 
 def pair_identity(models) -> dict:
-    """The header's ``pair``: what a checker needs to load the same models and refuse another pair. A target
-    with linear-attention layers (recurrent state per request) makes a hybrid pair."""
+    """The header's ``pair``: what a checker needs to load the same models and refuse another pair (down to
+    the weights: ``fingerprint``). A target with linear-attention layers (recurrent state per request) makes a
+    hybrid pair."""
     t = models.target.config
     return {"target": model_ref(models.target_dir), "draft": model_ref(models.draft_dir),
             "vocab_size": int(t.vocab_size), "block_size": int(models.block_size),
             "dtype": str(models.dtype).replace("torch.", ""), "device": str(models.device),
             "target_layer_ids": list(models.target_layer_ids), "mask_token_id": int(models.mask_token_id),
-            "hybrid": "linear_attention" in (getattr(t, "layer_types", None) or ())}
+            "hybrid": "linear_attention" in (getattr(t, "layer_types", None) or ()),
+            "fingerprint": pair_fingerprint(models)}
 
 
 def cycle_fields(c: Cycle) -> dict:
@@ -54,7 +57,7 @@ def cycle_fields(c: Cycle) -> dict:
 class EngineDump:
     """One dump written by one ``Session`` or ``BatchSession`` (its requests share the file)."""
 
-    def __init__(self, engine, requests: list, rows, path):
+    def __init__(self, engine, requests: list, rows, path, replace: bool = False):
         from workbench.version import __version__
 
         m = engine.models
@@ -69,7 +72,7 @@ class EngineDump:
             {"temperature": first.sampling.temperature, "top_p": first.sampling.top_p,
              "top_k": first.sampling.top_k, "seed": first.seed},
             topk={"draft": first.record_topk, "target": 2}, batch=len(self.requests))
-        self.writer = DumpWriter(path, header)
+        self.writer = DumpWriter(path, header, replace)
         self.step = -1
         self._times = None  # the stage-time dict of the step being recorded: every row of one step shares it
         self._row = 0
@@ -100,7 +103,11 @@ class EngineDump:
             self._step_drafts, self._drafts = self._drafts, None
         row, self._row = self._row, self._row + 1
         if self.writer.closed:
-            self.writer.reopen()
+            try:
+                self.writer.reopen()
+            except ValueError as e:  # the file is another run's now: raising here would cut the step short
+                self.detach(str(e))
+                return
         f = self._fields(request, parts, cyc, row)
         self.writer.cycle(self.ids[id(request)], self.step, **f)
         if all(r.finished for r in self.requests):
@@ -129,12 +136,24 @@ class EngineDump:
         """Write the end line now (a session stopped before it finished)."""
         self.writer.close()
 
+    def detach(self, why: str) -> None:
+        """Stop dumping these requests, and say so (a warning naming why): the run goes on undumped."""
+        import warnings
+
+        for r in self.requests:
+            if r.dump is self:
+                r.dump = None
+        if self.rows.draft.tap == self.draft_tap:
+            self.rows.draft.tap = None
+        warnings.warn(f"{why}; this session's further cycles are not dumped", stacklevel=3)
+
     def __repr__(self) -> str:
         return f"EngineDump({str(self.path)!r}, {self.step + 1} steps, {self.writer.records} records)"
 
 
-def attach(engine, requests: list, rows, path) -> EngineDump:
-    """Dump ``requests`` (a session's one, or a batch's, already prefilled) stepped over ``rows`` to ``path``."""
+def attach(engine, requests: list, rows, path, replace: bool = False) -> EngineDump:
+    """Dump ``requests`` (a session's one, or a batch's, already prefilled) stepped over ``rows`` to ``path``
+    (``replace``: overwrite an existing file; docs/dump-format.md)."""
     if rows.draft.tap is not None:
         raise ValueError("these rows already write a dump; one dump per session or batch")
-    return EngineDump(engine, requests, rows, path)
+    return EngineDump(engine, requests, rows, path, replace)

@@ -9,7 +9,8 @@ sampling accepted. On the GPU host, in the process that runs the worker (before 
 
     from workbench.conform import hooks_sglang
     dump = hooks_sglang.install("/tmp/ddtree.dump", pair={"target": "Qwen/Qwen3-8B", "draft": "...",
-                                "vocab_size": 151936, "block_size": 16, "dtype": "bfloat16", "device": "cuda"},
+                                "vocab_size": 151936, "block_size": 16, "dtype": "bfloat16", "device": "cuda",
+                                "hybrid": False},   # True for a target with linear-attention layers
                                 policy="DDTree(32)")
     ...                       # serve; every verify is appended (the file is readable while it grows)
     dump.close()              # or leave it: a dump without its end line reads as a run stopped early
@@ -39,7 +40,7 @@ class SglangVerifyDump:
     """A dump fed one SGLang verify at a time (``record``); ``install`` calls it from the worker."""
 
     def __init__(self, path, pair: dict, policy: str, sampling: dict | None = None, topk: int = 8,
-                 mask_mode: str = "FULL_MASK"):
+                 mask_mode: str = "FULL_MASK", replace: bool = False):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -49,7 +50,7 @@ class SglangVerifyDump:
         self.topk, self.mask_mode = topk, mask_mode
         self.writer = DumpWriter(path, make_header({"name": "sglang", "version": sglang_version,
                                                     "hook": __name__}, pair, policy, sampling,
-                                                   topk={"target": topk}))
+                                                   topk={"target": topk}), replace)
         self.step = 0
         self.cycles: dict[str, int] = {}  # request id -> its cycles so far
         self._said: set[str] = set()

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 class VllmTreeDump:
     """A dump fed one request's tree verify at a time."""
 
-    def __init__(self, path, pair: dict, policy: str, sampling: dict | None = None, topk: int = 8):
+    def __init__(self, path, pair: dict, policy: str, sampling: dict | None = None, topk: int = 8,
+                 replace: bool = False):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -44,7 +45,7 @@ class VllmTreeDump:
             v = "not installed"
         self.topk = topk
         self.writer = DumpWriter(path, make_header({"name": "vllm", "version": v, "hook": __name__}, pair, policy,
-                                                   sampling, topk={"target": topk}))
+                                                   sampling, topk={"target": topk}), replace)
         self.cycles: dict[str, int] = {}
         self._said: set[str] = set()
 

@@ -40,14 +40,14 @@ def _vocab(target_dir) -> int | None:
 class VllmDump:
     """The dump of one vLLM session (one request)."""
 
-    def __init__(self, engine, session, path):
+    def __init__(self, engine, session, path, replace: bool = False):
         pair = {"target": str(engine.target_dir), "draft": str(engine.draft_dir), "vocab_size": _vocab(engine.target_dir),
                 "block_size": engine.block_size, "dtype": engine.dtype, "device": str(engine.device), "hybrid": False}
         head = make_header({"name": "vllm", "version": engine.version, "workarounds": list(engine.patches),
                             "num_speculative_tokens": engine.num_speculative_tokens},
                            pair, str(session.policy), {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0},
                            topk={"draft": TOPK, "target": TOPK}, batch=1)
-        self.writer = DumpWriter(path, head)
+        self.writer = DumpWriter(path, head, replace)
         self.request = session.request_id
         self.writer.request(self.request, prompt_ids=torch.tensor(session.prompt_ids), first_token=session.generated[0],
                             policy=str(session.policy), temperature=0.0, top_p=1.0, top_k=0, seed=0,
@@ -100,7 +100,7 @@ class VllmDump:
         self.writer.close()
 
 
-def attach(engine, session, path) -> VllmDump:
-    dump = VllmDump(engine, session, path)
+def attach(engine, session, path, replace: bool = False) -> VllmDump:
+    dump = VllmDump(engine, session, path, replace)
     session.dump = dump
     return dump

@@ -107,13 +107,15 @@ class Engine(BaseEngine):
     def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
-                prompt_ids=None, static_shapes: bool | None = None, driver=None, dump=None) -> Session:
+                prompt_ids=None, static_shapes: bool | None = None, driver=None, dump=None,
+                dump_replace: bool = False) -> Session:
         """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
         (chat, through the target's chat template) or ``prompt_ids`` (exact ids). ``static_shapes``: every
         draft and verify forward with the same shapes and storage (``workbench.engine.runner.Rows``; default: when
         the engine captures CUDA graphs). ``driver``: what steps the session and prefills it (default: a
         driver of its own; ``workbench.engine.scheduler.Scheduler.session`` passes itself). ``dump``: a path;
-        every cycle is also written there as a cycle dump (docs/dump-format.md; off by default)."""
+        every cycle is also written there as a cycle dump (docs/dump-format.md; off by default); an existing
+        file is refused unless ``dump_replace=True``."""
         if driver is not None and (static_shapes or self.graphs is not None):
             raise ValueError("static_shapes=True: a session with static shapes has rows of its own; it cannot "
                              "be driven with others (drop static_shapes, or drive it alone)")
@@ -124,12 +126,14 @@ class Engine(BaseEngine):
             encoded = prompt  # encoded already (the server encodes outside its model lock)
         else:
             encoded = self.encode(prompt, messages=messages, prompt_ids=prompt_ids)
+        if dump is None and dump_replace is not False:
+            raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
             from workbench.conform.dump import check_dump_path
 
             if driver is not None:
                 raise ValueError("dump= writes a session stepped by its own driver; a scheduler's sessions are not dumped")
-            check_dump_path(dump)
+            check_dump_path(dump, dump_replace)
         s = Session(self, encoded, as_policy(policy),
                     Sampling(temperature, top_p, top_k), seed, max_new_tokens,
                     kernel_backend or self.kernel_backend, record_topk, capture, driver=driver,
@@ -137,7 +141,7 @@ class Engine(BaseEngine):
         if dump is not None:
             from workbench.conform.engine_dump import attach
 
-            attach(self, [s], s._rows, dump)
+            attach(self, [s], s._rows, dump, dump_replace)
         return s
 
     def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,
@@ -153,15 +157,18 @@ class Engine(BaseEngine):
                 raise ValueError(f"{name}= must be a non-empty list with one entry per request")
             prompts = [self.encode(**{name: x}) for x in items]
         dump = kw.pop("dump", None)  # a path: every cycle of every request also written there (docs/dump-format.md)
+        dump_replace = kw.pop("dump_replace", False)  # an existing dump is refused unless this is True
+        if dump is None and dump_replace is not False:
+            raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
             from workbench.conform.dump import check_dump_path
 
-            check_dump_path(dump)
+            check_dump_path(dump, dump_replace)
         b = BatchSession(self, prompts, policy, **kw)
         if dump is not None:
             from workbench.conform.engine_dump import attach
 
-            attach(self, b.sessions, b._rows, dump)
+            attach(self, b.sessions, b._rows, dump, dump_replace)
         return b
 
     def replay(self, trace: Trace, **kw) -> Session:

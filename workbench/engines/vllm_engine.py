@@ -142,14 +142,18 @@ class VllmEngine(BaseEngine):
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def session(self, prompt: str | None = None, policy=DFlash(), temperature: float = 0.0,
-                max_new_tokens: int = 128, *, prompt_ids=None, dump=None, **settings) -> "VllmSession":
+                max_new_tokens: int = 128, *, prompt_ids=None, dump=None, dump_replace: bool = False,
+                **settings) -> "VllmSession":
         """A new request. Settings of ``wb.Session`` that vLLM's engine has no counterpart for are accepted
         at their defaults only (the stepper passes them back on reset) and refused otherwise. ``dump``: a
-        path; every step is also written there as a cycle dump (``workbench.conform.vllm_dump``)."""
+        path; every step is also written there as a cycle dump (``workbench.conform.vllm_dump``); an existing
+        file is refused unless ``dump_replace=True``."""
+        if dump is None and dump_replace is not False:
+            raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
             from workbench.conform.dump import check_dump_path
 
-            check_dump_path(dump)
+            check_dump_path(dump, dump_replace)
         for name, value in settings.items():
             if name not in SESSION_DEFAULTS:
                 raise TypeError(f"session() got an unexpected argument {name!r}")
@@ -185,7 +189,7 @@ class VllmEngine(BaseEngine):
         if dump is not None:
             from workbench.conform.vllm_dump import attach
 
-            attach(self, self._live, dump)
+            attach(self, self._live, dump, dump_replace)
         return self._live
 
     def generate(self, prompt=None, max_new_tokens: int = 128, *, prompt_ids=None) -> list[int]:
