@@ -18,11 +18,18 @@ not check with the fields they lack: a missing field is "not checked", never pas
 
 Bad input is refused in one line naming the field, before any model loads where the file alone shows it:
 a foreign, truncated-header or unknown-version file (``read_dump``), a dump of another pair (vocabulary,
-block size, mask token), a field in a layout the checker cannot read (an unknown visibility form, a drafted
-slot count the drafter's block cannot make, a token outside the vocabulary).
+block size, mask token, a hybrid target under a header that says attention-only or the reverse), a field in a
+layout the checker cannot read (an unknown visibility form, a drafted slot count the drafter's block cannot
+make, a token outside the vocabulary), a dump with nothing to check (no cycle records, no field any contract
+reads) and a file that is not as its writer wrote it (a record missing, repeated or out of order, a cycle
+without its request's record, two rows' request ids swapped: ``workbench.conform.integrity``). Once the pair
+is loaded, its weights' fingerprint is held against the header's (``workbench.conform.fingerprint``): a dump
+is never replayed on another pair. A check that judged nothing (every contract not checked) is refused too:
+it is no verdict.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +39,7 @@ from torch import Tensor
 
 from workbench.conform import contracts as C
 from workbench.conform.dump import DumpFileError, read_dump
+from workbench.conform.integrity import RecordOrder
 
 NEEDS = {  # the fields each contract reads (besides the committed context); a cycle without them is not checked
     "drafter context": ("draft_context_tokens", "draft_context_positions"),
@@ -44,6 +52,7 @@ NEEDS = {  # the fields each contract reads (besides the committed context); a c
     "accept walk": ("tree_tokens", "tree_parents", "accepted_nodes"),
     "committed tokens": ("accepted_nodes", "tree_tokens"),
 }
+CONTEXT_CONTRACTS = ("drafter context", "drafter output", "target logits")  # these read the committed context too
 TOKEN_FIELDS = ("draft_context_tokens", "draft_block_tokens", "draft_topk_ids", "tree_tokens", "verify_ids",
                 "target_topk_ids", "target_choice", "committed_tokens")
 
@@ -86,6 +95,16 @@ class ConformReport:
     tolerance: C.Tolerance
     seconds: float
     notes: list = field(default_factory=list)  # one line each: a dump cut short, fields this version does not know
+    policies: list = field(default_factory=list)  # every policy label the records name, in the order first used
+    pair_used: dict = field(default_factory=dict)  # the pair the replay ran on: target, draft, dtype
+
+    @property
+    def title_policy(self) -> str:
+        """Every policy the run used (a session's policy changed mid-run names both), else the header's."""
+        p = list(self.policies)
+        if len(p) > 1:
+            return "policies " + ", ".join(p[:-1]) + " and " + p[-1]
+        return p[0] if p else (self.header.get("policy") or "per-request policies")
 
     @property
     def broken(self) -> list[str]:
@@ -101,7 +120,8 @@ class ConformReport:
 
     def to_dict(self) -> dict:
         return {"dump": self.dump, "engine": self.header.get("engine"), "pair": self.header.get("pair"),
-                "policy": self.header.get("policy"), "cycles": self.cycles, "requests": self.requests,
+                "policy": self.header.get("policy"), "policies": list(self.policies),
+                "pair_used": dict(self.pair_used), "cycles": self.cycles, "requests": self.requests,
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
                 "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()]}
 
@@ -109,11 +129,12 @@ class ConformReport:
         from workbench.records.texttable import text_table
 
         eng = self.header.get("engine") or {}
-        pair = self.header.get("pair") or {}
+        used = self.pair_used or self.header.get("pair") or {}
         lines = [f"Conformance of {self.dump}: {eng.get('name')} {eng.get('version', '')}".rstrip()
-                 + f", {self.header.get('policy') or 'per-request policies'}, {self.cycles} cycles of "
+                 + f", {self.title_policy}, {self.cycles} cycles of "
                  f"{self.requests} request(s), checked in {self.seconds:.1f} s",
-                 f"pair: target {pair.get('target')}, draft {pair.get('draft')} ({pair.get('dtype')})",
+                 f"pair: target {used.get('target')}, draft {used.get('draft')} ({used.get('dtype')})"
+                 + named_otherwise(self.header.get("pair") or {}, used),
                  f"tolerance {self.tolerance}"]
         lines += [f"note: {n}" for n in self.notes]
         rows = []
@@ -154,6 +175,17 @@ def _tokens(n: int) -> str:
     return f"{n} token{'' if n == 1 else 's'}"
 
 
+def named_otherwise(pair: dict, used: dict) -> str:
+    """Where the header names the models otherwise than the pair the replay ran on (another path to them, or
+    target= / draft= given): what it names, beside the pair used."""
+    from workbench.engine.loading import canonical_ref
+
+    named = [canonical_ref(pair.get(k)) if pair.get(k) else None for k in ("target", "draft")]
+    if named == [used.get("target"), used.get("draft")] or named == [None, None]:
+        return ""
+    return f"; the dump names target {pair.get('target')}, draft {pair.get('draft')}"
+
+
 # ------------------------------------------------------------------------------------------ the pair
 def _pair_dirs(pair: dict, target, draft) -> tuple[Path, Path]:
     from workbench.engine.loading import pair_dirs, resolve_model_ref
@@ -184,17 +216,58 @@ def check_pair(pair: dict, tdir: Path, ddir: Path) -> None:
         if key in pair and pair[key] != value:
             raise ConformInputError(f"the dump's pair.{key} is {pair[key]!r} but the pair here (target {tdir}, draft "
                                     f"{ddir}) has {value!r}: a dump of another pair; pass its target= and draft=")
+    hybrid = target_is_hybrid(tcfg)
+    said = pair.get("hybrid")
+    if said is not None and not isinstance(said, bool):
+        raise ConformInputError(f"the dump's pair.hybrid is {str(said)[:30]!r}: it must be true (the target has "
+                                "linear-attention layers) or false")
+    if hybrid and said is not True:
+        raise ConformInputError(f"the dump's header says the target is attention-only (pair.hybrid "
+                                f"{'absent' if said is None else 'false'}) but the target here ({tdir}) has "
+                                "linear-attention layers: write \"hybrid\": true in the header's pair if the dump "
+                                "is of this hybrid target, or check it on the pair it was written with")
+    if said is True and not hybrid:
+        raise ConformInputError(f"the dump's header says the target is hybrid (pair.hybrid true) but the target "
+                                f"here ({tdir}) is attention-only: check it on the pair it was written with "
+                                "(target=, draft=)")
 
 
-def prescan(path, pair: dict) -> tuple[int, int, list[str]]:
+def target_is_hybrid(config) -> bool:
+    """A target with linear-attention layers (a recurrent state per request): a config dict or object."""
+    from workbench.models.config_facts import layer_kinds
+
+    try:
+        return "linear_attention" in layer_kinds(config)
+    except (KeyError, TypeError, ValueError):  # no layer count: only what layer_types names
+        from workbench.models.config_facts import has_linear_attention
+
+        return has_linear_attention(config)
+
+
+@dataclass
+class Scan:
+    """What one pass over the records found before any model loads."""
+
+    cycles: int
+    requests: int
+    notes: list
+    policies: list  # policy labels in the order the records first name them
+
+
+def prescan(path, pair: dict) -> Scan:
     """One pass over the records before any model loads: every field decodes, the layouts are ones the checker
-    reads, and token ids and drafted slots fit the pair. -> (cycles, requests, notes)."""
+    reads, token ids and drafted slots fit the pair, the records are whole and in order (``RecordOrder``), and
+    there is something to check: at least one cycle, and one that holds some contract's fields."""
     from workbench.conform.dump import VISIBILITY_FORMS
 
     vocab, block = pair.get("vocab_size"), pair.get("block_size")
     _, records = read_dump(path)
     cycles = requests = 0
     unknown: set = set()
+    order = RecordOrder(path)
+    policies: list = []
+    with_context: set = set()  # requests whose record gives the committed context (prompt and first token)
+    checkable: set = set()  # contracts some cycle holds the fields of
     for rec in records:
         for name in rec.fields:
             value = rec[name]  # DumpFileError names file:line and the field
@@ -204,10 +277,18 @@ def prescan(path, pair: dict) -> tuple[int, int, list[str]]:
                     raise ConformInputError(f"{rec.where}: {name} holds token {hi if hi >= vocab else lo}, outside "
                                             f"the pair's vocabulary of {vocab}: a dump of another pair?")
         unknown.update(rec.unknown)
+        order.add(rec)
+        label = rec.get("policy")
+        if label and label not in policies:
+            policies.append(label)
         if rec.kind == "request":
             requests += 1
+            if "prompt_ids" in rec and "first_token" in rec:
+                with_context.add(rec.request)
             continue
         cycles += 1
+        checkable.update(name for name, need in NEEDS.items() if all(f in rec for f in need)
+                         and (name not in CONTEXT_CONTRACTS or rec.request in with_context))
         form = rec.get("visibility_form")
         if form is not None and form not in VISIBILITY_FORMS:
             raise ConformInputError(f"{rec.where}: visibility_form {form!r} is a layout this checker cannot read "
@@ -223,14 +304,28 @@ def prescan(path, pair: dict) -> tuple[int, int, list[str]]:
             if a in rec and b in rec and rec[a].shape != rec[b].shape:
                 raise ConformInputError(f"{rec.where}: {a} {list(rec[a].shape)} and {b} {list(rec[b].shape)} "
                                         "differ in shape")
+    problem = order.problem()
+    if problem is not None:
+        raise ConformInputError(problem)
+    if cycles == 0:
+        raise ConformInputError(f"{path} holds no cycle record ({requests} request record(s)"
+                                f"{', the end line' if records.complete else ''}): nothing to check; dump a run that "
+                                "steps at least once")
+    if not (checkable if pair.get("hybrid") else checkable - {"recurrent-state parents"}):
+        raise ConformInputError(f"{path}: none of its {cycles} cycle record(s) holds the fields any contract reads "
+                                "(e.g. tree_tokens and tree_parents for the tree, accepted_nodes for the accept walk): "
+                                "nothing could be checked; docs/dump-format.md lists each contract's fields")
     notes = []
     if records.truncated:
         notes.append(records.truncated)
     elif not records.complete:
         notes.append("the dump has no end line: the run stopped early; every whole record was checked")
+    if not order.numbered:
+        notes.append("the records carry no seq (an older writer): a record lost, repeated or moved is found only by "
+                     "each request's cycle numbers and context")
     if unknown:
         notes.append(f"fields this version does not know, not checked: {', '.join(sorted(unknown))}")
-    return cycles, requests, notes
+    return Scan(cycles, requests, notes, policies)
 
 
 # ------------------------------------------------------------------------------------------ the replay
@@ -543,10 +638,13 @@ def _exact_from_topk(want: dict, lp: Tensor, vals: Tensor) -> bool:
 def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None) -> ConformReport:
     """Check every cycle of the dump at ``dump`` against the reference on the pair its header names (default;
     the embedded pair for a workbench dump) or ``target`` / ``draft``, or on ``models`` already loaded
-    (``engine.models``: checked against the header as a directory would be). See the module's docstring."""
-    from workbench.engine.loading import load_models
+    (``engine.models``, or the workbench engine itself: checked against the header as a directory would be).
+    ``device``: where the reference runs when the pair is loaded here (cpu, cuda, cuda:N); ``progress``: a
+    callable given one line now and then. See the module's docstring."""
+    from workbench.engine.loading import load_models, model_ref
     from workbench.engine.policies import parse_policy
 
+    models = check_arguments(dump, target, draft, models, device, progress)
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     head, _ = read_dump(dump)
@@ -556,7 +654,8 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     else:
         tdir, ddir = models.target_dir, models.draft_dir
     check_pair(pair, tdir, ddir)
-    cycles, requests, notes = prescan(dump, pair)
+    scan = prescan(dump, pair)
+    notes = list(scan.notes)
     dtype = pair.get("dtype") or "float32"
     tol = C.tolerance(dtype)
     if models is None:
@@ -565,7 +664,12 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     elif str(models.dtype).replace("torch.", "") != dtype:
         raise ConformInputError(f"the dump's pair.dtype is {dtype!r} but models= holds {models.dtype}: load the "
                                 "pair in the dump's dtype")
-    replay = _Replay(models, tol, bool(pair.get("hybrid")))
+    note = check_fingerprint(dump, pair, models)
+    if note is not None:
+        notes.insert(0, note)
+    used = {"target": model_ref(models.target_dir), "draft": model_ref(models.draft_dir),
+            "dtype": str(models.dtype).replace("torch.", "")}
+    replay = _Replay(models, tol, target_is_hybrid(models.target.config))
     reqs: dict = {}
     default_policy = head.get("policy")
     _, records = read_dump(dump)
@@ -579,17 +683,88 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
                                              len(ctx) - 1 if ctx else 0, rec.get("max_new_tokens"),
                                              models.tokenizer.eos_token_id)
                 continue
-            rq = reqs.get(rec.request)
-            if rq is None:  # cycles of a request whose start the dump lacks: checked without its context
-                rq = reqs[rec.request] = _Request(None, _policy(rec.get("policy") or default_policy, parse_policy))
+            rq = reqs[rec.request]  # prescan refused a cycle without its request's record
             if rec.get("policy"):
                 rq.policy = _policy(rec["policy"], parse_policy)
             replay.cycle(rec, rq)
             _advance(rec, rq)
             done += 1
             if done % 16 == 0:
-                say(f"{done}/{cycles} cycles")
-    return ConformReport(str(dump), head, replay.results, cycles, requests, tol, time.perf_counter() - t0, notes)
+                say(f"{done}/{scan.cycles} cycles")
+    if not any(r.checked for r in replay.results.values()):
+        why = sorted({w for r in replay.results.values() for w in r.not_checked})
+        raise ConformInputError(f"{dump}: no contract could be checked on its {scan.cycles} cycle(s) "
+                                f"({'; '.join(why)[:240]}): a check that judged nothing is no verdict; dump the "
+                                "fields the contracts read (docs/dump-format.md)")
+    return ConformReport(str(dump), head, replay.results, scan.cycles, scan.requests, tol, time.perf_counter() - t0,
+                         notes, scan.policies, used)
+
+
+def check_arguments(dump, target, draft, models, device, progress):
+    """Each argument of ``conform`` as it must be, or ConformInputError (one line naming it and the fix), before
+    any file is read. -> the loaded pair to replay on (``models``, or an engine's), or None."""
+    from workbench.engine import validate
+
+    if not isinstance(dump, (str, os.PathLike)) or not str(dump):
+        raise ConformInputError(f"dump={dump!r:.60} must be the path of a cycle dump (a str or pathlib.Path), e.g. "
+                                "wb.conform('run.dump')")
+    if progress is not None and not callable(progress):
+        raise ConformInputError(f"progress={progress!r:.60} must be a callable taking one line (e.g. print), or None")
+    try:
+        validate.device(device)
+    except ValueError as e:
+        raise ConformInputError(str(e)) from None
+    if models is None:
+        return None
+    if target is not None or draft is not None:
+        raise ConformInputError("give models= or target= / draft=, not both: models= is the pair the check runs on")
+    return as_models(models)
+
+
+def as_models(models):
+    """``models=`` as a loaded pair: ``engine.models``, or the workbench engine itself (its ``.models``). A
+    remote or another engine's handle holds no weights here: refused in one line naming what to pass."""
+    from workbench.engine.loading import Models
+    from workbench.interface.base import BaseEngine
+
+    if isinstance(models, Models):
+        return models
+    if isinstance(getattr(models, "models", None), Models):  # the workbench engine (wb.load())
+        return models.models
+    if isinstance(models, BaseEngine) and models.name == "served":  # by the registry's name: serve is above us
+        raise ConformInputError("models= is a remote engine (wb.connect(...)): its weights are in the server's "
+                                "process, not this one; pass target= and draft= (the directories it serves) or "
+                                "models=wb.load(...).models")
+    if isinstance(models, BaseEngine):
+        raise ConformInputError(f"models= is the {models.name} engine, not the workbench's: the check replays on "
+                                "the workbench's own models of the pair; pass target= and draft= (its directories)")
+    raise ConformInputError(f"models={models!r:.60} is not a loaded pair: pass engine.models (wb.load(...).models) "
+                            "or target= and draft= directories")
+
+
+def check_fingerprint(dump, pair: dict, models) -> str | None:
+    """The header's weights fingerprint against the loaded pair's: ConformInputError naming both pairs when they
+    differ; a note (returned) when the dump has none to compare."""
+    from workbench.conform.fingerprint import METHOD, pair_fingerprint
+    from workbench.engine.loading import model_ref
+
+    fp = pair.get("fingerprint")
+    if not isinstance(fp, dict):
+        return ("pair not checked: no fingerprint of the weights in the header (a writer without one: an older "
+                "workbench, vLLM's adapter or a hook); make sure the pair here is the one the dump was written with")
+    if fp.get("method") != METHOD:
+        return (f"pair not checked: the header's fingerprint is by {str(fp.get('method'))[:40]!r}, this checker "
+                f"computes {METHOD!r}")
+    here = pair_fingerprint(models)
+    differ = [role for role in ("target", "draft") if fp.get(role) != here[role]]
+    if differ:
+        what = " and ".join({"target": "the target's", "draft": "the drafter's"}[r] for r in differ)
+        raise ConformInputError(
+            f"{dump} was written with target {pair.get('target')}, draft {pair.get('draft')}, but the pair here is "
+            f"target {model_ref(models.target_dir)}, draft {model_ref(models.draft_dir)}, and {what} weights differ "
+            f"(fingerprint {'/'.join(str(fp.get(r)) for r in differ)} in the dump, {'/'.join(here[r] for r in differ)}"
+            " here): check it on the pair it was written with (target= and draft=, or models=)")
+    return None
 
 
 def _policy(label, parse_policy):
@@ -616,7 +791,8 @@ def _advance(rec, rq: _Request) -> None:
 
 
 def cmd_conform(args, out, err) -> int:
-    """``python -m workbench conform DUMP``: exit 0 when no contract broke, 1 when one did, 2 on bad input."""
+    """``python -m workbench conform DUMP``: exit 0 when no contract broke, 1 when one did, 2 on bad input (one
+    line on stderr: a dump the checker cannot judge, another pair's, a check that judged nothing, --device tpu)."""
     import json
 
     try:
@@ -633,6 +809,6 @@ def add_parser(sub) -> None:
     p.add_argument("dump", help="a cycle dump (docs/dump-format.md)")
     p.add_argument("--target", metavar="DIR", help="target model directory (default: the one the dump names)")
     p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (default: the one the dump names)")
-    p.add_argument("--device", default="cpu", help="where the reference runs (default cpu)")
+    p.add_argument("--device", default="cpu", help="where the reference runs: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
