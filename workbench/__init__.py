@@ -12,13 +12,17 @@ from workbench.records.divergence import Divergence, first_divergence
 from workbench.engine.core import Engine, Session, SessionFinished, load
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.engine.loading import ModelPairError, load_models
-from workbench.engine.policies import AR, DDTree, DFlash, EagleTree, Policy, Spine, TreePolicy, parse_policy
+from workbench.engine.policies import (AR, CostTree, CutTree, DDTree, DFlash, EagleTree, PathTree, Policy, Spine,
+                                        TreePolicy, parse_policy)
 from workbench.engine.policies import register as register_policy
 from workbench.interface.base import BaseEngine, BaseSession
 from workbench.interface.registry import register_engine
 from workbench import analysis, shapes  # after the engine: they read its records
 from workbench.serve.client import RemoteEngine, RemoteSession, connect
 from workbench.serve import client as remote  # wb.remote.UnknownSession, ... (docs/wire-format.md)
+# The package, callable: wb.conform(dump) is the checker whichever of workbench.conform's modules is imported
+# first (a lazy __getattr__ was shadowed by the package once a dump writer imported it; conform/__init__.py)
+from workbench import conform
 
 
 def __getattr__(name: str):
@@ -28,10 +32,6 @@ def __getattr__(name: str):
         from workbench.payoff import pays_off
 
         return pays_off
-    if name == "conform":  # a cycle dump checked contract by contract (workbench.conform.check)
-        from workbench.conform.check import conform
-
-        return conform
     if name == "compare":  # the conformance report against a production engine (vLLM is optional)
         from workbench.engines.conformance import compare
 
@@ -48,7 +48,7 @@ __all__ = [
     "AR", "Cycle", "compare", "conform", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy",
     "BaseEngine", "BaseSession", "register_engine", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
-    "EagleTree", "TreePolicy", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
+    "EagleTree", "TreePolicy", "PathTree", "CostTree", "CutTree", "analysis", "connect", "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]
 from workbench.version import __version__  # noqa: E402,F401

@@ -10,3 +10,23 @@
   contract; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
 - ``hooks_sglang`` / ``hooks_vllm``: modules to drop into an engine on a GPU host (not run here).
 """
+import sys
+import types
+
+
+class CallablePackage(types.ModuleType):
+    """This package, callable: ``wb.conform(dump, ...)`` runs the checker (``workbench.conform.check.conform``).
+
+    Why: ``wb.conform`` is documented as the checker, and ``workbench.conform`` is this package. Python binds a
+    subpackage as an attribute of its parent the first time it is imported (a dump writer imports it), so a
+    function of the same name on ``workbench`` is shadowed by the module from then on ("'module' object is not
+    callable"), and a function bound over the module breaks ``import workbench.conform.dump as d``. A callable
+    package is both, whichever is imported first. The checker itself is imported on the first call."""
+
+    def __call__(self, dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None):
+        from workbench.conform.check import conform
+
+        return conform(dump, target, draft, models=models, device=device, progress=progress)
+
+
+sys.modules[__name__].__class__ = CallablePackage
