@@ -93,6 +93,19 @@ def test_observers_change_nothing_greedy_output_equals_ar(engine, prompts, polic
     assert all(c.replaced == () for c in s.cycles) and not s.hook_points
 
 
+def test_a_replaceable_value_changed_in_place_but_not_returned_changes_nothing(engine, prompts):
+    plain = engine.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=12)
+    s = engine.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=12)
+
+    def scribble(v, h):  # no return: an observer, whatever it does to its copy
+        (v.tokens if h.name == "cycle.hook_tree" else v).fill_(0)
+
+    c = s.step(hooks=[("tree_build", scribble), ("verify", scribble), ("accept", scribble)])
+    p = plain.step()
+    assert c.replaced == () and torch.equal(c.tokens, p.tokens) and torch.equal(c.target_choice, p.target_choice)
+    assert torch.equal(c.accepted_nodes, p.accepted_nodes) and s.tokens == plain.tokens
+
+
 def test_an_observe_only_point_refuses_a_returned_value(engine, prompts):
     s = engine.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=12)
     with pytest.raises(HookReturnError, match="a hook on cycle.hook_draft returned a value; only cycle.hook_tree"):

@@ -8,7 +8,9 @@ batched cycle a request's hooks see its own row only, and two sessions never see
 is ``fn(value, hook) -> None | replacement``: ``value`` is the stage's output for that row, ``hook`` a
 ``HookCall`` (the point's name, the request, its row, the cycle's ``Rows``). Returning None observes;
 returning a value at a replaceable point puts it in place of the stage's output, checked first
-(``workbench.engine.replacements``) and recorded in the request's ``Cycle.replaced``.
+(``workbench.engine.replacements``) and recorded in the request's ``Cycle.replaced``. A replaceable point's
+hooks get a copy (changed in place and not returned, it changes nothing); the other points' values are the
+cycle's own, to be read, not changed.
 
 A cycle whose requests have no hook runs exactly as it did without hook points: ``hooks_for`` returns None
 after one attribute test per request and the cycle tests ``is not None`` once per point (no dispatcher, no

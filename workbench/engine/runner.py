@@ -3,17 +3,17 @@ verify -> accept -> commit -> records.
 
 ``Rows`` holds the two model states (target and drafter, each one object for every row) and runs the
 stages in order over whatever requests it is given; a ``Session`` is one row, a ``BatchSession`` many.
-The requests (``workbench.engine.session.Session``) keep their own settings, outputs and traces; ``Rows`` keeps
-no reference to them between calls.
+The requests (``workbench.engine.session.Session``) keep their own settings, outputs, traces and hooks; ``Rows``
+keeps no reference to them between calls. Each stage's output passes a named hook point
+(``workbench.engine.hooks``), where each request's own hooks see its own row.
 """
 from __future__ import annotations
 
-import torch
-
+from ddtree_kernels import Tree
 from workbench.engine import stages
 from workbench.engine.hooks import CycleHooks, hooks_for
 from workbench.engine.replacements import checked_choices, checked_path, checked_tree, with_choices, with_paths
-from workbench.engine.stopwatch import Stopwatch, clock  # noqa: F401  (re-exported: workbench.engine.core)
+from workbench.engine.stopwatch import Stopwatch, clock  # noqa: F401  (also re-exported: workbench.engine.core)
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.models.layout import TreeLayout
 from workbench.models.registry import new_draft_state, new_target_state
@@ -192,7 +192,9 @@ class Rows:
                  for p, d, r in zip(policies, drafted, roots)]
         if hooks is not None and hooks.has("cycle.hook_tree"):
             vocab = m.target.get_output_embeddings().weight.shape[0]
-            for b, t in hooks.replace("cycle.hook_tree", trees, lambda v, b: checked_tree(
+            # Copies: a hook that changes its value in place without returning it changes nothing, silently or not.
+            copies = [Tree(*(x.clone() for x in (t.tokens, t.parents, t.depth, t.rank, t.score))) for t in trees]
+            for b, t in hooks.replace("cycle.hook_tree", copies, lambda v, b: checked_tree(
                     v, roots[b], vocab, max_depths[b], nodes, trees[b])).items():
                 trees[b] = t
         sw.start("tree_compile")
@@ -236,7 +238,7 @@ class Rows:
     def _hook_choices(self, hooks: CycleHooks, layout: TreeLayout, verified):
         """Each row's choices [1, n] through its cycle.hook_choices hooks; a replacement is checked and put in."""
         vocab = self.models.target.get_output_embeddings().weight.shape[0]
-        rows = [verified.choice[b : b + 1, : n] for b, n in enumerate(layout.n)]  # [1, n_b] views
+        rows = [verified.choice[b : b + 1, : n].clone() for b, n in enumerate(layout.n)]  # [1, n_b] copies
         got = hooks.replace("cycle.hook_choices", rows,
                             lambda v, b: checked_choices(v, layout.n[b], vocab, verified.choice))
         return with_choices(verified, got) if got else verified
@@ -245,7 +247,7 @@ class Rows:
         """Each row's accepted path [L + 1] through its cycle.hook_accepted hooks (a host read of the
         lengths: only when such a hook is registered); a replacement must be a root-to-node path of the tree."""
         lengths = accepted.length.tolist()
-        paths = [accepted.index[b, : L + 1] for b, L in enumerate(lengths)]
+        paths = [accepted.index[b, : L + 1].clone() for b, L in enumerate(lengths)]  # [L_b + 1] copies
         got = hooks.replace("cycle.hook_accepted", paths, lambda v, b: checked_path(
             v, layout.trees[b].parents[0].tolist(), accepted.index))
         return with_paths(accepted, got, verified.choice) if got else accepted
