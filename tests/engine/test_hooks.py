@@ -12,6 +12,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import Tree
 from test_engine import tiny_prompts
+from tiny_hybrid import make_hybrid_pair
 from workbench.engine import hooks as hook_module
 from workbench.engine.hooks import POINTS, REPLACEABLE, STAGE_POINTS, HookReturnError
 from workbench.engine.scheduler import BatchLimits, Scheduler
@@ -159,6 +160,38 @@ def test_a_forced_accepted_path_takes_effect_and_is_recorded(engine, prompts, tm
     assert back.cycles[0].replaced == ("accept",) and back.cycles[0].accepted_nodes.tolist() == seen["forced"]
     with pytest.raises(ValueError, match=r"cycle\(s\) 0 of this trace had a stage's output replaced by a hook"):
         engine.replay(back)
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine(tmp_path_factory):
+    t, d = make_hybrid_pair(tmp_path_factory.mktemp("hyb"), "qwen3_5", seed=4, vocab=40)
+    return wb.load(target=t, draft=d)
+
+
+@pytest.mark.parametrize("which", ["dense", "hybrid"])
+def test_after_a_forced_path_the_state_is_the_forced_prefixs(engine, hybrid_engine, which):
+    """The model states commit the forced path as they would an accepted one (K/V, or a recurrent state taken
+    from the path's last node): every later token is plain decoding's from the prefix the forced cycle left."""
+    e = hybrid_engine if which == "hybrid" else engine
+    checked = 0
+    for prompt in tiny_prompts(e, 4, seed=7):  # (a random pair may say end-of-text on the forced path)
+        s = e.session(prompt, policy=wb.DDTree(8), max_new_tokens=24)
+        s.step()
+        seen = {}
+        c = s.step(hooks=[("tree_build", lambda t, h: seen.update(parents=t.parents[0].tolist())),
+                          ("accept", lambda p, h: first_child_line(seen["parents"]))])  # as deep as the tree goes
+        assert c.replaced == ("accept",) and c.accepted >= 1
+        cut = len(s.generated)
+        s.run()
+        rest = s.generated[cut:]
+        if not rest:
+            continue
+        # AR's first token comes from its prefill over the forced prefix: the session's next token must equal it.
+        ar = e.session(prompt_ids=s.prompt_ids + s.generated[:cut], policy=wb.AR(), max_new_tokens=len(rest))
+        ar.run()
+        assert rest == ar.generated[: len(rest)]
+        checked += 1
+    assert checked >= 2
 
 
 def first_child_line(parents: list[int]) -> list[int]:
