@@ -329,6 +329,17 @@ def test_a_cycle_without_hooks_builds_no_dispatcher(engine, prompts, monkeypatch
     b.run()
 
 
+def test_time_in_hooks_is_counted_as_other_not_as_the_stage_watched(engine, prompts):
+    import time
+
+    from workbench.records.cycle import STAGES
+
+    s = engine.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=12)
+    c = s.step(hooks=[("tree_build", lambda t, h: time.sleep(0.2))])
+    assert set(c.stage_seconds) == set(STAGES)
+    assert c.stage_seconds["other"] >= 0.2 > c.stage_seconds["tree_build"]
+
+
 def test_the_shape_capture_rides_on_the_requests_hook_points(engine, prompts):
     s = engine.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=12)
     with wb.shapes.capture(s):

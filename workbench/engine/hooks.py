@@ -200,6 +200,10 @@ class CycleHooks:
         return out
 
     def end(self, name: str, error: BaseException | None) -> None:
-        """The end point (``prefill.hook_end`` / ``cycle.hook_end``) for every row, even when the cycle raised."""
+        """The end point (``prefill.hook_end`` / ``cycle.hook_end``) for every row, even when the cycle raised.
+        The stage the stopwatch was in goes on afterwards (the caller's bookkeeping is timed as before)."""
         if name in self.names:
+            stage = None if self.stopwatch is None else self.stopwatch.stage
             self.observe(name, [error] * len(self.reqs))
+            if stage is not None:
+                self.stopwatch.start(stage)

@@ -31,6 +31,11 @@ class Stopwatch:
         self._range = None
         self._profiling = torch.autograd._profiler_enabled()
 
+    @property
+    def stage(self) -> str | None:
+        """The stage being timed now (None once stopped)."""
+        return self._name
+
     def start(self, name: str) -> None:
         now = self.stop()
         self._name, self._t = name, now
