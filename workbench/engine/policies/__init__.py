@@ -13,10 +13,14 @@ from workbench.engine.policies.dflash import DFlash
 from workbench.engine.policies.ar import AR
 from workbench.engine.policies.eagle import EagleTree
 from workbench.engine.policies.spine import Spine
+from workbench.engine.policies.path_tree import PathTree
+from workbench.engine.policies.cost_tree import CostTree
+from workbench.engine.policies.cut_tree import CutTree
 from workbench.engine.policies.custom import TreePolicy
 
 __all__ = [
-    "AR", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "Policy", "Spine", "TreePolicy", "as_policy", "by_kind",
+    "AR", "CostTree", "CutTree", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "PathTree", "Policy", "Spine",
+    "TreePolicy", "as_policy", "by_kind",
     "choices", "from_wire", "knob_values", "parse_policy", "register", "registered", "to_wire", "unregister",
     "usages", "with_knobs",
 ]

@@ -4,8 +4,8 @@ A policy decides which drafted prefixes the target verifies. Everything the rest
 of a policy is declared on ``Policy``: its tree build (``build_tree``), its static node count
 (``static_nodes``, for CUDA graphs and buffer planning), whether it drafts at all (``drafts``), its label
 (``str(policy)``, written back by ``parse_policy``; ``label`` for a menu), its wire name (``kind``), the
-integer fields a control edits (``knobs``), the drafter slots it needs (``check_slots``) and whether a
-small vocabulary can fill it (``capacity``).
+integer fields a control edits (``knobs``), the drafter slots it needs (``check_slots``), whether a
+small vocabulary can fill it (``capacity``) and whether it can run on a given pair (``for_pair``).
 
 The registry maps each ``kind`` to its class. Parsing (``parse_policy``, ``--policies``), the wire format
 (``to_wire`` / ``from_wire``), validation, the stepper and the runner read it; nothing outside this
@@ -59,6 +59,13 @@ class Policy:
 
     def check_slots(self, slots: int) -> None:
         """Refuse (ValueError, one line) a policy that needs more drafted slots than the drafter has."""
+
+    def for_pair(self, pair: dict) -> "Policy":
+        """This policy ready to run on ``pair`` (plain data: ``workbench.models.identity.pair_identity``), checked
+        before any decode. A policy that holds something made on one pair (a calibration file) refuses another
+        pair here (ValueError, one line) and returns a copy bound to what it will use; the rest return
+        themselves. Equal to ``self`` either way (binding changes no field)."""
+        return self
 
     @classmethod
     def parse(cls, text: str) -> "Policy | None":

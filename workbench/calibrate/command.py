@@ -1,0 +1,161 @@
+"""The calibration command: decode calibration prompts on a pair, fit, choose, write one JSON file.
+
+    python -m workbench.calibrate --target dense --out workbench/assets/calibration.json
+    python -m workbench.calibrate --target hybrid --out workbench/assets/hybrid/calibration.json
+    python -m workbench.calibrate --target /models/t --draft /models/d --costs payoff.json --out my.json
+
+Bad input is one line on stderr and exit code 2, before any model loads where it can be (a count that is not
+positive, an output folder that does not exist, a cost source that cannot be read) and before anything is
+written otherwise (too few cycles or too few hits per path state for the estimate). ``add_parser`` and
+``run_command`` let ``python -m workbench calibrate`` offer the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+PAIRS = ("dense", "hybrid")
+HELP = "a calibration file for the calibrated tree policies (path, costed, cut) on one pair"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="dense",
+                   help="dense (default) or hybrid: an embedded pair; or a target model directory with --draft")
+    p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with a --target directory)")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the calibration (JSON)")
+    p.add_argument("--prompts", type=int, default=120, help="calibration prompts to decode (default 120)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    p.add_argument("--width", type=int, default=16, help="drafter candidates recorded per slot (default 16)")
+    p.add_argument("--costs", default=None, metavar="FILE",
+                   help="the pair's step cost: a pays-off --json result or a cost table (default: the shipped "
+                        "table for an embedded pair; none for another pair: CostTree and the chosen CutTree "
+                        "thresholds then need one)")
+    p.add_argument("--seed", type=int, default=0, help="which calibration prompts (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def add_parser(sub) -> None:
+    """The ``calibrate`` subcommand of ``python -m workbench``."""
+    add_arguments(sub.add_parser("calibrate", help=HELP))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workbench.calibrate", description=HELP)
+    add_arguments(p)
+    return p
+
+
+def check_args(args) -> None:
+    """Everything that can be refused before a model loads (ValueError, one line)."""
+    for name in ("prompts", "max_new_tokens", "width"):
+        v = getattr(args, name)
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {v}: must be 1 or more")
+    if args.max_new_tokens < 8:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: a calibration needs cycles, give 8 or more")
+    if args.target not in PAIRS and not args.draft:
+        raise ValueError(f"--target {args.target}: a model directory needs --draft DIR (or use {' or '.join(PAIRS)})")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+
+
+def compact_json(d: dict) -> str:
+    """Indented JSON with every list of numbers on one line (a calibration stays a small, readable file)."""
+    text = json.dumps(d, indent=1)
+    return re.sub(r"\[\s*([-0-9.eE+,\s]+?)\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]",
+                  text) + "\n"
+
+
+def run_command(args, out, err) -> int:
+    from workbench.calibrate.choose import choose_thresholds, summary
+    from workbench.calibrate.collect import POLICIES, collect
+    from workbench.calibrate.costs import CostInputError, read_costs
+    from workbench.calibrate.fit import fit
+    from workbench.calibrate.prompts import calibration_prompts
+    from workbench.engine.policies.calibration import FORMAT, MIN_CYCLES, MIN_HITS, VERSION
+    from workbench.models.identity import pair_identity
+
+    t0 = time.perf_counter()
+    try:
+        check_args(args)
+        source = args.costs or (args.target if args.target in PAIRS else None)
+        cost = read_costs(source) if source else None
+        items, kept_apart = calibration_prompts(args.prompts, args.seed)
+    except (ValueError, CostInputError) as e:
+        print(f"calibrate: {e}", file=err)
+        return 2
+
+    from workbench.engine.core import load
+
+    target, draft = (None, None) if args.target == "dense" else ((args.target, None) if args.target in PAIRS
+                                                                 else (args.target, args.draft))
+    engine = load(target, draft, device=args.device, threads=args.threads)
+    pair = pair_identity(engine.models)
+
+    def progress(i, n):
+        if not args.quiet:
+            print(f"\rcalibrate: decoded {i}/{n} prompts", end="" if i < n else "\n", file=err, flush=True)
+
+    cycles = collect(engine, [it["prompt"] for it in items], args.max_new_tokens, args.width, progress)
+    C = cycles.topv.shape[0]
+    if C < MIN_CYCLES:
+        print(f"calibrate: {args.prompts} prompts gave {C} drafted cycles; the estimate needs at least {MIN_CYCLES}: "
+              f"give more --prompts or --max-new-tokens", file=err)
+        return 2
+    model, figures = fit(cycles)
+    thin = [s for s, h in figures["hits"].items() if h < MIN_HITS]
+    if thin:
+        print(f"calibrate: the target took a candidate in the {', '.join(thin)} state only "
+              f"{', '.join(str(figures['hits'][s]) for s in thin)} time(s); the estimate needs {MIN_HITS}: give more "
+              "--prompts", file=err)
+        return 2
+    thresholds, replay = choose_thresholds(cycles, model, cost) if cost is not None else ({}, None)
+    texts = "\n\0".join(it["prompt"] for it in items)
+    doc = {
+        "format": FORMAT, "version": VERSION, "pair": pair,
+        "made": {
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "command": "python -m workbench.calibrate " + " ".join(sys.argv[1:]) if sys.argv[1:] else "run_command",
+            "python": platform.python_version(), "device": str(engine.device),
+            "decodes": {"policies": [str(p) for p in POLICIES], "greedy": True, "max_new_tokens": args.max_new_tokens,
+                        "recorded_candidates_per_slot": args.width},
+            "prompts": {"count": len(items), "sha256": hashlib.sha256(texts.encode()).hexdigest(), **kept_apart,
+                        "items": [{k: it[k] for k in ("id", "kind", "source")} for it in items]},
+            "cycles": int(C), "tokens": int(cycles.tokens), "decode_seconds": round(cycles.seconds, 1),
+            "seconds": None,
+        },
+        "acceptance": {**model.to_dict(), "width": args.width, **figures},
+        "cost": cost.to_dict() if cost is not None else None,
+        "thresholds": thresholds,
+        "replay": replay,
+    }
+    doc["made"]["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(args.out).write_text(compact_json(doc))
+    h = figures["held_out"]
+    print(f"calibrate: {C} cycles from {len(items)} prompts ({cycles.tokens} tokens) in {doc['made']['seconds']} s "
+          f"-> {args.out}", file=out)
+    print("calibrate: hits per state " + ", ".join(f"{s} {figures['hits'][s]}/{figures['slots'][s]}" for s in figures["hits"])
+          + "; held-out log-loss model vs drafter marginal: "
+          + ", ".join(f"{s} {v['log_loss_model']:.4f} vs {v['log_loss_drafter_marginal']:.4f}" for s, v in h.items()),
+          file=out)
+    if replay is not None:
+        print(summary(replay), file=out)
+        print("calibrate: thresholds " + json.dumps(thresholds), file=out)
+    else:
+        print("calibrate: no cost table (--costs): CostTree refuses this file and CutTree needs a threshold", file=out)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(args, sys.stdout, sys.stderr)

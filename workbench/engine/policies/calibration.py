@@ -1,0 +1,167 @@
+"""A calibration file: what the calibrated policies know about one pair, and its checks.
+
+``python -m workbench.calibrate`` decodes calibration prompts (never the evaluation prompts) on a pair and
+writes one JSON file holding:
+
+- ``pair``: the pair's identity (``workbench.models.identity.pair_identity``): vocabulary, block size, mask
+  token, target layers read, each model's shape and weight fingerprint;
+- ``acceptance``: the path-acceptance model (``path_model.PathModel``) and the counts it was fitted on;
+- ``cost``: the pair's step time over rows x nodes (``step_cost.StepCost``), with its source;
+- ``thresholds``: the acceptance threshold of ``CutTree`` chosen on the calibration prompts, per shape
+  ("tree", "chain") and batch size;
+- ``made``: date, command, prompts (source files, count, how they are kept apart from evaluation), cycles.
+
+Both embedded pairs ship one (``workbench/assets/calibration.json``, ``workbench/assets/hybrid/calibration.json``).
+A file is refused in one line (``CalibrationError``, a ValueError) when it is not one, when it was made from
+fewer cycles than the estimate needs, or when it was made on another pair (vocabulary, block size, drafter
+or target differ); the policies check this before any decode (``Policy.for_pair``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.engine.policies.path_model import PathModel
+from workbench.engine.policies.step_cost import StepCost
+
+FORMAT = "ddtree-workbench calibration"
+VERSION = 1
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+SHIPPED = {"dense": ASSETS / "calibration.json", "hybrid": ASSETS / "hybrid" / "calibration.json"}
+# The estimate needs enough cycles overall and enough target hits in every path state: the sibling and off
+# states are met only after the chain missed, a few times per cycle at most.
+MIN_CYCLES = 200
+MIN_HITS = 30
+MAKE = "python -m workbench.calibrate --target DIR --draft DIR --out FILE"
+# identity fields in the order a mismatch is named, with the words for them
+PAIR_FIELDS = (("vocab", "vocabulary size"), ("block_size", "drafter block size"), ("drafter", "drafter"),
+               ("mask_token_id", "drafter mask token"), ("target_layer_ids", "target layers the drafter reads"),
+               ("target", "target"))
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used for this policy or pair; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One pair's calibration, as loaded from its file."""
+
+    path: str
+    pair: dict
+    model: PathModel
+    width: int  # candidates per slot the model was fitted on (the tree never looks past them)
+    cost: StepCost | None
+    thresholds: dict  # {"tree" | "chain": {"rows": threshold}}
+    made: dict
+
+    @property
+    def cycles(self) -> int:
+        return int(self.made.get("cycles", 0))
+
+    def check_pair(self, pair: dict) -> None:
+        """Refuse (one line) a pair other than the one this file was made on."""
+        for key, words in PAIR_FIELDS:
+            mine, theirs = self.pair.get(key), pair.get(key)
+            if mine != theirs:
+                raise CalibrationError(f"calibration {self.path} was made on another pair: its {words} is "
+                                       f"{describe(mine)}, this pair's {describe(theirs)}; make one for this pair "
+                                       f"with {MAKE}")
+
+    def threshold(self, shape: str, rows: int) -> float:
+        """The threshold chosen on the calibration prompts for ``shape`` ("tree" or "chain") at the measured
+        batch size nearest ``rows``."""
+        table = self.thresholds.get(shape) or {}
+        if not table:
+            raise CalibrationError(f"calibration {self.path} holds no {shape} threshold; give one "
+                                   f"(CutTree(..., threshold=0.2)) or make the file again with {MAKE}")
+        best = min(table, key=lambda r: (abs(int(r) - rows), int(r)))
+        return float(table[best])
+
+    def step_cost(self) -> StepCost:
+        if self.cost is None:
+            raise CalibrationError(f"calibration {self.path} holds no cost table; make it with {MAKE} --costs FILE "
+                                   "(a pays-off --json result or a cost table)")
+        return self.cost
+
+
+def describe(v) -> str:
+    """A pair field for a one-line message (a model's facts as 'qwen3, 2 layers x 256, weights 5f28...')."""
+    if isinstance(v, dict):
+        return f"{v.get('model_type')}, {v.get('layers')} layers x {v.get('hidden')}, weights {v.get('weights')}"
+    return str(v)
+
+
+_LOADED: dict[tuple, Calibration] = {}  # (path, mtime) -> loaded file: policies look it up every cycle
+
+
+def resolve_path(name_or_path) -> Path:
+    """A shipped calibration's name ('dense', 'hybrid') or a file's path -> the path."""
+    if isinstance(name_or_path, str) and name_or_path in SHIPPED:
+        return SHIPPED[name_or_path]
+    return Path(name_or_path).expanduser()
+
+
+def load(name_or_path) -> Calibration:
+    """A calibration file (or a shipped one by name), checked; CalibrationError in one line otherwise."""
+    p = resolve_path(name_or_path)
+    if not p.is_file():
+        shipped = ", ".join(SHIPPED)
+        raise CalibrationError(f"calibration {name_or_path!s} is not a file nor a shipped one ({shipped}); make one "
+                               f"with {MAKE}")
+    key = (str(p.resolve()), p.stat().st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED[key] = parse(p)
+    return _LOADED[key]
+
+
+def parse(p: Path) -> Calibration:
+    """Read and check one file (the format, the cycles the estimate needs, the model and cost table)."""
+    where = f"calibration {p}"
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{where} is not JSON ({type(e).__name__}); make one with {MAKE}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise CalibrationError(f"{where} is not a calibration file (no \"format\": \"{FORMAT}\"); make one with {MAKE}")
+    if d.get("version") != VERSION:
+        raise CalibrationError(f"{where} is version {d.get('version')!r}; this workbench reads version {VERSION}: "
+                               f"make it again with {MAKE}")
+    made, acc = d.get("made") or {}, d.get("acceptance") or {}
+    cycles = int(made.get("cycles", 0) or 0)
+    if cycles < MIN_CYCLES:
+        raise CalibrationError(f"{where} was made from {cycles} cycles; the path estimate needs at least {MIN_CYCLES}: "
+                               f"make it again from more prompts or tokens ({MAKE} --prompts N)")
+    hits = acc.get("hits") or {}
+    thin = [s for s in acc.get("states", []) if int(hits.get(s, 0) or 0) < MIN_HITS]
+    if thin:
+        raise CalibrationError(f"{where} saw the target take a candidate in the {', '.join(thin)} state(s) only "
+                               f"{', '.join(str(int(hits.get(s, 0) or 0)) for s in thin)} time(s); the estimate "
+                               f"needs {MIN_HITS} each: make it again from more prompts ({MAKE} --prompts N)")
+    try:
+        model = PathModel.from_dict(acc, where)
+        cost = StepCost.from_dict(d["cost"], where) if d.get("cost") else None
+    except ValueError as e:
+        raise CalibrationError(str(e)) from None
+    pair = d.get("pair")
+    if not isinstance(pair, dict) or any(k not in pair for k, _ in PAIR_FIELDS):
+        raise CalibrationError(f"{where} records no pair identity (vocabulary, block size, drafter, target); make it "
+                               f"again with {MAKE}")
+    width = int(acc.get("width", 0) or 0)
+    if width < 1:
+        raise CalibrationError(f"{where} records no candidate width (acceptance.width); make it again with {MAKE}")
+    return Calibration(str(p), pair, model, width, cost, d.get("thresholds") or {}, made)
+
+
+def shipped_for(pair: dict) -> Calibration | None:
+    """The shipped calibration made on ``pair``, or None."""
+    for p in SHIPPED.values():
+        if p.is_file():
+            cal = load(p)
+            try:
+                cal.check_pair(pair)
+            except CalibrationError:
+                continue
+            return cal
+    return None
