@@ -597,6 +597,14 @@ def _add_serve_parser(sub) -> None:
                    help="close a connection whose request head is not in after S seconds (default 5)")
     g.add_argument("--body-timeout", type=_finite_float, default=10.0, metavar="S",
                    help="close a connection whose request body is not in S seconds after its head (default 10)")
+    g.add_argument("--send-timeout", type=_finite_float, default=30.0, metavar="S",
+                   help="close a connection that leaves a reply's bytes untaken for S seconds (default 30)")
+    g.add_argument("--max-stream-cycles", type=_positive_int, default=1024, metavar="N",
+                   help="cycles one /run stream carries; the client then asks again (default 1024)")
+    g.add_argument("--max-stream-bytes", type=_positive_int, default=64 * 2**20, metavar="N",
+                   help="about N bytes per /run stream; the client then asks again (default 64 MiB)")
+    g.add_argument("--max-stream-seconds", type=_finite_float, default=600.0, metavar="S",
+                   help="how long one /run stream may run; the client then asks again (default 600)")
     g = p.add_argument_group("batching (the sessions' steps run as rows of shared cycles: workbench.engine.scheduler)")
     g.add_argument("--no-batching", dest="batching", action="store_false",
                    help="drive every session apart, one cycle at a time under one lock (the pre-batching server)")
@@ -607,8 +615,13 @@ def _add_serve_parser(sub) -> None:
 
 
 def _add_bench_serve_parser(sub) -> None:
-    p = sub.add_parser("bench-serve", help="the served engine under load: N clients stepping at once, batching on and off")
+    p = sub.add_parser("bench-serve", help="the served engine under load beside the same engine in process: N "
+                       "clients at once, what the server adds per step and where it goes")
     p.add_argument("--clients", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
+    p.add_argument("--modes", default="inproc,run,step,serial",
+                   help="comma-separated, interleaved: inproc (one batch in this process), run (each client one "
+                        "streamed request), step (one request per cycle), serial (run, one client after another), "
+                        "unbatched (run on a --no-batching server) (default inproc,run,step,serial)")
     p.add_argument("--policy", default="ddtree:16", help="every client's policy (default ddtree:16)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=48, help="per session (default 48)")
     p.add_argument("--repeats", type=_positive_int, default=1, help="rounds per (mode, clients), order alternating (default 1)")
@@ -638,6 +651,13 @@ def cmd_bench_serve(args, out, err) -> int:
         raise UsageError(f"--clients {args.clients!r} must be comma-separated whole numbers, e.g. 1,4,8,16") from None
     if any(n < 1 for n in clients) or len(set(clients)) != len(clients):
         raise UsageError(f"--clients {args.clients!r}: each count must be 1 or more, and each only once")
+    from workbench.bench.serve_load import MODES
+
+    modes = [m.strip() for m in args.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise UsageError(f"--modes {args.modes!r}: give each of {', '.join(MODES)} at most once, comma-separated"
+                         + (f" ({unknown[0]!r} is none of them)" if unknown else ""))
     try:
         policy = wire.policy_to_wire(parse_policy(args.policy))
     except ValueError as e:
@@ -647,7 +667,8 @@ def cmd_bench_serve(args, out, err) -> int:
                                  ("--dtype", args.dtype), ("--kernel-backend", args.kernel_backend))
                   if v is not None for a in (k, str(v))]
     prompts = [p["prompt"] for p in eval_prompts(args.split)]
-    res = bench_serve(model_args, prompts, clients, policy, args.max_new_tokens, args.repeats, args.threads,
+    res = bench_serve(model_args, lambda: _load_engine(args), prompts, clients, policy, args.max_new_tokens,
+                      args.repeats, args.threads, modes,
                       progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
     print(table(res), file=out)
     if dest is not None:

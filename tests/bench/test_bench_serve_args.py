@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from workbench.__main__ import main
 
 
@@ -15,6 +17,14 @@ def test_more_new_tokens_than_its_servers_allow_is_refused_before_they_start(cap
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("modes,why", [("run,warp", "'warp' is none of them"), ("run,run", "at most once")])
+def test_an_unknown_or_repeated_mode_is_refused_in_one_line(capsys, modes, why):
+    assert main(["bench-serve", "--modes", modes, "--clients", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--modes {modes!r}: give each of inproc, run, step, serial, unbatched at most once" in err and why in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_table_names_the_policy():
     from workbench.bench.serve_load import table
     from workbench.engine.policies import parse_policy
@@ -22,6 +32,6 @@ def test_the_table_names_the_policy():
 
     row = {"tok_s": 10.0, "p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0}
     res = {"policy": wire.policy_to_wire(parse_policy("ddtree:16")), "max_new_tokens": 48, "repeats": 1,
-           "rows": [{"clients": 1, "batched": row, "unbatched": row, "batched_over_unbatched": [1.0]}]}
+           "modes": ["inproc", "run"], "rows": [{"clients": 1, "inproc": row, "run": row}]}
     head = table(res).splitlines()[0]
     assert head.startswith(f"served engine under load: {parse_policy('ddtree:16')}, 48 new tokens") and "{" not in head

@@ -1,44 +1,99 @@
-"""The served-engine load bench ends every session it opened, even when the server has closed the
-client's idle connection in the meantime (a lost delete left a session live, and the next round hit
-max_sessions: 429 at 16 clients)."""
+"""The served-engine load bench: its rounds (in process and served, at once and one after another) count what
+they should, and its clients survive a connection the server closed while idle (a lost delete once left a
+session live, and the next round hit max_sessions: 429 at 16 clients)."""
 from __future__ import annotations
 
-import http.client
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from shared_checks import http_call
+import workbench as wb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture()
-def server(tmp_path):
-    import workbench as wb
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
     from tiny_models import make_pair
+
+    return make_pair(tmp_path_factory.mktemp("load"), vocab=40, hidden=32, layers=2, layer_ids=(0,), block_size=4,
+                     seed=1, eos=False)
+
+
+@pytest.fixture()
+def server(pair):
     from workbench.serve import EngineServer, Limits
 
-    t, d = make_pair(tmp_path, vocab=40, hidden=32, layers=2, layer_ids=(0,), block_size=4, seed=1, eos=False)
-    srv = EngineServer(wb.load(target=t, draft=d), port=0, limits=Limits(max_sessions=2)).start()
+    srv = EngineServer(wb.load(target=pair[0], draft=pair[1]), port=0, limits=Limits(max_sessions=4)).start()
     yield srv
     srv.stop()
 
 
-def test_a_session_is_deleted_after_the_server_closed_its_idle_connection(server):
-    from workbench.bench.serve_load import _call, end_session
+class Handle:
+    """What the bench's rounds use of its server subprocess, over a server in this process."""
 
-    host, port = server.url.removeprefix("http://").rsplit(":", 1)
-    handle = SimpleNamespace(host=host.strip("[]"), port=int(port), token=server.token)
-    conns = [http.client.HTTPConnection(handle.host, handle.port, timeout=30) for _ in range(2)]
-    sids = [_call(c, server.token, "POST", "/sessions", {"prompt": "t1 t2", "max_new_tokens": 4})["id"] for c in conns]
-    time.sleep(5.5)  # both connections idle past uvicorn's keep-alive timeout (5 s): the server closes them
-    with pytest.raises((http.client.HTTPException, ConnectionError)):  # the condition the bench met
-        _call(conns[0], server.token, "DELETE", f"/sessions/{sids[0]}")
-    assert {s["id"] for s in http_call(server, "GET", "/sessions")[1]["sessions"]} == set(sids)
-    end_session(handle, conns[1], sids[1])
-    end_session(handle, conns[0], sids[0])
-    assert http_call(server, "GET", "/sessions")[1]["sessions"] == []
-    with pytest.raises(RuntimeError, match="404"):  # a delete that really fails is not swallowed
-        end_session(handle, conns[0], sids[0])
+    def __init__(self, srv):
+        self.url, self.token, self.srv = srv.url, srv.token, srv
+
+    def batching(self) -> dict:
+        return dict(wb.connect(self.url, token=self.token).health()["batching"])
+
+
+def test_sessions_are_deleted_after_the_server_closed_their_idle_connections(server, monkeypatch):
+    from workbench.serve import connection
+
+    remote = wb.connect(server.url, token=server.token)
+    a, b = (remote.session("t1 t2", max_new_tokens=4) for _ in range(2))
+    time.sleep(5.5)  # the client's kept-alive connection idle past uvicorn's keep-alive timeout (5 s): closed
+    a.close(fetch=False)  # too old to reuse: a fresh connection
+    monkeypatch.setattr(connection, "REUSE_SECONDS", 3600.0)  # now a closed one is tried, found closed, replaced
+    remote.sessions()
+    time.sleep(5.5)
+    b.close(fetch=False)
+    assert remote.sessions() == []
+
+
+def test_one_thread_keeps_one_connection(server):
+    seen = []
+    admit = server.guard.admit
+    server.guard.admit = lambda p: (seen.append(p), admit(p))
+    try:
+        s = wb.connect(server.url, token=server.token).session("t1 t2", policy=wb.DDTree(3), max_new_tokens=12)
+        for _ in range(3):
+            s.step()
+        s.run()
+        s.close()
+    finally:
+        server.guard.admit = admit
+    assert len(seen) == 1, f"{len(seen)} connections for one thread's requests"
+
+
+def test_the_rounds_count_tokens_steps_and_where_the_time_went(server, pair):
+    from workbench.bench.serve_load import inproc_round, served_round, summarise, table
+    from workbench.serve import wire
+
+    prompts, policy = ["t1 t2 t3", "t4 t5", "t6"], wb.DDTree(3)
+    local = wb.load(target=pair[0], draft=pair[1])
+    got = {"inproc": [inproc_round(local, prompts, 3, policy, 10)]}
+    for how in ("run", "step", "serial"):
+        got[how] = [served_round(Handle(server), prompts, 3, wire.policy_to_wire(policy), 10, how)]
+    for how, (r,) in got.items():
+        assert r["tokens"] == 30, how  # no end of text in this pair: every session makes its 10 tokens
+        assert r["seconds"] > 0 and all(r["latencies"]), how
+    cycles = {how: sum(len(c) for c in got[how][0]["latencies"]) for how in ("run", "step", "serial")}
+    assert cycles["run"] == cycles["step"] == cycles["serial"]  # a step per cycle per session, whatever the mode
+    for how in ("run", "step", "serial"):
+        r = got[how][0]
+        assert len(r["parts"]) == cycles[how] and r["gather"]["rows_stepped"] == cycles[how], how
+        assert all(p["cycle"] > 0 and p["decode"] > 0 for p in r["parts"]), how
+    assert got["serial"][0]["gather"]["rows_stepped"] == got["serial"][0]["gather"]["cycles"]  # one at a time
+    assert wb.connect(server.url, token=server.token).sessions() == []  # every round closes its sessions
+    res = {"policy": wire.policy_to_wire(policy), "max_new_tokens": 10, "repeats": 1,
+           "modes": ["inproc", "run", "step", "serial"],
+           "rows": [{"clients": 3, **{m: summarise(got[m]) for m in got},
+                     "at_once_vs_serial": [2.0]}]}
+    res["rows"][0]["run"]["tok_s_vs_inproc"] = res["rows"][0]["run"]["p50_vs_inproc"] = [0.9, 1.1]
+    text = table(res)
+    assert "3 clients at once (run) over one after another (serial): 2.00x" in text
+    assert "0.90x [0.90-1.10]" in text and "where a served step goes" in text
+    assert all(k in text for k in ("wait", "cycle", "record", "encode", "http", "wire", "decode"))

@@ -46,7 +46,8 @@ def serve_clients(eng, batching: bool):
         try:
             kw = dict(CLIENTS[i])
             remote = wb.connect(srv.url, token=srv.token)
-            s = remote.session(kw.pop("prompt"), max_new_tokens=MAX_NEW, **kw)
+            # every field as it arrives: the records are compared after the server has stopped
+            s = remote.session(kw.pop("prompt"), max_new_tokens=MAX_NEW, records="full", **kw)
             start.wait(30)
             if i % 2:
                 s.run()  # the server loops over the cycles

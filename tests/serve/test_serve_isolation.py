@@ -119,7 +119,7 @@ def test_changing_one_sessions_settings_leaves_the_others_alone(eng, server):
     assert {"policy", "temperature"} <= set(applied), f"the server applied only {applied}"
     step_all(), step_all()
     for name, sid in ids.items():
-        status, st = call(server, "GET", f"/sessions/{sid}?since=0")
+        status, st = call(server, "GET", f"/sessions/{sid}?since=0&records=full")  # every field of every cycle
         assert status == 200
         got = wire.cycles_from_wire(st["cycles"])
         ref = local[name].cycles

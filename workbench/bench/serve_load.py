@@ -1,17 +1,36 @@
-"""Load benchmark of the served engine: N clients stepping DDTree sessions at once, batching on and off.
+"""Load benchmark of the served engine beside the same engine in process: what the server adds per step.
 
-``python -m workbench bench-serve --clients 1,4,8,16``. Two servers (``workbench serve``, one with
-``--no-batching``) run as subprocesses on 127.0.0.1 with the same models; for each client count the
-two are measured back to back (the order alternating between repeats), so both see the same machine.
-Each client opens its own connection, creates a session on one of the held-out evaluation prompts,
-and once every client is ready steps it one cycle per request (``POST /sessions/{id}/step``) until it
-ends. Reported per mode and client count: total new tokens per second over the stepping phase, per-step
-latency p50/p90/p99/max over every step, and the worst client's max. Nothing here needs a GPU: on a GPU
-host the same command runs with ``--device cuda``.
+``python -m workbench bench-serve --clients 1,4,8,16``. A ``workbench serve`` subprocess (batching on)
+runs on 127.0.0.1 with the same models as an engine loaded in this process. For each client count
+``n`` the modes below are measured in turn, their order reversed every other repeat, so each sees the
+same machine; client ``i`` generates from held-out prompt ``i``:
+
+- ``inproc``: the ``n`` prompts as one batch in this process (``engine.batch_session``): what the engine
+  does without a server. Its step is the batch's cycle;
+- ``run``: ``n`` clients at once (``wb.connect``, one thread and connection each), each ``s.run()``: one
+  request whose cycles stream back. A step is the time between two cycles arriving;
+- ``step``: the same, each client calling ``s.step()`` until it ends: one request per cycle (the
+  Stepper's path). A step is one request, from sending it to holding the decoded Cycle;
+- ``serial``: the ``n`` clients of ``run`` one after another (the bar batching must clear: at once,
+  ``n`` clients should be much faster than one at a time);
+- ``unbatched`` (only when asked for): ``run`` on a second server started with ``--no-batching``.
+
+Reported per mode and client count: new tokens per second over the generating phase (sessions are
+made, and their prefill run, before it starts), the median and range over repeats; step latency
+p50/p90/p99/max over every step; each served mode's tok/s and p50 step over ``inproc``'s, repeat by
+repeat (median and range: the noise beside the effect); and where a served step's time goes, the
+mean per step of what the server and the client measured (``wb.connect(..., timing=True)``):
+``wait`` (for the batch to fill, a cycle in flight, the hand-over between threads), ``cycle``,
+``record`` (building the cycle's record), ``encode``, ``http`` (a step: the server's framework, from
+the request's head parsed to its handler: the body read and checked, the hand-over to a thread),
+``wire`` (a step: its round trip less the server's share, so the transport, both ends' HTTP and the
+reply's way out; a run: a step less wait, cycle and record, so encoding and decoding, which overlap
+the next cycle there, are inside it) and ``decode`` (on the client); and how often
+the scheduler's gather waited for a straggler, for how long, and how often its window ran out.
+Nothing here needs a GPU: on a GPU host the same command runs with ``--device cuda``.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -20,9 +39,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
-MODES = ("batched", "unbatched")
+MODES = ("inproc", "run", "step", "serial", "unbatched")
+DEFAULT_MODES = ("inproc", "run", "step", "serial")
+SERVED = ("run", "step", "serial", "unbatched")
+PARTS = ("wait", "cycle", "record", "encode", "http", "wire", "decode")  # where a served step's time goes
+GATHER = ("cycles", "rows_stepped", "gathers_waited", "gather_wait_seconds", "gathers_cut")
 
 
 class Server:
@@ -50,8 +74,13 @@ class Server:
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # drain: a full pipe would block it
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()
         self.token = self.token_file.read_text().strip()
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        self.host, self.port = host.strip("[]"), int(port)
+
+    def batching(self) -> dict:
+        """The scheduler's counts (``/health``), to tell one round's gathers from the next one's."""
+        req = urllib.request.Request(self.url + "/health", headers={"Authorization": f"Bearer {self.token}"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(req, timeout=60) as r:
+            return json.loads(r.read()).get("batching") or {}
 
     def close(self) -> None:
         self.proc.terminate()
@@ -63,139 +92,196 @@ class Server:
         os.rmdir(self.dir)
 
 
-def _call(conn: http.client.HTTPConnection, token: str, method: str, path: str, body=None) -> dict:
-    from workbench.serve import wire
-
-    data = json.dumps(body).encode() if body is not None else None
-    conn.request(method, path, body=data, headers={"Authorization": f"Bearer {token}",
-                                                   "Content-Type": "application/json",
-                                                   wire.VERSION_HEADER: str(wire.WIRE_VERSION)})
-    r = conn.getresponse()
-    payload = r.read()
-    if r.status >= 300:
-        raise RuntimeError(f"{method} {path}: {r.status} {payload[:300].decode(errors='replace')}")
-    return json.loads(payload)
-
-
-def end_session(server, conn: http.client.HTTPConnection, sid: str) -> None:
-    """DELETE the session, on a fresh connection when the server has closed this one.
-
-    A client that finished early waits for the others with its connection idle; past uvicorn's
-    keep-alive timeout (5 s) the server closes it. A delete lost there would leave the session
-    live, and the next round on that server would meet max_sessions (429)."""
-    try:
-        _call(conn, server.token, "DELETE", f"/sessions/{sid}")
-    except (http.client.HTTPException, ConnectionError):
-        conn.close()
-        fresh = http.client.HTTPConnection(server.host, server.port, timeout=60)
-        try:
-            _call(fresh, server.token, "DELETE", f"/sessions/{sid}")
-        finally:
-            fresh.close()
+# ------------------------------------------------------------------------------------------ in process
+def inproc_round(engine, prompts: list[str], clients: int, policy, max_new_tokens: int) -> dict:
+    """The ``clients`` prompts as one batch: tokens, seconds of stepping, a step latency per live row."""
+    b = engine.batch_session([prompts[i % len(prompts)] for i in range(clients)], policy=policy,
+                             max_new_tokens=max_new_tokens)
+    lat = []
+    t0 = time.perf_counter()
+    while not b.finished:
+        live = len(b.live)
+        t = time.perf_counter()
+        b.step()
+        lat += [time.perf_counter() - t] * live  # every live row waited this step for its cycle, as a client does
+    wall = time.perf_counter() - t0
+    tokens = sum(len(s.generated) for s in b.sessions)
+    return {"tokens": tokens, "seconds": wall, "latencies": [lat], "parts": [], "gather": {}}
 
 
-def one_round(server: Server, prompts: list[str], clients: int, policy: dict, max_new_tokens: int) -> dict:
-    """``clients`` sessions stepped at once until each ends. -> tokens, wall seconds, step latencies."""
-    ready = threading.Barrier(clients + 1)
-    done = threading.Barrier(clients + 1)
+# ------------------------------------------------------------------------------------------ served
+def served_round(server: Server, prompts: list[str], clients: int, policy: dict, max_new_tokens: int,
+                 how: str) -> dict:
+    """``clients`` sessions, at once (``how``: "run" or "step") or one after another ("serial")."""
+    from workbench.serve.client import connect
+    from workbench.serve.wire import policy_from_wire
+
+    pol = policy_from_wire(policy)
+    remotes = [connect(server.url, token=server.token, timing=True) for _ in range(clients)]
+    sessions: list = [None] * clients
     lat: list[list[float]] = [[] for _ in range(clients)]
-    tokens = [0] * clients
+    busy = [0.0] * clients  # each client's own generating time (serial: the round's time is their sum)
+    ends = [0.0] * clients  # when each client's session ended (at once: the round's time runs to the last)
     errors: list[BaseException] = []
 
-    def client(i: int) -> None:
-        conn = http.client.HTTPConnection(server.host, server.port, timeout=600)
-        sid = None
+    def start(i: int) -> None:  # a prefill runs before the clock starts, as in process
+        sessions[i] = remotes[i].session(prompts[i % len(prompts)], policy=pol, max_new_tokens=max_new_tokens)
+
+    def drive(i: int) -> None:
+        s = sessions[i]
         try:
-            st = _call(conn, server.token, "POST", "/sessions", {"prompt": prompts[i % len(prompts)], "policy": policy,
-                                                                 "max_new_tokens": max_new_tokens})
-            sid = st["id"]
-            ready.wait()
-            n = 0
-            while st["finish_reason"] is None:
-                t0 = time.perf_counter()
-                st = _call(conn, server.token, "POST", f"/sessions/{sid}/step", {"since": n})
-                lat[i].append(time.perf_counter() - t0)
-                n += 1
-            tokens[i] = len(st["generated"])
-        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            t0 = time.perf_counter()
+            if how == "step":
+                while not s.finished:
+                    t = time.perf_counter()
+                    s.step()
+                    lat[i].append(time.perf_counter() - t)
+            else:
+                s.run()
+                at = [t0] + [x["at"] for x in s.timings]
+                lat[i] = [b - a for a, b in zip(at, at[1:])]
+            ends[i] = time.perf_counter()
+            busy[i] = ends[i] - t0
+            # Closed as soon as it ends, as in process a finished row leaves the batch (a finished session the
+            # server still holds sits every later cycle out, its rows copied aside and back); its fields
+            # beyond the view are not wanted here.
+            s.close(fetch=False)
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
-            ready.abort()
-        finally:
-            try:
-                done.wait()
-            except threading.BrokenBarrierError:
-                pass
-            if sid is not None:
-                try:
-                    end_session(server, conn, sid)
-                except Exception as e:  # noqa: BLE001 - reported by the caller
-                    errors.append(e)
-            conn.close()
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        pass
-    t0 = time.perf_counter()
-    try:
-        done.wait()
-    except threading.BrokenBarrierError:
-        pass
-    wall = time.perf_counter() - t0
-    for t in threads:
-        t.join(60)
+    before = server.batching()
+    if how == "serial":  # one session at a time: made, run, closed, then the next
+        for i in range(clients):
+            start(i)
+            drive(i)
+        wall = sum(busy)
+    else:
+        for i in range(clients):
+            start(i)
+        threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(3600)
+        wall = max(ends) - t0
+    after = server.batching()
     if errors:
-        raise RuntimeError(f"a client failed: {errors[0]}")
-    return {"tokens": sum(tokens), "seconds": wall, "latencies": lat}
+        raise RuntimeError(f"a client failed: {type(errors[0]).__name__}: {errors[0]}")
+    parts = [step_parts(t, how) for s in sessions for t in s.timings]
+    gather = {k: after.get(k, 0) - before.get(k, 0) for k in GATHER if k in after}
+    return {"tokens": sum(len(s.generated) for s in sessions), "seconds": wall, "latencies": lat, "parts": parts,
+            "gather": gather}
 
 
+def step_parts(t: dict, how: str) -> dict:
+    """One received cycle's timing -> the seconds of each of PARTS (see the module's docstring)."""
+    wait, cycle, record = t.get("wait", 0.0), t.get("cycle", 0.0), t.get("record", 0.0)
+    out = {"wait": wait, "cycle": cycle, "record": record, "encode": t.get("encode", 0.0), "decode": t["decode"],
+           "http": t.get("http", 0.0)}
+    if how == "step":
+        out["wire"] = max(t["round_trip"] - out["http"] - t.get("route", 0.0) - out["encode"], 0.0)
+    else:
+        out["wire"] = None  # filled from the step latency (inter-arrival) by summarise
+    return out
+
+
+# ------------------------------------------------------------------------------------------ figures
 def _pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[(len(v) - 1) // 2]
+
+
 def summarise(rounds: list[dict]) -> dict:
-    """Repeats of one (mode, clients): tok/s per repeat (median and range) and latencies over all steps."""
+    """Repeats of one (mode, clients): tok/s per repeat (median and range), latencies over all steps, the
+    mean of each part of a step, and the gathers' counts summed over repeats."""
     rates = sorted(r["tokens"] / r["seconds"] for r in rounds)
     steps = [x for r in rounds for c in r["latencies"] for x in c]
-    worst = max(max(c) for r in rounds for c in r["latencies"] if c)
-    return {"tok_s": rates[(len(rates) - 1) // 2], "tok_s_range": [rates[0], rates[-1]], "steps": len(steps),
-            "p50_ms": 1e3 * _pct(steps, 0.5), "p90_ms": 1e3 * _pct(steps, 0.9), "p99_ms": 1e3 * _pct(steps, 0.99),
-            "max_ms": 1e3 * max(steps), "worst_client_max_ms": 1e3 * worst, "repeats": len(rounds)}
+    out = {"tok_s": _median(rates), "tok_s_range": [rates[0], rates[-1]], "steps": len(steps),
+           "p50_ms": 1e3 * _pct(steps, 0.5), "p90_ms": 1e3 * _pct(steps, 0.9), "p99_ms": 1e3 * _pct(steps, 0.99),
+           "max_ms": 1e3 * max(steps), "repeats": len(rounds)}
+    parts = [p for r in rounds for p in r["parts"]]
+    if parts:
+        mean_step = sum(steps) / len(steps)
+        means = {k: sum(p[k] for p in parts if p[k] is not None) / len(parts) for k in PARTS}
+        if all(p["wire"] is None for p in parts):  # a stream: what the steps took beyond the server's part
+            means["wire"] = max(mean_step - means["wait"] - means["cycle"] - means["record"], 0.0)
+        out["parts_ms"] = {k: 1e3 * v for k, v in means.items()}
+        out["mean_step_ms"] = 1e3 * mean_step
+    gathers = [r["gather"] for r in rounds if r["gather"]]
+    if gathers:
+        out["gather"] = {k: sum(x.get(k, 0) for x in gathers) for k in GATHER}
+    return out
 
 
-def bench_serve(model_args: list[str], prompts: list[str], clients: list[int], policy: dict, max_new_tokens: int,
-                repeats: int = 1, threads: int | None = None, progress=None) -> dict:
-    """Both modes for every client count, measured back to back. -> {"rows": [...], ...}"""
+def bench_serve(model_args: list[str], load_local, prompts: list[str], clients: list[int], policy: dict,
+                max_new_tokens: int, repeats: int = 1, threads: int | None = None, modes=DEFAULT_MODES,
+                progress=None) -> dict:
+    """Every mode for every client count, interleaved. ``load_local()``: the same engine in this process.
+    -> {"rows": [...], ...}"""
+    from workbench.serve.wire import policy_from_wire
+
+    modes = [m for m in MODES if m in modes]
     most = max(clients)
-    servers = {}
+    servers: dict[str, Server] = {}
     try:
-        for mode in MODES:
-            servers[mode] = Server(model_args, mode == "batched", max(most, 1), threads)
-        for mode in MODES:  # warm-up: the first forwards of a process are slower
-            one_round(servers[mode], prompts, min(2, most), policy, 8)
+        if any(m in SERVED and m != "unbatched" for m in modes):
+            servers["batched"] = Server(model_args, True, most, threads)
+        if "unbatched" in modes:
+            servers["unbatched"] = Server(model_args, False, most, threads)
+        engine = load_local() if "inproc" in modes else None
+        pol = policy_from_wire(policy)
+
+        def one(mode: str, n: int, tokens: int) -> dict:
+            if mode == "inproc":
+                return inproc_round(engine, prompts, n, pol, tokens)
+            server = servers["unbatched" if mode == "unbatched" else "batched"]
+            return served_round(server, prompts, n, policy, tokens, "run" if mode == "unbatched" else mode)
+
+        for mode in modes:  # warm-up: the first forwards of a process (and a connection's first request) are slower
+            one(mode, min(2, most), 8)
         rows = []
         for n in clients:
-            got = {m: [] for m in MODES}
+            got: dict[str, list] = {m: [] for m in modes}
             for rep in range(repeats):
-                order = MODES if rep % 2 == 0 else MODES[::-1]
-                for mode in order:
-                    got[mode].append(one_round(servers[mode], prompts, n, policy, max_new_tokens))
+                for mode in (modes if rep % 2 == 0 else modes[::-1]):
+                    got[mode].append(one(mode, n, max_new_tokens))
+                    r = got[mode][-1]
                     if progress:
-                        progress(f"{n} client(s), {mode}, repeat {rep + 1}/{repeats}: "
-                                 f"{got[mode][-1]['tokens'] / got[mode][-1]['seconds']:.1f} tok/s")
-            row = {"clients": n, **{m: summarise(got[m]) for m in MODES}}
-            row["batched_over_unbatched"] = [b["tokens"] / b["seconds"] / (u["tokens"] / u["seconds"])
-                                             for b, u in zip(got["batched"], got["unbatched"])]
+                        progress(f"{n} client(s), {mode}, repeat {rep + 1}/{repeats}: {r['tokens'] / r['seconds']:.1f} "
+                                 "tok/s")
+            row = {"clients": n, **{m: summarise(got[m]) for m in modes}}
+            if "inproc" in modes:  # repeat by repeat: each served repeat over the in-process one beside it
+                for m in modes:
+                    if m in SERVED and m != "serial":
+                        row[m]["tok_s_vs_inproc"] = [_rate(a) / _rate(b) for a, b in zip(got[m], got["inproc"])]
+                        row[m]["p50_vs_inproc"] = [_p50(a) / _p50(b) for a, b in zip(got[m], got["inproc"])]
+            if "run" in modes and "serial" in modes:
+                row["at_once_vs_serial"] = [_rate(a) / _rate(b) for a, b in zip(got["run"], got["serial"])]
             rows.append(row)
     finally:
         for s in servers.values():
             s.close()
-    return {"rows": rows, "policy": policy, "max_new_tokens": max_new_tokens, "repeats": repeats,
+    return {"rows": rows, "policy": policy, "max_new_tokens": max_new_tokens, "repeats": repeats, "modes": modes,
             "prompts": len(prompts), "model_args": model_args, "threads": threads}
+
+
+def _rate(r: dict) -> float:
+    return r["tokens"] / r["seconds"]
+
+
+def _p50(r: dict) -> float:
+    return _pct([x for c in r["latencies"] for x in c], 0.5)
+
+
+def _spread(values: list[float]) -> str:
+    """'1.23x [1.10-1.40]': the median over repeats and their range (the noise beside the effect)."""
+    return f"{_median(values):.2f}x" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
 
 
 def table(res: dict) -> str:
@@ -203,16 +289,44 @@ def table(res: dict) -> str:
 
     policy = wire.policy_from_wire(res["policy"])  # the wire's object, named as the CLI's --policy names it
     lines = [f"served engine under load: {policy}, {res['max_new_tokens']} new tokens per session, "
-             f"{res['repeats']} repeat(s), one step per request",
-             f"{'clients':>7}  {'mode':<9} {'tok/s':>7}  {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}   batched/unbatched"]
+             f"{res['repeats']} repeat(s), modes interleaved (run: one streamed request per session; step: one "
+             "request per cycle)",
+             f"{'clients':>7}  {'mode':<9} {'tok/s':>7} {'[range]':<15} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
+             f"{'max ms':>7}   tok/s / in-process    p50 / in-process"]
     for r in res["rows"]:
-        ratio = r["batched_over_unbatched"]
-        for m in MODES:
-            x = r[m]
-            extra = ""
-            if m == "batched":
-                extra = f"   {sorted(ratio)[(len(ratio) - 1) // 2]:.2f}x" + (
-                    f" [{min(ratio):.2f}-{max(ratio):.2f}]" if len(ratio) > 1 else "")
-            lines.append(f"{r['clients']:>7}  {m:<9} {x['tok_s']:>7.1f}  {x['p50_ms']:>7.1f} {x['p90_ms']:>7.1f} "
-                         f"{x['p99_ms']:>7.1f} {x['max_ms']:>7.1f}{extra}")
+        for m in res.get("modes", MODES):
+            x = r.get(m)
+            if x is None:
+                continue
+            lo, hi = x.get("tok_s_range", [x["tok_s"], x["tok_s"]])
+            vs = (f"   {_spread(x['tok_s_vs_inproc']):<20} {_spread(x['p50_vs_inproc'])}"
+                  if "tok_s_vs_inproc" in x else "")
+            lines.append(f"{r['clients']:>7}  {m:<9} {x['tok_s']:>7.1f} {f'[{lo:.0f}-{hi:.0f}]':<15} "
+                         f"{x['p50_ms']:>7.1f} {x['p90_ms']:>7.1f} {x['p99_ms']:>7.1f} {x['max_ms']:>7.1f}{vs}")
+        if "at_once_vs_serial" in r:
+            lines.append(f"{'':>7}  {r['clients']} clients at once (run) over one after another (serial): "
+                         f"{_spread(r['at_once_vs_serial'])}")
+    parts = [(r["clients"], m, r[m]) for r in res["rows"] for m in res.get("modes", MODES)
+             if m in r and "parts_ms" in r[m]]
+    if parts:
+        lines += ["", "where a served step goes (mean ms per step; run: encode and decode overlap the next cycle, "
+                  "and wire holds what a step took beyond wait + cycle + record)",
+                  f"{'clients':>7}  {'mode':<9} {'step':>7} " + " ".join(f"{k:>7}" for k in PARTS)
+                  + "   gather: cycles, rows per cycle; waited (share of cycles), mean ms; window ran out"]
+        for n, m, x in parts:
+            p = x["parts_ms"]
+            g = x.get("gather")
+            gtxt = ""
+            if g and g.get("cycles"):
+                waited = g["gathers_waited"]
+                mean = 1e3 * g["gather_wait_seconds"] / waited if waited else 0.0
+                gtxt = (f"   {g['cycles']}, {g['rows_stepped'] / g['cycles']:.1f}; {waited} "
+                        f"({waited / g['cycles']:.0%}), {mean:.2f}; {g['gathers_cut']}")
+            lines.append(f"{n:>7}  {m:<9} {x['mean_step_ms']:>7.2f} " + " ".join(f"{p[k]:>7.2f}" for k in PARTS)
+                         + gtxt)
+        inproc = {r["clients"]: r["inproc"]["p50_ms"] for r in res["rows"] if "inproc" in r}
+        if inproc:
+            added = [f"{n} client(s) {m}: {x['p50_ms'] - inproc[n]:+.2f} ms" for n, m, x in parts
+                     if n in inproc and m in ("run", "step")]
+            lines.append("added per step by the server (served p50 - in-process p50): " + "; ".join(added))
     return "\n".join(lines)

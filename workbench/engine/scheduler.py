@@ -6,8 +6,10 @@ for the cycle that served it. The worker, in a loop:
 
 1. retires the rows of released sessions (``release``) and admits new sessions (one prefill, an EXTEND
    over every prompt that arrived together, whose rows join the running ones: ``Rows.admit``);
-2. gathers the pending steps: after a cycle it waits up to ``gather_seconds`` for the sessions that were
-   in it to ask again (a client's next request takes a round trip), then takes the oldest tickets first;
+2. gathers the pending steps: after a cycle it waits for the sessions that were in it to ask again (a
+   client's next request takes a round trip), but never longer than ``gather_seconds`` nor ``gather_share``
+   of the last cycle's time (a straggler costs the ready sessions at most that), then takes the oldest
+   tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
 3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
    most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
    alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -42,15 +45,24 @@ class BatchLimits:
     max_rows: int = 16  # sessions per cycle (rows of the draft and verify forwards)
     max_nodes: int = 4096  # rows x padded tree nodes per verify (the verify's token rows)
     gather_seconds: float = 0.02  # the most a cycle waits for the last cycle's sessions to ask again
+    # ... and at most this share of the last cycle's time: waiting w for a straggler costs every ready row w,
+    # while running without it costs the straggler one cycle, so the wait stays a fraction of a cycle
+    gather_share: float = 0.5
+    gather_floor: float = 0.003  # but never below this (a client's round trip on loopback), within gather_seconds
 
     def __post_init__(self):
         for name in ("max_rows", "max_nodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
-        g = self.gather_seconds
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < 10:
-            raise ValueError(f"gather_seconds={g!r} must be between 0 and 10 seconds")
+        for name, top in (("gather_seconds", 10), ("gather_share", 10), ("gather_floor", 10)):
+            g = getattr(self, name)
+            if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < top:
+                raise ValueError(f"{name}={g!r} must be a number from 0 to {top}")
+
+    def window(self, last_cycle_seconds: float) -> float:
+        """How long a gather may wait after a cycle of ``last_cycle_seconds``."""
+        return min(self.gather_seconds, max(self.gather_floor, self.gather_share * last_cycle_seconds))
 
 
 @dataclass(eq=False)
@@ -71,6 +83,10 @@ class SchedulerStats:
     most_waited: int = 0  # the most cycles any ticket waited
     prefills: int = 0
     subset_cycles: int = 0  # cycles that left idle rows out (copied out and back)
+    gathers_waited: int = 0  # gathers that waited for a session of the last cycle to ask again
+    gather_wait_seconds: float = 0.0  # their total wait
+    gather_wait_max: float = 0.0  # the longest one
+    gathers_cut: int = 0  # gathers whose window ended before every such session asked (it ran without them)
 
 
 class Scheduler:
@@ -98,6 +114,7 @@ class Scheduler:
         self._releases: list = []
         self._seq = itertools.count()
         self._last: list = []  # the sessions of the last cycle (the gather waits for them)
+        self._last_seconds = 0.0  # how long the last cycle took (the gather's window is a share of it)
         self._bytes: dict[int, tuple] = {}  # id(session) -> (committed bytes, view shapes) after its last cycle
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="workbench-scheduler", daemon=True)
@@ -240,9 +257,15 @@ class Scheduler:
         lim = self.limits
         with self._cond:
             expect = [s for s in self._last if not s.finished and any(s is x for x in self.order)]
-            if expect and lim.gather_seconds:
-                self._cond.wait_for(lambda: self._stopped or all(s in self._steps for s in expect),
-                                    timeout=lim.gather_seconds)
+            ready = lambda: self._stopped or all(s in self._steps for s in expect)  # noqa: E731
+            if expect and lim.gather_seconds and not ready():
+                t0 = time.perf_counter()
+                complete = self._cond.wait_for(ready, timeout=lim.window(self._last_seconds))
+                waited, st = time.perf_counter() - t0, self.stats
+                st.gathers_waited += 1
+                st.gather_wait_seconds += waited
+                st.gather_wait_max = max(st.gather_wait_max, waited)
+                st.gathers_cut += not complete
             pending = sorted(self._steps.values(), key=lambda t: t.seq)
             if not pending:
                 return []
@@ -269,6 +292,7 @@ class Scheduler:
         tickets = sorted(tickets, key=lambda t: self._row(t.session))  # stepped in row order
         reqs = [t.session for t in tickets]
         rows = [self._row(s) for s in reqs]
+        t0 = time.perf_counter()
         try:
             with self.lock:
                 self.before_cycle()
@@ -295,7 +319,7 @@ class Scheduler:
         except BaseException as e:  # noqa: BLE001 - the error belongs to the sessions of this cycle
             for t in tickets:
                 t.error = e
-        self._last = reqs
+        self._last, self._last_seconds = reqs, time.perf_counter() - t0
         for t in tickets:
             t.done.set()
 

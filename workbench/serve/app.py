@@ -14,9 +14,10 @@ import logging
 import platform
 import re
 import tempfile
+import time
 from pathlib import Path
+from typing import Literal
 
-import anyio.from_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -26,10 +27,13 @@ from starlette.exceptions import HTTPException
 from ddtree_kernels import check_backend
 from workbench.serve import wire
 from workbench.engine.core import DEFAULT_MAX_NEW_TOKENS, SessionFinished
+from workbench.serve.replies import session_state, step_timing
 from workbench.serve.store import Entry, ServeError, SessionStore
+from workbench.serve.stream import RunStream
 
 log = logging.getLogger("workbench.serve")
 INT32 = 2**31 - 1  # bounds for counts, so a 30-digit integer is a 422, not an overflow deep in torch
+ARRIVED = "workbench.arrived"  # the scope key of when the request reached the app (its head parsed)
 
 
 class JSON(Response):
@@ -54,6 +58,7 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope[ARRIVED] = time.perf_counter()  # (a step's timing tells the framework's share from the route's)
         headers = dict(scope["headers"])  # lower-case byte names (uvicorn)
         refusal = self.check_headers(headers)
         if refusal is not None:
@@ -155,6 +160,10 @@ class SettingsRequest(_Body):
 
 class StepRequest(_Body):
     since: int = Field(0, ge=0, le=INT32)  # the client's cycle count: cycles from here on come back
+    have_tokens: int | None = Field(None, ge=0, le=INT32)  # the generated tokens it holds: only the rest comes
+    revision: int | None = Field(None, ge=0, le=INT32)  # the settings revision it holds: if current, no full state
+    records: Literal["view", "full"] = "view"  # what the cycles carry: what a view reads, or every field
+    timing: bool = False  # send back where the step's time went on the server
 
 
 class RunRequest(StepRequest):
@@ -162,31 +171,6 @@ class RunRequest(StepRequest):
 
 
 # ------------------------------------------------------------------------------------------ replies
-def session_state(e: Entry, since: int = 0, until: int | None = None, budget: int = 4 * 2**20) -> bytes:
-    """The session's state with its cycles ``since`` .. ``until`` (default: the end), as many as fit in
-    about ``budget`` bytes (always one, if any); ``until`` in the reply says where the page ends."""
-    s = e.session
-    n = len(s.cycles)
-    until = n if until is None else max(since, min(until, n))
-    page, size = [], 0
-    for c in s.cycles[since:until]:
-        b = wire.dumps(wire.cycle_to_wire(c))
-        if page and size + len(b) > budget:
-            break
-        page.append(b)
-        size += len(b) + 1
-    kv = s.kv_shapes()
-    head = wire.dumps({
-        "id": e.id, "prompt": s.prompt, "prompt_ids": s.prompt_ids, "policy": wire.policy_to_wire(s.policy),
-        "temperature": s.sampling.temperature, "top_p": s.sampling.top_p, "top_k": s.sampling.top_k,
-        "seed": s.seed, "max_new_tokens": s.max_new_tokens, "kernel_backend": s.kernel_backend,
-        "record_topk": s.record_topk, "capture": s.capture is not None, "generated": list(s.generated),
-        "text": s.text, "finish_reason": s.finish_reason, "n_cycles": n, "kv_shapes": kv,
-        "trace": wire.trace_head_to_wire(s.trace), "since": min(since, n), "until": min(since, n) + len(page),
-    })
-    return head[:-1] + b',"cycles":[' + b",".join(page) + b"]}"  # the encoded cycles spliced in, not re-encoded
-
-
 def _policy(raw, store: SessionStore, field_: str = "policy"):
     try:
         p = wire.policy_from_wire(raw)
@@ -254,8 +238,11 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
         msg = " ".join(str(e).split())
         return error(ServeError(422, "invalid", msg, _field_of(msg)))
 
-    def state(e: Entry, since: int = 0, until: int | None = None, status: int = 200) -> JSON:
-        return JSON(session_state(e, since, until, limits.max_reply_bytes), status_code=status)
+    def state(e: Entry, since: int = 0, until: int | None = None, status: int = 200, records: str = "full",
+              req: StepRequest | None = None, timing: dict | None = None) -> JSON:
+        held = {} if req is None else {"have_tokens": req.have_tokens, "revision": req.revision}
+        return JSON(session_state(e, since, until, limits.max_reply_bytes, records, timing=timing, **held),
+                    status_code=status)
 
     # -------------------------------------------------------------- engine
     @app.get("/health")
@@ -323,61 +310,65 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
             return state(e, status=201)
 
     @app.get("/sessions/{sid}")
-    def get(sid: str, since: int = 0, until: int | None = None):
+    def get(sid: str, since: int = 0, until: int | None = None, records: str = "view"):
         for name, v in (("since", since), ("until", until)):
             if v is not None and not 0 <= v <= INT32:
                 raise ServeError(422, "invalid", f"{name}={wire.short(v)} must be from 0 to {INT32}", name)
+        if records not in wire.RECORDS:
+            raise ServeError(422, "invalid", f"records={wire.short(records)} must be 'view' or 'full'", "records")
         with store.use(sid) as e:
-            return state(e, since, until)
+            return state(e, since, until, records=records)
 
     @app.patch("/sessions/{sid}")
     def settings(sid: str, req: SettingsRequest):
         with store.use(sid) as e:
             s = e.session
-            if req.policy is not None:
-                s.policy = _policy(req.policy, store)
-            if req.max_new_tokens is not None:
-                store.check_new_tokens(req.max_new_tokens)
-            for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens"):
-                v = getattr(req, name)
-                if v is not None:
-                    setattr(s, name, v)  # the session's own checks and messages, and its trace's record
-            if req.capture is not None:
-                store.set_capture(e, req.capture)
+            try:
+                if req.policy is not None:
+                    s.policy = _policy(req.policy, store)
+                if req.max_new_tokens is not None:
+                    store.check_new_tokens(req.max_new_tokens)
+                for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens"):
+                    v = getattr(req, name)
+                    if v is not None:
+                        setattr(s, name, v)  # the session's own checks and messages, and its trace's record
+                if req.capture is not None:
+                    store.set_capture(e, req.capture)
+            finally:  # (a refusal may come after a change that took: every client gets the full state again)
+                e.revision += 1
             return state(e, len(s.cycles))
 
     @app.post("/sessions/{sid}/step")
-    def step(sid: str, req: StepRequest):
+    def step(sid: str, req: StepRequest, request: Request):
+        t0 = time.perf_counter()
         with store.use(sid) as e:
-            e.session.step()
-            return state(e, req.since)
+            t1 = time.perf_counter()
+            c = e.session.step()
+            timing = None
+            if req.timing:  # the framework's share: from the head parsed to this handler (body, checks, thread)
+                timing = {**step_timing(time.perf_counter() - t1, c, t0),
+                          "http": t0 - request.scope.get(ARRIVED, t0)}
+            return state(e, req.since, records=req.records, req=req, timing=timing)
 
     @app.post("/sessions/{sid}/run")
-    def run(sid: str, req: RunRequest, request: Request):
+    def run(sid: str, req: RunRequest):
+        """One streamed reply (workbench.serve.stream): the route holds the session and applies the request,
+        so that a refusal is a plain error reply; the stream hands the session back when it ends."""
         if req.max_new_tokens is not None:
             store.check_new_tokens(req.max_new_tokens)
-        with store.use(sid) as e:
-            s = e.session
+        held = store.use(sid)
+        e = held.__enter__()
+        try:
             if req.max_new_tokens is not None:
-                s.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
-            # Session.run's loop, driven here so that a cycle boundary can notice a client that went away
-            # (its reply would go nowhere) or a stopping server (the cycles so far go back with the 503).
-            first = len(s.cycles)
-            while not s.finished:
-                if anyio.from_thread.run(request.is_disconnected):
-                    log.info("session %s: the client went away; its run stopped after %d cycles", e.id, len(s.cycles))
-                    break
                 try:
-                    s.step()
-                except ServeError as ex:
-                    if ex.code != "stopping":
-                        raise
-                    msg = (f"the server is shutting down: this run stopped after {len(s.cycles) - first} cycle(s), "
-                           "which came back with this answer (they are in the session's trace)")
-                    body = {**ServeError(503, "stopping", msg).to_dict(),
-                            "state": wire.loads(session_state(e, req.since, None, limits.max_reply_bytes))}
-                    return JSON(body, status_code=503)
-            return state(e, req.since)
+                    e.session.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
+                finally:
+                    e.revision += 1
+            return RunStream(e, lambda: held.__exit__(None, None, None), req.since, req.records, req.timing,
+                             limits)
+        except BaseException as ex:
+            held.__exit__(type(ex), ex, ex.__traceback__)
+            raise
 
     @app.delete("/sessions/{sid}")
     def delete(sid: str):

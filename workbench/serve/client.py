@@ -13,9 +13,11 @@ a proxy to a loopback server, and refuses plain http to another machine unless t
 """
 from __future__ import annotations
 
+import http.client
 import operator
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,6 +32,8 @@ from workbench.engine import validate
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.sampling import Sampling
 from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
+from workbench.serve.connection import Connections, Reply
+from workbench.serve.lazy_cycle import LazyCycle
 from workbench.serve.wire import WIRE_VERSION, WireVersionError
 
 __all__ = ["InvalidRequest", "LimitExceeded", "RemoteEngine", "RemoteError", "RemoteSession", "RemoteSessionFinished",
@@ -89,12 +93,18 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         fp.close()
-        raise RemoteError(f"the server at {req.full_url} answered {code} with a redirect to {wire.short(newurl)}; "
-                          "the workbench client never follows redirects (the token would go along): connect to "
-                          "the engine's own URL", code, "redirect")
+        raise _redirect_refused(req.full_url, code, newurl)
+
+
+def _redirect_refused(url: str, code: int, where) -> RemoteError:
+    return RemoteError(f"the server at {url} answered {code} with a redirect to {wire.short(where)}; the workbench "
+                       "client never follows redirects (the token would go along): connect to the engine's own URL",
+                       code, "redirect")
 
 
 class _Http:
+    """JSON requests (``__call__``) and NDJSON streams (``stream``) to one server, with the token."""
+
     def __init__(self, url: str, token: str, timeout: float, insecure_http: bool = False):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -108,37 +118,78 @@ class _Http:
         self.headers = {"Authorization": f"Bearer {token}", wire.VERSION_HEADER: str(WIRE_VERSION),
                         "Content-Type": "application/json"}
         self.max_body: int | None = None  # the server's max_body_bytes, once /info has told it
-        # A proxy from the environment must not see a loopback token (nor fail to reach 127.0.0.1).
+        # A proxy from the environment must not see a loopback token (nor fail to reach 127.0.0.1); a loopback
+        # server is also where connections are kept open between requests (workbench.serve.connection).
         handlers = [urllib.request.ProxyHandler({})] if loopback else []
-        self.opener = urllib.request.build_opener(*handlers, _NoRedirect())
+        opener = urllib.request.build_opener(*handlers, _NoRedirect())
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"url={wire.short(url)} has a port that is not a number from 0 to 65535") from None
+        self.conns = Connections(parts.scheme, parts.hostname, port, parts.path.rstrip("/"), timeout, loopback,
+                                 opener)
 
-    def __call__(self, method: str, path: str, body: dict | None = None):
+    def send(self, method: str, path: str, body: dict | None) -> Reply:
+        """The request, sent; a refusal (4xx, 5xx) or a redirect raised as the client's errors."""
         data = wire.dumps(body) if body is not None else None
         if data is not None and self.max_body is not None and len(data) > self.max_body:
             raise LimitExceeded(f"this request's body is {len(data)} bytes, over the server's max_body_bytes="
                                 f"{self.max_body} (a prompt that long cannot fit the model); shorten it, or start "
                                 "the server with --max-body-bytes N", 413, "limit_exceeded", "body", "max_body_bytes")
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
         try:
-            with self.opener.open(req, timeout=self.timeout) as r:
-                return wire.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raw = e.read()
+            r = self.conns.send(method, path, data, self.headers)
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            if isinstance(e, RemoteError):
+                raise
+            why = getattr(e, "reason", None) or e
+            raise ConnectionError(f"cannot reach the workbench server at {self.url}: {why}") from None
+        if 300 <= r.status < 400:
+            r.close()
+            raise _redirect_refused(self.url + path, r.status, r.headers.get("Location"))
+        if r.status >= 400:
+            raw = r.read()
             try:
-                body = wire.loads(raw)
+                answer = wire.loads(raw)
             except ValueError:
-                body = raw.decode(errors="replace")
-            _raise_for(e.code, body)
-        except urllib.error.URLError as e:
-            raise ConnectionError(f"cannot reach the workbench server at {self.url}: {e.reason}") from None
+                answer = raw.decode(errors="replace")
+            _raise_for(r.status, answer)
+        return r
+
+    def __call__(self, method: str, path: str, body: dict | None = None):
+        r = self.send(method, path, body)
+        try:
+            return wire.loads(r.read())
+        except (OSError, http.client.HTTPException) as e:
+            raise ConnectionError(f"the workbench server at {self.url} broke off its answer: {e}") from None
+        finally:
+            r.close()
+
+    def stream(self, method: str, path: str, body: dict | None = None):
+        """The lines of a streamed answer, each one JSON object, as they arrive."""
+        r = self.send(method, path, body)
+        try:
+            while True:
+                try:
+                    line = r.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise ConnectionError(f"the workbench server at {self.url} broke off its stream: {e}") from None
+                if not line:
+                    r.close(complete=True)
+                    return
+                if line.strip():
+                    yield wire.loads(line)
+        finally:
+            r.close()
 
 
 def connect(url: str, token: str | None = None, *, token_file=None, timeout: float = 600.0,
-            insecure_http: bool = False) -> "RemoteEngine":
+            insecure_http: bool = False, timing: bool = False) -> "RemoteEngine":
     """Attach to ``python -m workbench serve``. The token: ``token=``, else ``token_file=``, else $WORKBENCH_TOKEN.
-    ``insecure_http=True`` allows plain http to a host other than this machine (the token travels in clear)."""
-    if not isinstance(insecure_http, bool):  # "no" is truthy: it would lift the refusal and send the token in clear
-        raise ValueError(f"insecure_http={insecure_http!r} must be True or False")
+    ``insecure_http=True`` allows plain http to a host other than this machine (the token travels in clear).
+    ``timing=True``: every session keeps, per cycle received, where its time went (``RemoteSession.timings``)."""
+    for name, v in (("insecure_http", insecure_http), ("timing", timing)):
+        if not isinstance(v, bool):  # "no" is truthy: it would lift the refusal and send the token in clear
+            raise ValueError(f"{name}={v!r} must be True or False")
     if token is not None and token_file is not None:
         raise ValueError("give one of token= or token_file=, not both (which one to send would be a guess)")
     if token is None and token_file is not None:
@@ -147,7 +198,7 @@ def connect(url: str, token: str | None = None, *, token_file=None, timeout: flo
     if not token:
         raise ValueError("no token: pass token=... (printed by `python -m workbench serve`), token_file=, "
                          "or set WORKBENCH_TOKEN")
-    return RemoteEngine(_Http(url, token, timeout, insecure_http))
+    return RemoteEngine(_Http(url, token, timeout, insecure_http), timing=timing)
 
 
 class RemoteEngine(BaseEngine):
@@ -163,8 +214,9 @@ class RemoteEngine(BaseEngine):
         raise EngineLacks("a served engine is not loaded in this process: start one with `python -m workbench "
                           "serve` and connect with wb.connect(url, token=...)")
 
-    def __init__(self, http: _Http):
+    def __init__(self, http: _Http, timing: bool = False):
         self._http = http
+        self.timing = timing  # sessions record where each cycle's time went (RemoteSession.timings)
         self.info: dict = http("GET", "/info")
         theirs = self.info.get("wire_version")
         if theirs != WIRE_VERSION:
@@ -209,11 +261,15 @@ class RemoteEngine(BaseEngine):
     def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int | None = None,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
-                prompt_ids=None, static_shapes: bool | None = None) -> "RemoteSession":
+                prompt_ids=None, static_shapes: bool | None = None, records: str = "view") -> "RemoteSession":
         """Start a generation on the server (runs the prefill there), with engine.session's arguments: one of
         ``prompt``, ``messages`` or ``prompt_ids``; ``static_shapes``. ``capture=True`` records module shapes.
-        ``max_new_tokens=None``: the engine's default (DEFAULT_MAX_NEW_TOKENS), capped by the server's limit."""
+        ``max_new_tokens=None``: the engine's default (DEFAULT_MAX_NEW_TOKENS), capped by the server's limit.
+        ``records``: what each cycle carries as it arrives: ``"view"`` (what the views read; the drafter's
+        top-k, the target's top-2 logits and the forward records come from the server when first read, while
+        the session lives) or ``"full"`` (every field at once)."""
         Sampling(temperature, top_p, top_k), validate.seed(seed)  # the local checks and messages first
+        wire.check_records(records)
         body = {"prompt": prompt, "policy": wire.policy_to_wire(as_policy(policy)), "temperature": temperature,
                 "top_p": top_p, "top_k": top_k, "seed": seed,
                 **({} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}), "kernel_backend": kernel_backend, "record_topk": record_topk, "capture": bool(capture)}
@@ -223,7 +279,7 @@ class RemoteEngine(BaseEngine):
             body["prompt_ids"] = _ids(prompt_ids)
         if static_shapes is not None:
             body["static_shapes"] = static_shapes
-        return RemoteSession(self, self._http("POST", "/sessions", body))
+        return RemoteSession(self, self._http("POST", "/sessions", body), records)
 
     def replay(self, trace: Trace, **kw) -> "RemoteSession":
         """A new session on the server that re-runs ``trace`` (its prompt ids, settings and recorded changes),
@@ -232,14 +288,17 @@ class RemoteEngine(BaseEngine):
 
         return replay(self, trace, **kw)
 
-    def session_by_id(self, session_id: str) -> "RemoteSession":
+    def session_by_id(self, session_id: str, records: str = "view") -> "RemoteSession":
         """Re-attach to a live session (after a kernel restart, or from another notebook). Its state comes now;
         its trace is fetched when first read (``s.trace``, ``s.cycles``, a step), in pages of bounded size."""
-        return RemoteSession(self, self._http("GET", f"/sessions/{_sid(session_id)}?since=0&until=0"))
+        wire.check_records(records)
+        return RemoteSession(self, self._http("GET", f"/sessions/{_sid(session_id)}?since=0&until=0"), records)
 
     def generate(self, prompt: str | None = None, policy: Policy = DDTree(32),
                  max_new_tokens: int | None = None, **kw) -> Trace:
-        """Run a whole session on the server and return its trace (as ``Engine.generate``)."""
+        """Run a whole session on the server and return its trace (as ``Engine.generate``): every record whole,
+        since the session is closed before the trace is returned."""
+        kw.setdefault("records", "full")
         s = self.session(prompt, policy, max_new_tokens=max_new_tokens, **kw)
         try:
             return s.run()
@@ -292,15 +351,30 @@ class RemoteSession(SessionState, BaseSession):
 
     ``trace`` is kept here and grows with every reply, so figures read it without a request (once it
     holds every cycle the server has: a reply carries a page of cycles, and the rest is fetched when
-    ``trace`` is read). ``kv_cache()`` gives the server cache's shapes as ``meta`` tensors.
+    ``trace`` is read). Cycles arrive as view records by default (``records="view"``): the fields a view
+    does not read come from the server when first read (``workbench.serve.lazy_cycle``). ``kv_cache()``
+    gives the server cache's shapes as ``meta`` tensors. With ``wb.connect(..., timing=True)``,
+    ``timings`` holds, per cycle received, where its time went.
     """
 
-    def __init__(self, engine: RemoteEngine, state: dict):
+    def __init__(self, engine: RemoteEngine, state: dict, records: str = "view"):
         self.engine = engine
         self.id: str = state["id"]
+        self._records = wire.check_records(records)
         self._trace: Trace = wire.trace_from_wire(state["trace"])
         self._n_cycles = 0  # cycles the server has; self._trace holds the first len(cycles) of them
+        self._text, self.generated = "", []
+        self.timings: list[dict] = []  # with timing on: per cycle received, where its time went (seconds)
         self._apply(state)
+
+    @property
+    def records(self) -> str:
+        """What the cycles of the next replies carry: "view" (the rest fetched when read) or "full"."""
+        return self._records
+
+    @records.setter
+    def records(self, records: str) -> None:
+        self._records = wire.check_records(records)
 
     @property
     def trace(self) -> Trace:
@@ -308,19 +382,37 @@ class RemoteSession(SessionState, BaseSession):
         cycles = self._trace.cycles
         while len(cycles) < self._n_cycles:
             held = len(cycles)
-            self._call("GET", f"?since={held}")
+            self._call("GET", f"?since={held}&records={self._records}")
             if len(cycles) <= held:
                 raise RemoteError(f"the server sent no cycles from index {held} of {self._n_cycles}", 0, "internal")
         return self._trace
 
     # ---------------------------------------------------------------- the server's state
-    def _apply(self, st: dict) -> None:
-        since = int(st["since"])
-        cycles = self._trace.cycles
-        if since <= len(cycles):  # (a page past what is held is not kept: ``trace`` fetches from the gap)
-            del cycles[since:]
-            cycles.extend(wire.cycles_from_wire(st["cycles"]))
+    def _held(self) -> dict:
+        """What this client holds, so that a reply carries only the rest (docs/wire-format.md)."""
+        return {"since": len(self._trace.cycles), "have_tokens": len(self.generated), "revision": self._revision,
+                "records": self._records}
+
+    def _decode(self, d: dict) -> Cycle:
+        return wire.cycle_from_wire(d, self._complete)
+
+    def _apply(self, st: dict, cycles: bool = True) -> None:
+        if cycles:
+            since = int(st["since"])
+            held = self._trace.cycles
+            if since <= len(held):  # (a page past what is held is not kept: ``trace`` fetches from the gap)
+                del held[since:]
+                for d in st["cycles"]:
+                    self._trace.append(self._decode(d))  # as the server's trace appends it (its meta's lists)
         self._n_cycles = int(st["n_cycles"])
+        gen_from, text_from = int(st["generated_from"]), int(st["text_from"])
+        self.generated[gen_from:] = st["generated"]  # the tokens and text this client lacked
+        self._text = self._text[:text_from] + st["text"]
+        self.finish_reason: str | None = st["finish_reason"]
+        self._trace.finish_reason, self._trace.new_tokens = st["finish_reason"], int(st["new_tokens"])
+        if "trace" not in st:
+            return  # what a cycle changes: the settings, the prompt and the header are as they were
+        self._revision = int(st["revision"])
         wire.copy_trace_head(wire.trace_from_wire(st["trace"]), self._trace)
         self.prompt: str = st["prompt"]
         self.prompt_ids: list[int] = list(st["prompt_ids"])
@@ -329,12 +421,9 @@ class RemoteSession(SessionState, BaseSession):
         self._seed, self._max_new_tokens = st["seed"], st["max_new_tokens"]
         self._kernel_backend, self._record_topk = st["kernel_backend"], st["record_topk"]
         self._capture = bool(st["capture"])
-        self.generated: list[int] = list(st["generated"])
-        self._text: str = st["text"]
-        self.finish_reason: str | None = st["finish_reason"]
-        self._kv_shapes = st["kv_shapes"]
+        self._kv_shapes, self._kv_at = st["kv_shapes"], self._n_cycles
 
-    def _call(self, method: str, path: str = "", body: dict | None = None) -> None:
+    def _call(self, method: str, path: str = "", body: dict | None = None) -> dict:
         try:
             st = self.engine._http(method, f"/sessions/{self.id}{path}", body)
         except RemoteError as e:
@@ -342,10 +431,26 @@ class RemoteSession(SessionState, BaseSession):
                 self._apply(e.state)
             raise
         self._apply(st)
+        return st
+
+    def _complete(self, index: int) -> None:
+        """Fetch the whole records of cycles ``index``.. (a page) and fill the view records held for them."""
+        held = self._trace.cycles
+        try:
+            st = self.engine._http("GET", f"/sessions/{self.id}?since={index}&until={len(held)}&records=full")
+        except UnknownSession as e:
+            raise UnknownSession(f"{e}: cycle {index} arrived as a view record and the rest of it can no longer be "
+                                 "fetched; read what you need while the session lives, or start sessions with "
+                                 "records='full'", e.status, e.code, e.field) from None
+        for k, d in enumerate(st["cycles"]):
+            at = int(st["since"]) + k
+            if at < len(held) and isinstance(held[at], LazyCycle):
+                held[at].fill(wire.cycle_from_wire(d))
+        self._apply(st, cycles=False)
 
     def refresh(self) -> "RemoteSession":
         """Fetch cycles run by other clients of this session."""
-        self._call("GET", f"?since={len(self.trace.cycles)}")
+        self._call("GET", f"?since={len(self.trace.cycles)}&records={self._records}")
         self.trace  # noqa: B018 - and the pages after the first
         return self
 
@@ -444,7 +549,11 @@ class RemoteSession(SessionState, BaseSession):
                              "the server's total")
 
     def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The server's target cache as (keys, values) per layer: ``meta`` tensors of the right shapes."""
+        """The server's target cache as (keys, values) per layer: ``meta`` tensors of the right shapes (asked
+        for when the cycles have moved on since the shapes last came: a step's reply leaves them out)."""
+        if self._kv_at != self._n_cycles:
+            n = len(self._trace.cycles)
+            self._call("GET", f"?since={n}&until={n}")
         return [(torch.empty(k, device="meta"), torch.empty(v, device="meta")) for k, v in self._kv_shapes]
 
     def __repr__(self) -> str:
@@ -454,16 +563,71 @@ class RemoteSession(SessionState, BaseSession):
 
     # ---------------------------------------------------------------- running
     def step(self) -> Cycle:
-        """Run one cycle on the server and return its record."""
-        self._call("POST", "/step", {"since": len(self._trace.cycles)})
+        """Run one cycle on the server (one request) and return its record."""
+        body = self._held()
+        if self.engine.timing:
+            body["timing"] = True
+        t0 = time.perf_counter()
+        try:
+            st = self.engine._http("POST", f"/sessions/{self.id}/step", body)
+        except RemoteError as e:
+            if e.state is not None:
+                self._apply(e.state)
+            raise
+        t1 = time.perf_counter()
+        self._apply(st)
+        if self.engine.timing and st["cycles"]:
+            self.timings.append({"cycle": len(self._trace.cycles) - 1, "at": time.perf_counter(), "request": t0,
+                                 "round_trip": t1 - t0, "decode": time.perf_counter() - t1, **st.get("timing", {})})
         return self.trace.cycles[-1]
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
         """Step until end-of-text or ``max_new_tokens`` generated in all; other sessions' cycles interleave.
-        If the server stops meanwhile, the cycles it ran are in ``trace`` and RemoteError (``stopping``) is raised."""
-        self._call("POST", "/run", {"since": len(self._trace.cycles), "max_new_tokens": max_new_tokens})
-        return self.trace
+        One request, whose cycles stream back as they are made (a stream that meets one of the server's
+        per-stream bounds ends, and the next one carries on). If the server stops meanwhile, the cycles it
+        ran are in ``trace`` and RemoteError (``stopping``) is raised."""
+        body = {**self._held(), "max_new_tokens": max_new_tokens}
+        while True:
+            end = self._stream(body)
+            if self.finished or end not in wire.STREAM_BOUNDS:
+                return self.trace
+            body = self._held()  # (the limit is set already)
 
-    def close(self) -> None:
-        """Drop the session on the server (its memory is returned); idle sessions also expire by themselves."""
+    def _stream(self, body: dict) -> str | None:
+        """One /run stream, applied frame by frame. -> why it ended (the server's word)."""
+        if self.engine.timing:
+            body["timing"] = True
+        held, last = self._trace.cycles, None
+        for frame in self.engine._http.stream("POST", f"/sessions/{self.id}/run", body):
+            if "cycle" in frame:
+                t0 = time.perf_counter()
+                c = self._decode(frame["cycle"])
+                if c.index != len(held):  # a stream starts at the client's count and never skips a cycle
+                    raise RemoteError(f"the run's stream sent cycle {c.index} where cycle {len(held)} was due",
+                                      0, "internal")
+                self._trace.append(c)
+                self._n_cycles = max(self._n_cycles, len(held))
+                if self.engine.timing:
+                    self.timings.append({"cycle": c.index, "at": time.perf_counter(), "decode": time.perf_counter()
+                                         - t0, **frame.get("timing", {})})
+            else:
+                last = frame  # the last line: the session's state, and why the stream ended (or its error)
+        if last is None:
+            raise ConnectionError(f"the run's stream from {self.engine.url} ended before its last line; "
+                                  f"{len(held)} cycle(s) are held: s.refresh() brings the session's state")
+        if "state" in last:
+            self._apply(last["state"])
+        if "error" in last:
+            _raise_for(int(last.get("status", 500)), last)
+        return last.get("end")
+
+    def close(self, fetch: bool = True) -> None:
+        """Drop the session on the server (its memory is returned); idle sessions also expire by themselves.
+        First the fields of view records not read yet are fetched (``fetch=False`` skips it: they then stay
+        unreadable), so the trace held here stays whole."""
+        if fetch:
+            held = self._trace.cycles
+            for i, c in enumerate(held):
+                if isinstance(c, LazyCycle) and c.missing():
+                    self._complete(i)
         self.engine._http("DELETE", f"/sessions/{self.id}")

@@ -72,6 +72,8 @@ def serve_main(args, out, err, load_engine, usage_error) -> int:
                         max_budget=args.max_budget, session_ttl=args.session_ttl, max_body_bytes=args.max_body_bytes,
                         max_reply_bytes=args.max_reply_bytes, max_connections=args.max_connections,
                         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                        send_timeout=args.send_timeout, max_stream_cycles=args.max_stream_cycles,
+                        max_stream_bytes=args.max_stream_bytes, max_stream_seconds=args.max_stream_seconds,
                         batching=args.batching, max_batch_rows=args.max_batch_rows,
                         max_batch_nodes=args.max_batch_nodes)
     except ValueError as e:

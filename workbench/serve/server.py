@@ -158,7 +158,7 @@ class EngineServer:
         self.store = SessionStore(engine, limits)
         self.app = create_app(self.store, self.token)
         self.guard = ConnectionGuard(connection_cap(limits.max_connections), limits.header_timeout,
-                                     limits.body_timeout)
+                                     limits.body_timeout, send_timeout=limits.send_timeout)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = sock if sock is not None else listen(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]

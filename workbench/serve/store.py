@@ -55,6 +55,10 @@ class Limits:
     max_connections: int = 256
     header_timeout: float = 5.0
     body_timeout: float = 10.0
+    send_timeout: float = 30.0  # seconds a connection may leave a reply's bytes untaken before it is closed
+    max_stream_cycles: int = 1024  # cycles one /run stream carries
+    max_stream_bytes: int = 64 * 2**20  # bytes one /run stream carries (about: the frame that passes it is the last)
+    max_stream_seconds: float = 600.0  # how long one /run stream may hold its session
     batching: bool = True  # the sessions' steps batched into shared cycles (workbench.engine.scheduler)
     max_batch_rows: int = 16  # sessions per batched cycle
     max_batch_nodes: int = 4096  # rows x padded tree nodes per batched verify
@@ -63,11 +67,11 @@ class Limits:
         if not isinstance(self.batching, bool):
             raise ValueError(f"batching={self.batching!r} must be True or False")
         for name in ("max_sessions", "max_new_tokens", "max_budget", "max_body_bytes", "max_reply_bytes",
-                     "max_connections", "max_batch_rows", "max_batch_nodes"):
+                     "max_connections", "max_batch_rows", "max_batch_nodes", "max_stream_cycles", "max_stream_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
-        for name in ("session_ttl", "header_timeout", "body_timeout"):
+        for name in ("session_ttl", "header_timeout", "body_timeout", "send_timeout", "max_stream_seconds"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 raise ValueError(f"{name}={v!r} must be a positive number of seconds")
@@ -108,6 +112,8 @@ class Entry:
     last_used: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy: int = 0  # requests holding or waiting for this session; a busy session never expires
+    revision: int = 0  # bumped by every change of a setting: a client holding the current one gets deltas
+    text_cache: tuple = (-1, "")  # (tokens, text) of the last reply: the text a client with that many tokens holds
 
 
 MAX_WAITING = 1  # requests that may wait for a busy session; the next one is refused (429)

@@ -1,10 +1,13 @@
 """Connections that cost nothing when they stall: read deadlines, a connection cap, quiet accept errors.
 
-uvicorn's h11 protocol, with three additions (uvicorn itself has none of them):
+uvicorn's h11 protocol, with four additions (uvicorn itself has none of them):
 
 - a connection that has not sent a whole request head within ``header_timeout`` seconds, or a
   whole body within ``body_timeout`` once the head is in, is closed (a 408 first if it sent
   part of a head). A request being served has no deadline: a long ``/run`` is fine.
+- a connection whose client has taken none of a reply's bytes for ``send_timeout`` seconds (the
+  socket's buffers full, the transport's writing paused) is aborted: a reply or a ``/run`` stream
+  nobody reads must not hold the session, nor the bytes waiting for it, forever.
 - at most ``max_connections`` are open; a new one closes the connection that has waited longest
   without a request in flight (a stalled head or an idle keep-alive), so stalled sockets can
   never lock out ``/health``. If every connection is serving a request, the newcomer is closed.
@@ -52,12 +55,14 @@ class RateLog:
 class ConnectionGuard:
     """Deadlines and the cap for one server's connections; ``protocol()`` is uvicorn's ``http`` class."""
 
-    def __init__(self, max_connections: int, header_timeout: float, body_timeout: float, clock=time.monotonic):
+    def __init__(self, max_connections: int, header_timeout: float, body_timeout: float, clock=time.monotonic,
+                 send_timeout: float = 30.0):
         self.max_connections, self.header_timeout, self.body_timeout = max_connections, header_timeout, body_timeout
+        self.send_timeout = send_timeout
         self.clock = clock
         self.open: dict = {}  # protocol -> None, oldest first
         self.rate = RateLog(clock=clock)
-        self.closed = {"header_timeout": 0, "body_timeout": 0, "evicted": 0, "refused": 0}
+        self.closed = {"header_timeout": 0, "body_timeout": 0, "evicted": 0, "refused": 0, "send_timeout": 0}
 
     # -------------------------------------------------------------- the protocol's phases
     def set_phase(self, p, after_response: bool = False) -> None:
@@ -97,9 +102,19 @@ class ConnectionGuard:
 
     # -------------------------------------------------------------- deadlines
     def expire(self) -> int:
-        """Close every connection past its phase's deadline. -> how many."""
+        """Close every connection past its phase's deadline, and abort those that have left a reply untaken
+        for ``send_timeout``. -> how many."""
         now, n = self.clock(), 0
         for p in list(self.open):
+            paused = getattr(p, "write_paused_since", None)
+            if paused is not None and now - paused > self.send_timeout:
+                self.closed["send_timeout"] += 1
+                n += 1
+                self.rate.note("send_timeout", "aborted a connection that took no reply bytes for %g s "
+                               "(send_timeout)", self.send_timeout)
+                self.open.pop(p, None)
+                p.transport.abort()  # (close() would wait for the buffered bytes to be taken: they never are)
+                continue
             limit = {"head": self.header_timeout, "body": self.body_timeout}.get(p.phase)
             if limit is not None and now - p.since > limit:
                 kind = "header_timeout" if p.phase == "head" else "body_timeout"
@@ -132,6 +147,7 @@ class ConnectionGuard:
 
         class GuardedH11(H11Protocol):
             phase, since = "head", 0.0
+            write_paused_since: float | None = None  # when the transport's buffer last filled up
 
             def connection_made(self, transport) -> None:
                 super().connection_made(transport)
@@ -149,5 +165,13 @@ class ConnectionGuard:
             def on_response_complete(self) -> None:
                 super().on_response_complete()
                 guard.set_phase(self, after_response=True)
+
+            def pause_writing(self) -> None:
+                super().pause_writing()
+                self.write_paused_since = guard.clock()
+
+            def resume_writing(self) -> None:
+                super().resume_writing()
+                self.write_paused_since = None
 
         return GuardedH11

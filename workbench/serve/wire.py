@@ -1,12 +1,15 @@
 """The wire format between ``python -m workbench serve`` and ``wb.connect``: versioned JSON (docs/wire-format.md).
 
 Shared by the server and the client, so it imports neither. A cycle travels as its
-``Cycle.to_dict()`` record with every tensor packed (``pack_tensor``: raw little-endian
-bytes in the narrowest integer type that holds the values, zlib, base64) and without its
+``Cycle.to_dict()`` record, each tensor as a JSON list when small (up to ``LIST_MAX`` values:
+the cheapest to write and to read) and packed when large (``pack_tensor``: raw little-endian
+bytes in the narrowest integer type that holds the values, zlib, base64), and without its
 ``visibility`` when that is the tree's ancestor-or-self matrix, which the receiver rebuilds
-from ``parents`` (a DDTree(1024) cycle: ~40 KiB instead of ~7 MB of JSON booleans). Fields
-added to ``Cycle`` travel without a change here. Any change to what a message means bumps
-WIRE_VERSION.
+from ``parents`` (a DDTree(1024) cycle: ~40 KiB instead of ~7 MB of JSON booleans). A *view*
+record (``records="view"``, what a step's reply carries unless the client asks for more) leaves
+out the fields in ``VIEW_LEAVES_OUT``; the client fetches them when first read
+(``workbench.serve.lazy_cycle``). Fields added to ``Cycle`` travel without a change here. Any
+change to what a message means bumps WIRE_VERSION.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import base64
 import dataclasses
 import ipaddress
 import json
+import math
 import zlib
 
 import numpy as np
@@ -22,10 +26,25 @@ import torch
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.forward import ForwardRecord
 from workbench.engine import policies
+from workbench.serve.lazy_cycle import LazyCycle
 
-WIRE_VERSION = 2  # the one place the wire version lives; 2: packed tensors, visibility from parents, pages
+# The one place the wire version lives. 2: packed tensors, visibility from parents, pages; 3: view records
+# (the rest fetched when read), replies that carry what changed since the client's last one, /run streams.
+WIRE_VERSION = 3
 VERSION_HEADER = "X-Workbench-Wire"
 ECHO_CHARS = 80  # how much of a client's value an error message quotes
+RECORDS = ("view", "full")  # what a reply's cycles carry: what a view reads, or every field
+# What a view record leaves out: the drafter's top-k, the target's top-2 logits, the forward records and the
+# verify's inputs (mask, positions, retrieve arrays, recurrent-state parents). The views (the tree, the token
+# stream, the Stepper) and a trace's summary read none of them.
+VIEW_LEAVES_OUT = frozenset({"draft_topk_tokens", "draft_topk_logprobs", "target_top2_tokens", "target_top2_logits",
+                             "forwards", "visibility", "position_ids", "retrieve_next_token",
+                             "retrieve_next_sibling", "state_from"})
+LIST_MAX = 256  # a tensor of up to this many values travels as a JSON list (floats: raw bytes); a larger one packed
+CYCLE_FIELDS = dataclasses.fields(Cycle)  # (looked up once: fields() rebuilds its tuple at every call)
+# Why a /run stream may end with its session unfinished: one of the server's per-stream bounds (the client asks
+# again, from the cycles it holds)
+STREAM_BOUNDS = ("max_stream_cycles", "max_stream_bytes", "max_stream_seconds")
 
 
 class WireVersionError(RuntimeError):
@@ -92,16 +111,32 @@ def pack_tensor(t: torch.Tensor) -> dict:
             "z": base64.b64encode(zlib.compress(a.tobytes(), 6)).decode("ascii")}
 
 
+def tensor_to_wire(t: torch.Tensor) -> dict:
+    """A tensor as the cheapest form to write and read that keeps it bit for bit: up to ``LIST_MAX`` values,
+    integers and booleans as ``{"dtype", "shape", "data": nested lists}`` and floats as their raw
+    little-endian bytes, base64 (``"b"``: a float's text is long and slow to write and parse); larger ones
+    packed (``pack_tensor``). ``unpack_tensor`` reads all three."""
+    if t.numel() > LIST_MAX:
+        return pack_tensor(t)
+    if not t.is_floating_point() or t.dtype == torch.bfloat16:  # (numpy has no bfloat16; its repr is exact too)
+        return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "data": t.tolist()}
+    a = t.detach().cpu().contiguous().numpy()
+    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "as": a.dtype.str,
+            "b": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
 def unpack_tensor(d: dict) -> torch.Tensor:
     """The inverse of ``pack_tensor``; also reads version 1's ``{"dtype", "shape", "data": nested lists}``."""
     dtype = getattr(torch, str(d.get("dtype")), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {short(d.get('dtype'))}")
     shape = [int(s) for s in d["shape"]]
-    if "data" in d:  # wire version 1 / trace-file form
-        return torch.tensor(d["data"], dtype=dtype).reshape(shape)
-    raw = zlib.decompress(base64.b64decode(d["z"], validate=True))
-    count = int(np.prod(shape)) if shape else 1
+    if "data" in d:  # a small tensor (and wire version 1's, and the trace files' form)
+        t = torch.tensor(d["data"], dtype=dtype)
+        return t if len(shape) == 1 and t.shape == (shape[0],) else t.reshape(shape)
+    raw = base64.b64decode(d["b"], validate=True) if "b" in d else zlib.decompress(base64.b64decode(d["z"], validate=True))
+    count = math.prod(shape)
     if d["as"] == "bits":
         a = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count).astype(np.bool_)
     else:
@@ -119,39 +154,57 @@ def tree_visibility(parents: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ cycles
-def cycle_to_wire(c: Cycle) -> dict:
-    """``c.to_dict()`` with packed tensors; ``visibility`` left out when ``parents`` implies it."""
+def check_records(records) -> str:
+    if records not in RECORDS:
+        raise ValueError(f"records={short(records)} must be 'view' (what a view reads; the rest is fetched when "
+                         "read) or 'full' (every field)")
+    return records
+
+
+def cycle_to_wire(c: Cycle, records: str = "full") -> dict:
+    """``c.to_dict()`` with small tensors as lists and large ones packed; ``visibility`` left out when
+    ``parents`` implies it. ``records="view"``: without the fields of ``VIEW_LEAVES_OUT``, marked
+    ``"view": true``."""
+    view = check_records(records) == "view"
     out = {}
-    for f in dataclasses.fields(c):
+    for f in CYCLE_FIELDS:
+        if view and f.name in VIEW_LEAVES_OUT:
+            continue
         v = getattr(c, f.name)
         if isinstance(v, torch.Tensor):
             if f.name == "visibility" and torch.equal(v, tree_visibility(c.parents, c.depth)):
                 continue  # the receiver rebuilds it; only a mask that is not the tree's travels
-            out[f.name] = pack_tensor(v)
+            out[f.name] = tensor_to_wire(v)
         elif f.name == "forwards":
             out[f.name] = [r.to_dict() for r in v]
         else:
             out[f.name] = v
+    if view:
+        out["view"] = True
     return out
 
 
-def cycle_from_wire(d: dict) -> Cycle:
-    """The inverse of ``cycle_to_wire``; a version 1 record (``Cycle.to_dict()``) reads too."""
+def cycle_from_wire(d: dict, fetch=None) -> Cycle:
+    """The inverse of ``cycle_to_wire``; a version 1 record (``Cycle.to_dict()``) reads too. A view record
+    becomes a ``LazyCycle`` whose other fields ``fetch(index)`` fills when first read."""
     if not isinstance(d, dict):
         raise ValueError(f"a cycle record is a JSON object, not {type(d).__name__}")
-    d = {k: unpack_tensor(v) if isinstance(v, dict) and "dtype" in v and ("z" in v or "data" in v) else v
-         for k, v in d.items()}
+    view = d.get("view") is True
+    d = {k: unpack_tensor(v) if isinstance(v, dict) and "dtype" in v and ("z" in v or "b" in v or "data" in v)
+         else v for k, v in d.items() if k != "view"}
+    if view:
+        return LazyCycle.from_view(d, fetch)
     if "visibility" not in d and "parents" in d and "depth" in d:
         d["visibility"] = tree_visibility(d["parents"], d["depth"])
     return Cycle.from_dict(d)
 
 
-def cycles_to_wire(cycles) -> list[dict]:
-    return [cycle_to_wire(c) for c in cycles]
+def cycles_to_wire(cycles, records: str = "full") -> list[dict]:
+    return [cycle_to_wire(c, records) for c in cycles]
 
 
-def cycles_from_wire(items) -> list[Cycle]:
-    return [cycle_from_wire(d) for d in items]
+def cycles_from_wire(items, fetch=None) -> list[Cycle]:
+    return [cycle_from_wire(d, fetch) for d in items]
 
 
 # ------------------------------------------------------------------------------------------ traces

@@ -1,0 +1,74 @@
+"""``LazyCycle``: a ``wb.Cycle`` that crossed the wire as a view record; its other fields come when first read.
+
+A served step's reply carries what a view of the cycle reads (the tree, the target's choices, the
+accepted path, the timings: ``wire.VIEW_LEAVES_OUT`` names what it leaves out), so a notebook stepping
+a remote session does not pay, every cycle, for the drafter's top-k, the target's top-2 logits and the
+forward records it may never look at. Reading one of those fields fetches the full records from the
+server (``fetch(index)``, a page of cycles from this one on) and fills them in place, so a
+``LazyCycle`` reads as the full record every time: ``to_dict()``, ``dataclasses.replace``, the views and
+the analyses see no difference. A copy or a pickle is a plain ``Cycle`` (fetched first).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from workbench.records.cycle import Cycle
+
+FIELDS = fields(Cycle)  # (looked up once: fields() rebuilds its tuple at every call)
+FIELD_NAMES = frozenset(f.name for f in FIELDS)
+FETCH = "lazy_fetch"  # the instance dict's key for the fetch callback (not a dataclass field: never compared)
+
+
+class NotFetched(LookupError):
+    """A field of a view record read where no server can send it (the record was decoded without a session)."""
+
+
+def as_cycle(values: dict) -> Cycle:
+    """A plain Cycle from every field's value (what pickling and copying a LazyCycle give)."""
+    return Cycle(**values)
+
+
+class LazyCycle(Cycle):
+    """A Cycle whose fields named in ``missing()`` are fetched from the server when first read."""
+
+    @classmethod
+    def from_view(cls, decoded: dict, fetch) -> "LazyCycle":
+        """``decoded``: a view record's fields (tensors already unpacked); ``fetch(index)``: fills the rest in
+        place (None: reading them raises NotFetched). The fields it lacks are made by ``Cycle.from_dict``
+        from placeholders, then removed, so that a read reaches ``__getattr__``."""
+        absent = [f.name for f in FIELDS if f.name not in decoded]
+        c = cls.from_dict(decoded, defaults={name: () for name in absent})
+        for name in absent:
+            if name in c.__dict__:  # a field with a default that the record lacked stays as the default
+                object.__delattr__(c, name)
+        c.__dict__[FETCH] = fetch
+        return c
+
+    def missing(self) -> list[str]:
+        """The fields not fetched yet (empty once complete)."""
+        return [name for name in sorted(FIELD_NAMES) if name not in self.__dict__]
+
+    def fill(self, full: Cycle) -> None:
+        """Take the fields this record lacks from ``full``, the same cycle's whole record."""
+        if full.index != self.index:
+            raise ValueError(f"cycle {full.index}'s record cannot complete cycle {self.index}")
+        for name in self.missing():
+            object.__setattr__(self, name, getattr(full, name))
+
+    def __getattr__(self, name: str):
+        # Called only for attributes not found the ordinary way: a missing field, or a name that is none.
+        if name not in FIELD_NAMES:
+            raise AttributeError(f"'Cycle' object has no attribute {name!r}")
+        fetch = self.__dict__.get(FETCH)
+        if fetch is None:
+            raise NotFetched(f"cycle {self.__dict__.get('index')}'s {name} did not travel (a view record) and no "
+                             "session can send it: ask the server with records='full'")
+        fetch(self.__dict__["index"])
+        if name not in self.__dict__:
+            raise NotFetched(f"the server sent no {name} for cycle {self.__dict__['index']}")
+        return self.__dict__[name]
+
+    def __reduce__(self):
+        # A copy or a pickle is the whole record as a plain Cycle: the fetch callback (a live HTTP client)
+        # neither copies nor pickles, and the copy must read the same once the session is gone.
+        return as_cycle, ({f.name: getattr(self, f.name) for f in FIELDS},)
