@@ -14,11 +14,14 @@ from workbench.engine import policies
 from workbench.serve import wire
 
 EVERY = [wb.AR(), wb.DFlash(), wb.DDTree(8), wb.DDTree(16, width=1), wb.EagleTree(2, 3, 6), wb.Spine(0), wb.Spine(3)]
+# Calibrated on one pair (its shipped calibration): the tiny random pairs below have none, so these run on the
+# embedded pairs (tests/engine/test_new_policies.py: lossless, static nodes, refusals).
+CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.CutTree(7, width=1)]
 
 
 def test_every_servable_policy_round_trips_text_and_wire():
-    assert {p.kind for p in EVERY} == set(policies.registered()) - {"tree"}  # every built-in is listed here
-    for p in EVERY:
+    assert {p.kind for p in EVERY + CALIBRATED} == set(policies.registered()) - {"tree"}  # every built-in is listed
+    for p in EVERY + CALIBRATED:
         assert wb.parse_policy(str(p)) == p and wb.parse_policy(repr(p)) == p
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
     assert wb.parse_policy("spine:4") == wb.parse_policy("Spine(4)") == wb.parse_policy("spine(siblings=4)") == wb.Spine(4)
@@ -164,4 +167,4 @@ def test_nothing_outside_the_policies_package_tells_policies_apart_by_type():
                 if consts & names:
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == [], f"policies told apart by type outside the registry: {found}"
-    assert {"AR", "DFlash", "DDTree", "Spine", "EagleTree"} <= names  # the scan looks for the real names
+    assert {"AR", "DFlash", "DDTree", "Spine", "EagleTree", "PathTree", "CostTree", "CutTree"} <= names  # real names
