@@ -281,7 +281,8 @@ def test_two_sessions_never_see_each_others_hooks(engine, prompts):
 
 
 def test_scheduled_sessions_in_shared_cycles_see_only_their_own_row(engine, prompts):
-    sched = Scheduler(engine, BatchLimits(gather_seconds=1.0))  # (waits only for a session not yet asking again)
+    # A long gather window (it waits only for a session not yet asking again), so that the two share cycles.
+    sched = Scheduler(engine, BatchLimits(gather_seconds=1.0, gather_floor=1.0))
     try:
         a = sched.session(prompts[0], policy=wb.DDTree(6), max_new_tokens=20)
         b = sched.session(prompts[1], policy=wb.DDTree(6), max_new_tokens=20)
