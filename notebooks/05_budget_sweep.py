@@ -15,7 +15,7 @@
 
 import workbench as wb
 from workbench.bench.runs import bench
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]

@@ -80,7 +80,7 @@ print("DDTree(64) == AR token for token:", s.tokens == ar.tokens, "|", "identica
 # same engine's DDTree and AR outputs are identical:
 
 # %%
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 cpu32 = wb.load()
 p = eval_prompts()[0]["prompt"]
 fp32_ar, fp32_tree = (cpu32.session(p, policy=pol, max_new_tokens=64) for pol in (wb.AR(), wb.DDTree(32)))

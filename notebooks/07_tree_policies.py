@@ -12,7 +12,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import Tree
 from workbench.bench.runs import bench
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 engine = wb.load()
 prompts = eval_prompts("long")[:2] + eval_prompts("short")[:2]  # both splits

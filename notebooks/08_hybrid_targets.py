@@ -40,7 +40,7 @@ print(type(model).__name__, model.config.layer_types)
 # The engine's verify (`HybridGDN`) starts every node from its parent's state instead.
 
 # %%
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 prompt = eval_prompts("short")[0]["prompt"] if PAIR == "hybrid" else "t3 t1 t4 t1 t5 t9"
 s = engine.session(prompt, policy=wb.DDTree(8), max_new_tokens=24)

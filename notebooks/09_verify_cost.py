@@ -81,7 +81,7 @@ for batch in (1, 2, 4, 8, 16, 32):
 # node costs time:
 
 # %%
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 engine = wb.load()
 prompts = [p["prompt"] for p in eval_prompts("long")[:3]]

@@ -45,7 +45,7 @@ wb.views.tree_figure(t.cycles[1], vllm.tokenizer)
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 vllm.close()
 PROMPTS = [p["prompt"] for p in eval_prompts()[:4]]      # the first 4 held-out long prompts
@@ -76,9 +76,9 @@ print(report)          # the whole report, with tokens/s (timings vary from run 
 # captures a layer's feature inside the layer loop, before the final norm, so for the last layer it hands
 # the drafter the pre-norm residual stream where transformers' `hidden_states[-1]`, which dflash trains on,
 # is the final-normed output. The shipped drafter reads layers 1-4 of 6, where every engine hands the same
-# tensor (the previous one read [1, 3, 5] and lost acceptance there; `tests/engines/test_vllm.py` plants it).
+# tensor (the previous one read [1, 3, 5] and lost acceptance there; `tests/adapters/test_vllm.py` plants it).
 #
-# With the workarounds on at runtime (`workbench.engines.vllm_workarounds`, vLLM 0.32.0 only: both patches, the
+# With the workarounds on at runtime (`workbench.adapters.vllm_workarounds`, vLLM 0.32.0 only: both patches, the
 # k_norm one the difference above), vLLM drafts exactly the reference's tokens, cycle for cycle:
 
 # %%
@@ -99,7 +99,7 @@ print("drafts equal to the reference's: %d/%d cycles" % fixed.same_drafts, "| di
 # API, acceptance from its own speculative counters (vLLM's `/metrics`), one request at a time:
 #
 # ```python
-# from workbench.engines.served import compare_served
+# from workbench.adapters.served import compare_served
 # print(compare_served("http://127.0.0.1:8000", PROMPTS, api_key=KEY, target=TARGET, draft=DRAFT))
 # # SGLang's launch_server: kind="sglang" (per-request counts from meta_info; not run here: it needs CUDA)
 # ```

@@ -26,7 +26,7 @@
 # %%
 # NBVAL_IGNORE_OUTPUT
 import workbench as wb
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 engine = wb.load()
 prompts = eval_prompts("short")[:10]

@@ -43,7 +43,7 @@ def engine():
 
 @pytest.fixture(scope="session")
 def eval_prompts():
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
 
     return eval_prompts()
 

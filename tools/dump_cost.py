@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1, help="requests per batch session (1: engine.session)")
     a = ap.parse_args(argv)
     import workbench as wb
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
     from workbench.engine.policies import parse_policy
 
     engine = wb.load()

@@ -140,7 +140,7 @@ def room(mod: str) -> str:
 # The floor plan, ground floor first: a room imports only rooms on floors below its own (rooms on one floor
 # import neither each other). docs/architecture.md draws the same plan; a room not listed is reported.
 FLOORS = [
-    ["ddtree_kernels", "workbench.version", "workbench.extras"],
+    ["ddtree_kernels", "workbench.version", "workbench.extras", "workbench.shipped"],
     ["workbench.records"],
     ["workbench.models", "workbench.analysis"],
     ["workbench.interface"],          # the engine interface and registry: what every engine implements
@@ -151,6 +151,7 @@ FLOORS = [
     ["workbench.serve"],
     ["workbench.bench"],
     ["workbench.payoff", "workbench.train"],
+    ["workbench.calibrate"],          # makes the calibration files the calibrated policies load (as data)
     ["workbench.views"],
     ["workbench"],                    # the public API: re-exports from every floor below
     ["workbench.cli"],

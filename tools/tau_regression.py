@@ -52,7 +52,7 @@ def measure(pair: str, prompts: int = PROMPTS, max_new_tokens: int = MAX_NEW_TOK
     import torch
 
     import workbench as wb
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -33,7 +33,7 @@ def __getattr__(name: str):
 
         return pays_off
     if name == "compare":  # the conformance report against a production engine (vLLM is optional)
-        from workbench.engines.conformance import compare
+        from workbench.adapters.conformance import compare
 
         return compare
     if name in ("views", "Stepper"):

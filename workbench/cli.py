@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "on vLLM in this process (tokens, drafts, tau, per-position acceptance, tokens/s, and "
                         "where drafts first differ); --served URL: against a running server instead")
     p.add_argument("--workarounds", action="store_true",
-                   help="with --engine vllm: apply workbench.engines.vllm_workarounds (vLLM 0.32.0) first")
+                   help="with --engine vllm: apply workbench.adapters.vllm_workarounds (vLLM 0.32.0) first")
     p.add_argument("--served", metavar="URL", help="with --engine vllm: a running OpenAI-compatible server "
                                                    "(vllm serve) to compare against; acceptance from its /metrics")
     p.add_argument("--api-key", metavar="KEY", help="the served engine's API key (--served)")
@@ -277,7 +277,7 @@ def cmd_run(args, out, err) -> int:
 
 def cmd_bench(args, out, err) -> int:
     from workbench.bench.runs import bench, parse_policies, percentile_table, summary_table
-    from workbench.bench.prompts import eval_prompts, load_prompts
+    from workbench.shipped import eval_prompts, load_prompts
 
     policies = parse_policies(args.policies)
     prompts = load_prompts(args.prompts) if args.prompts else eval_prompts(args.split)
@@ -319,7 +319,7 @@ def cmd_bench(args, out, err) -> int:
         print(summary_table(res.summary), file=out)
         print(percentile_table(res.summary), file=out)
     if args.reference:
-        from workbench.bench.reference import compare_reference, reference_table
+        from workbench.bench.plain_decoder import compare_reference, reference_table
 
         budgets = _ddtree_budgets(policies)
         if not budgets:
@@ -379,7 +379,7 @@ def _check_bench_options(args, policies) -> None:
 
 
 def _bench_production(args, prompts: list[str], out, err) -> int:
-    """``bench --engine vllm``: the conformance report (``workbench.engines``), checked before any load."""
+    """``bench --engine vllm``: the conformance report (``workbench.adapters``), checked before any load."""
     import json
 
     if args.engine != "vllm":
@@ -409,7 +409,7 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
     target, draft = getattr(args, "target", None), getattr(args, "draft", None)
     say = (lambda m: print(f"bench: {m}", file=err, flush=True)) if _progress(args) else None
     if args.served:
-        from workbench.engines.served import compare_served
+        from workbench.adapters.served import compare_served
 
         report = compare_served(args.served, prompts, api_key=args.api_key, target=target, draft=draft,
                                 max_new_tokens=args.max_new_tokens)
@@ -417,7 +417,7 @@ def _bench_production(args, prompts: list[str], out, err) -> int:
                 "tau": report.tau, "reference_tau": report.reference_tau, "per_position": report.per_position(),
                 "requests": [vars(r) | {"tau": r.tau} for r in report.requests]}
     else:
-        from workbench.engines.conformance import compare
+        from workbench.adapters.conformance import compare
 
         report = compare(target, draft, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          workarounds=args.workarounds, progress=say)
@@ -640,7 +640,7 @@ def cmd_bench_serve(args, out, err) -> int:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: bench-serve's servers allow "
                          f"{SERVED_MAX_NEW_TOKENS} new tokens per session (serve's default limit); give "
                          f"{SERVED_MAX_NEW_TOKENS} or fewer")
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
     from workbench.bench.serve_load import bench_serve, table
     from workbench.engine.policies import parse_policy
     from workbench.serve import wire

@@ -1,5 +1,5 @@
 """Aten ops per cycle (``workbench.bench.opcount``): the engine dispatches no more than the plain reference
-decoder (``workbench.bench.reference``) on the same trees, solo and per request in a batch. Counts are
+decoder (``workbench.bench.plain_decoder``) on the same trees, solo and per request in a batch. Counts are
 deterministic (same models, prompt and trees), so the comparison is exact, not a timing."""
 from __future__ import annotations
 

@@ -278,7 +278,7 @@ def test_too_few_new_tokens_for_a_drafted_cycle_are_refused(tiny_engines, guarde
 
 
 def long_split_size() -> int:
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
 
     return len(eval_prompts("long"))
 

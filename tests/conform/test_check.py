@@ -16,7 +16,7 @@ from workbench.conform import contracts as C
 from workbench.conform.check import ConformInputError, chain_logits, conform
 from workbench.cli import main
 from workbench.conform.dump import DumpFileError
-from workbench.serve.wire import pack_tensor
+from workbench.records.tensor_codec import pack_tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 import faults  # noqa: E402  (tests/conform/faults.py: test-only)
@@ -312,9 +312,9 @@ def test_checking_64_cycles_of_the_embedded_pair_takes_under_a_minute(engine, tm
 # ------------------------------------------------------------------------------------------ vLLM
 @pytest.mark.slow
 def test_vllm_cpu_dflash_shows_each_known_loss_under_the_drafter_contracts(tmp_path):
-    """vLLM 0.32 CPU's two silent losses (workbench.engines.vllm_workarounds), each left in alone, break the
+    """vLLM 0.32 CPU's two silent losses (workbench.adapters.vllm_workarounds), each left in alone, break the
     drafter's output and nothing else the dump holds; with both worked around no contract breaks."""
-    from workbench.engines import vllm_workarounds
+    from workbench.adapters import vllm_workarounds
 
     sys.path.insert(0, str(ROOT / "tests"))
     from vllm_pairs import last_layer_pair
@@ -365,7 +365,7 @@ def test_vllm_with_shifted_block_positions_is_named_under_the_drafter_context(tm
 def as_form(form: str, cut_byte: bool = False):
     """A cycle-record edit: the dense visibility rewritten as SGLang's flat mask, FlashInfer's packed bits or a bias."""
     from workbench.conform.convert import pack_flashinfer
-    from workbench.serve.wire import unpack_tensor
+    from workbench.records.tensor_codec import unpack_tensor
 
     def edit(o):
         vis = unpack_tensor(o.pop("visibility")).bool()  # [n, n]

@@ -91,7 +91,7 @@ def test_an_unwritable_path_is_named_before_the_prefill(engine, tmp_path, no_pre
 
 
 def test_the_vllm_adapter_refuses_an_existing_dump_before_it_starts_a_request(tmp_path):
-    from workbench.engines.vllm_engine import VllmEngine
+    from workbench.adapters.vllm_engine import VllmEngine
 
     path = tmp_path / "v.dump"
     path.write_text("")

@@ -38,7 +38,7 @@ def no_models(monkeypatch):
         raise AssertionError("a model was loaded or a cycle replayed before the bad input was refused")
 
     monkeypatch.setattr("workbench.engine.loading.load_models", refuse)
-    monkeypatch.setattr("workbench.engines.reference.Reference.__init__", refuse)
+    monkeypatch.setattr("workbench.models.drafter_reference.Reference.__init__", refuse)
 
 
 def lines(path: Path) -> list[dict]:
@@ -168,7 +168,7 @@ def test_a_dump_checked_on_another_pair_is_refused_by_its_weights_before_any_rep
     def no_replay(*a, **k):
         raise AssertionError("a cycle was replayed on the wrong pair")
 
-    monkeypatch.setattr("workbench.engines.reference.Reference.__init__", no_replay)
+    monkeypatch.setattr("workbench.models.drafter_reference.Reference.__init__", no_replay)
     msg = refused(batch_dump, "and the drafter's weights differ", target=str(ASSETS / "target"),
                   draft=str(ASSETS / "hybrid" / "draft"))
     assert "written with target workbench/assets/target, draft workbench/assets/draft" in msg
@@ -201,7 +201,7 @@ def test_the_report_names_every_policy_used_the_pair_used_and_a_missing_fingerpr
 # ------------------------------------------------------------------------------------------ the arguments
 def test_arguments_that_are_not_a_dump_a_pair_or_a_device_are_one_line_each(batch_dump, tmp_path, no_models,
                                                                           capsys):
-    from workbench.engines.vllm_engine import VllmEngine
+    from workbench.adapters.vllm_engine import VllmEngine
     from workbench.serve.client import RemoteEngine
 
     for bad, words in ((None, "dump=None must be the path of a cycle dump"),

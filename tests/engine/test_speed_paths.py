@@ -9,7 +9,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import build_tree, compile_tree
 from workbench.records.cycle import STAGES, percentiles
-from workbench.bench.reference import compare_reference, reference_generate
+from workbench.bench.plain_decoder import compare_reference, reference_generate
 from workbench.models.masks import PrefixMask as MaskBuffer
 
 

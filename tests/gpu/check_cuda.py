@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     _kernels_importable()
     import workbench as wb
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
 
     models = (args.target, args.draft)
     prompts = [p["prompt"] for p in eval_prompts()[: args.prompts]]

@@ -51,7 +51,7 @@ def test_sglang_backend_runs_the_jit_kernel_on_cuda():
 
 def test_float32_cuda_equals_cpu():
     import workbench as wb
-    from workbench.bench.prompts import eval_prompts
+    from workbench.shipped import eval_prompts
 
     cpu, gpu = wb.load(), wb.load(device="cuda", dtype="float32")
     for item in eval_prompts()[:4]:

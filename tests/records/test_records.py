@@ -294,7 +294,7 @@ def test_bench_policies_accept_printed_labels():
 
 # ------------------------------------------------------------------------------ prompts files
 def test_prompts_text_file_with_a_brace_line_stays_text(tmp_path):
-    from workbench.bench.prompts import load_prompts
+    from workbench.shipped import load_prompts
 
     p = tmp_path / "prompts"
     p.write_text("def f(x):\n{'a': 1}\nclass A:\n")

@@ -23,6 +23,7 @@ import workbench as wb
 from shared_checks import http_call as raw
 from shared_checks import same_cycle
 from workbench.serve import client as remote_mod
+from workbench.records import tensor_codec
 from workbench.serve import wire
 from workbench.__main__ import main
 from workbench.serve import EngineServer, Limits
@@ -210,7 +211,7 @@ def test_wire_objects_round_trip(engine):
     for t in (torch.randint(-2**40, 2**40, (3, 5), generator=g), torch.randint(0, 200, (7,), generator=g),
               torch.randn(4, 3, generator=g), torch.tensor([float("nan"), -0.0, float("inf")]),
               torch.zeros(0, 8, dtype=torch.long), torch.rand(5, 5, generator=g) > 0.5):
-        back = wire.unpack_tensor(wire.loads(wire.dumps(wire.pack_tensor(t))))
+        back = tensor_codec.unpack_tensor(wire.loads(wire.dumps(tensor_codec.pack_tensor(t))))
         assert back.dtype == t.dtype and back.shape == t.shape
         bits = (lambda x: x.reshape(-1).view(torch.uint8)) if t.is_floating_point() else (lambda x: x)
         assert torch.equal(bits(back), bits(t))  # bit for bit: NaN, -0.0 and inf included

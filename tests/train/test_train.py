@@ -11,7 +11,7 @@ import pytest
 
 import workbench as wb
 from workbench.train import corpus
-from workbench.bench.prompts import eval_prompts
+from workbench.shipped import eval_prompts
 
 
 def test_train_help():

@@ -1,7 +1,7 @@
 """Aten ops per cycle: a deterministic proxy for kernel launches, the same count on a CPU and a GPU.
 
 A ``TorchDispatchMode`` sees every aten op the engine (or the plain reference decoder,
-``workbench.bench.reference``) dispatches. Two counts per cycle:
+``workbench.bench.plain_decoder``) dispatches. Two counts per cycle:
 
 * ``ops``: every aten op dispatched (views and no-op conversions included);
 * ``kernels``: the ops that compute something: not views (``OpOverload.is_view``) and not an
@@ -60,9 +60,9 @@ def engine_ops(engine, policy, prompts: list[str], max_new_tokens: int = 32, bat
 
 
 def reference_ops(models, budget: int, prompts: list[str], max_new_tokens: int = 32) -> dict:
-    """Ops per cycle of ``workbench.bench.reference.reference_generate``: the whole generation counted, less a
+    """Ops per cycle of ``workbench.bench.plain_decoder.reference_generate``: the whole generation counted, less a
     prefill-only run of the same prompt (it has no hook between its prefill and its cycles)."""
-    from workbench.bench.reference import reference_generate
+    from workbench.bench.plain_decoder import reference_generate
 
     ops = kernels = cycles = 0
     for p in prompts:

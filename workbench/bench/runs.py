@@ -162,7 +162,7 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     """Run every policy on every prompt, interleaved prompt by prompt (A B C A B C ...), after a warm-up.
 
     policies: Policy objects or strings ('ar', 'ddtree:32'); prompts: [{id, prompt}] (see
-    workbench.bench.prompts). With ``check_lossless`` AR is added when missing (it is the reference).
+    workbench.shipped). With ``check_lossless`` AR is added when missing (it is the reference).
     progress: True / False, or None for a tqdm bar on stderr only when stderr is a terminal.
     ``temperature`` > 0 samples, every run from ``seed`` (repeats draw the same tokens, so their times compare).
     """

@@ -1,6 +1,6 @@
 """Calibration prompts: training-corpus text, kept apart from every evaluation prompt.
 
-The evaluation prompts (``workbench.bench.prompts.eval_prompts``, both splits, both pairs) come from files the
+The evaluation prompts (``workbench.shipped.eval_prompts``, both splits, both pairs) come from files the
 pairs never trained on (``workbench.train.corpus.is_held_out``). Calibration prompts are cut the same ways
 (def/class openings and mid-file stops for long prompts, the short shapes people type) but only from the
 *training* files, never a held-out one, never a file an evaluation prompt was cut from, and never a text equal
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from workbench.bench.prompts import SPLITS, eval_prompts
+from workbench.shipped import SPLITS, eval_prompts
 from workbench.train import corpus
 
 MAX_CHARS = 600  # as the long evaluation split caps its prompts
@@ -65,7 +65,7 @@ def calibration_prompts(n: int, seed: int = 0) -> tuple[list[dict], dict]:
     kept_apart = {
         "from": "training files of this interpreter's standard library (workbench.train.corpus: not held out)",
         "never": "a held-out file, a file any evaluation prompt was cut from, or a text equal to, inside or holding "
-                 "an evaluation prompt (workbench.bench.prompts.eval_prompts, long and short)",
+                 "an evaluation prompt (workbench.shipped.eval_prompts, long and short)",
         "evaluation_prompts_checked": len(held_texts), "rejected_for_overlap": rejected, "seed": seed,
         "kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},
     }

@@ -7,7 +7,7 @@
 
 For every cycle record (docs/dump-format.md) the checker rebuilds what the step should have been from the
 request's committed context (its prompt, its first token and the tokens every earlier step committed), with
-the workbench's own independent references: the reference drafter (``workbench.engines.reference``) on that
+the workbench's own independent references: the reference drafter (``workbench.models.drafter_reference``) on that
 context, the exact best-N tree (``oracles.build_tree_greedy_exact``) for the engine's own drafter output, the
 ancestor closure by a plain walk, the path oracle (``workbench.models.path_oracle``: every node's logits from
 its own root-to-node path through transformers' own model and cache) and the accept walk in Python. It then
@@ -405,7 +405,7 @@ class _Replay:
     """The reference's side of every cycle, for one loaded pair."""
 
     def __init__(self, models, tol: C.Tolerance, hybrid: bool):
-        from workbench.engines.reference import Reference
+        from workbench.models.drafter_reference import Reference
 
         self.models, self.tol, self.hybrid = models, tol, hybrid
         self.ref = Reference(models)

@@ -8,7 +8,7 @@ steps (one line per record, flushed), so a run that stopped early is readable up
                          {"kind": "cycle", "seq", ...}    one engine step of one request (one per row per step)
     last        end      {"kind": "end", "records": N}  written by close(); absent when the run stopped early
 
-Arrays are the wire format's packed tensors (``workbench.serve.wire.pack_tensor``: the values as raw
+Arrays are the wire format's packed tensors (``workbench.records.tensor_codec.pack_tensor``: the values as raw
 little-endian bytes, integers in the narrowest type that holds them, booleans 8 to a byte, zlib, base64),
 so a record stays small and the file stays text (``head -1 run.dump`` shows the header).
 
@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from workbench.serve.wire import pack_tensor, unpack_tensor
+from workbench.records.tensor_codec import pack_tensor, unpack_tensor
 
 DUMP_FORMAT = "ddtree-workbench-dump"
 DUMP_VERSION = 1  # any change to a field's name, shape, dtype or meaning bumps it; a new optional field does not

@@ -1,7 +1,7 @@
 """vLLM's DFlash (in process, ``wb.load(engine="vllm")``) writes a cycle dump: ``session(..., dump=PATH)``.
 
 A DFlash step verifies a chain, and a chain is a tree (each draft's parent is the one before it). Per step,
-from what ``workbench.engines.vllm_hooks.Tap`` captured on vLLM's proposer and rejection sampler:
+from what ``workbench.adapters.vllm_hooks.Tap`` captured on vLLM's proposer and rejection sampler:
 
 - drafter context: the context tokens and positions vLLM's ``DFlashProposer.propose`` got (``target_token_ids``,
   ``target_positions``: every row of the verify before, of which the rows before this step's root are the

@@ -29,7 +29,7 @@ def load(target=None, draft=None, device: str = "cpu", dtype="auto", kernel_back
     one line listing the known ones.
 
     ``engine="vllm"``: the same pair in vLLM's own engine, in this process, with vLLM's DFlash method
-    (``workbench.engines.vllm_engine.VllmEngine``: sessions step one vLLM engine step = one cycle and
+    (``workbench.adapters.vllm_engine.VllmEngine``: sessions step one vLLM engine step = one cycle and
     record Cycles; ``engine_options`` go to it, e.g. ``workarounds=True``). vLLM is optional.
 
     ``wb.load(target=DIR, draft=DIR, device="cuda")`` for real checkpoints: ``dtype="auto"`` keeps the

@@ -19,8 +19,8 @@ from workbench.models.config_facts import (
     DEFAULT_BLOCK_SIZE, DRAFT_CLASSES, DTYPE_ALIASES, RUN_DTYPES, draft_value, run_dtype, torch_dtype,
 )
 from workbench.models.registry import pair_mismatch, refusal
+from workbench.shipped import ASSETS  # workbench/assets: its one reader is workbench.shipped
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"  # workbench/assets
 DEFAULT_TARGET = ASSETS / "target"
 DEFAULT_DRAFT = ASSETS / "draft"
 # Embedded pairs by name: wb.load("hybrid") (a Qwen3.5-text target; see workbench/assets/hybrid).
@@ -474,7 +474,7 @@ def pair_name(target, draft) -> str | None:
 
 def pair_dirs(target, draft) -> tuple[Path, Path]:
     """(target dir, drafter dir): an embedded pair by name (``"hybrid"``), the default pair, or local
-    directories; the one rule for every engine that loads a pair (ours, ``workbench.engines.vllm_engine``)."""
+    directories; the one rule for every engine that loads a pair (ours, ``workbench.adapters.vllm_engine``)."""
     name = pair_name(target, draft)
     if name is not None:
         target, draft = PAIRS[name]

@@ -1,7 +1,7 @@
 """What an engine and its sessions offer the views, traces, stepper, bench and conformance report.
 
 Every engine (the workbench's own, ``workbench.engine.core.Engine``; vLLM in process,
-``workbench.engines.vllm_engine.VllmEngine``; a served one over HTTP, ``workbench.serve.client.RemoteEngine``)
+``workbench.adapters.vllm_engine.VllmEngine``; a served one over HTTP, ``workbench.serve.client.RemoteEngine``)
 derives from ``BaseEngine`` and its sessions implement ``BaseSession``, as SGLang's attention backends derive
 from one ``AttentionBackend`` and vLLM's proposers from one proposer base. ``workbench.interface.registry`` finds
 an engine by its ``name``.

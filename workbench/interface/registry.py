@@ -14,7 +14,7 @@ from workbench.interface.base import BaseEngine
 
 ENGINES: dict[str, str] = {
     "workbench": "workbench.engine.core:Engine",  # the workbench's own engine (the default)
-    "vllm": "workbench.engines.vllm_engine:VllmEngine",  # vLLM's DFlash in this process (pip extra [vllm])
+    "vllm": "workbench.adapters.vllm_engine:VllmEngine",  # vLLM's DFlash in this process (pip extra [vllm])
 }
 # Engines reached over HTTP have no load(): the line that says how to reach them instead.
 REACHED_OTHERWISE = {"served": "a served engine is reached with wb.connect(URL, token=...) "

@@ -62,7 +62,7 @@ def read_prompts(args) -> list[dict]:
     from pathlib import Path
 
     from workbench.analysis.paired import MIN_PAIRS
-    from workbench.bench.prompts import SPLITS, eval_prompts, load_prompts
+    from workbench.shipped import SPLITS, eval_prompts, load_prompts
     from workbench.payoff.inputs import PaysOffInputError
 
     if args.prompts in SPLITS:

@@ -45,7 +45,7 @@ class Inputs:
 
 def prompt_items(prompts) -> list[dict]:
     """A split name ('long', 'short'; None: 'long'), or a list of texts or {id, prompt} -> [{id, prompt}]."""
-    from workbench.bench.prompts import SPLITS, eval_prompts
+    from workbench.shipped import SPLITS, eval_prompts
 
     if prompts is None or (isinstance(prompts, str) and prompts in SPLITS):
         return eval_prompts(prompts or "long")

@@ -3,7 +3,7 @@
 An engine whose step verifies one chain of drafts (vLLM's DFlash) hands the tensors of that step here:
 the drafts, the drafter's logits, the target's logits at every verified slot and the accepted tokens;
 an engine step without speculation is one target decode. These read no engine: any engine module
-(``workbench.engines.vllm_engine``; an SGLang one) turns its step into the same record.
+(``workbench.adapters.vllm_engine``; an SGLang one) turns its step into the same record.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The wire format between ``python -m workbench serve`` and ``wb.connect``: versioned JSON (docs/wire-format.md).
 
 Shared by the server and the client, so it imports neither. A cycle travels as its
-``Cycle.to_dict()`` record, each tensor as a JSON list when small (up to ``LIST_MAX`` values:
-the cheapest to write and to read) and packed when large (``pack_tensor``: raw little-endian
+``Cycle.to_dict()`` record, each tensor as a JSON list when small (up to ``tensor_codec.LIST_MAX`` values:
+the cheapest to write and to read) and packed when large (``workbench.records.tensor_codec.pack_tensor``: raw little-endian
 bytes in the narrowest integer type that holds the values, zlib, base64), and without its
 ``visibility`` when that is the tree's ancestor-or-self matrix, which the receiver rebuilds
 from ``parents`` (a DDTree(1024) cycle: ~40 KiB instead of ~7 MB of JSON booleans). A *view*
@@ -13,18 +13,15 @@ change to what a message means bumps WIRE_VERSION.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import ipaddress
 import json
-import math
-import zlib
 
-import numpy as np
 import torch
 
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.forward import ForwardRecord
+from workbench.records.tensor_codec import tensor_to_wire, unpack_tensor
 from workbench.engine import policies
 from workbench.serve.lazy_cycle import LazyCycle
 
@@ -40,7 +37,6 @@ RECORDS = ("view", "full")  # what a reply's cycles carry: what a view reads, or
 VIEW_LEAVES_OUT = frozenset({"draft_topk_tokens", "draft_topk_logprobs", "target_top2_tokens", "target_top2_logits",
                              "forwards", "visibility", "position_ids", "retrieve_next_token",
                              "retrieve_next_sibling", "state_from"})
-LIST_MAX = 256  # a tensor of up to this many values travels as a JSON list (floats: raw bytes); a larger one packed
 CYCLE_FIELDS = dataclasses.fields(Cycle)  # (looked up once: fields() rebuilds its tuple at every call)
 # Why a /run stream may end with its session unfinished: one of the server's per-stream bounds (the client asks
 # again, from the cycles it holds)
@@ -88,61 +84,6 @@ def policy_from_wire(w):
     if not isinstance(w, dict) or not isinstance(w.get("name"), str):
         raise ValueError(f"policy {short(w)} must be a string like 'ddtree:32' or an object with a 'name'")
     return policies.from_wire(w)
-
-
-# ------------------------------------------------------------------------------------------ tensors
-_INTS = (np.int8, np.int16, np.int32, np.int64)
-
-
-def pack_tensor(t: torch.Tensor) -> dict:
-    """A CPU tensor -> {"dtype", "shape", "as", "z"}: its values as raw little-endian bytes of numpy type
-    ``as`` (integers in the narrowest type that holds them, exactly), zlib-compressed, base64 text."""
-    a = t.detach().cpu().contiguous().numpy()
-    if a.dtype == np.bool_:
-        a, kind = np.packbits(a.reshape(-1)), "bits"  # 8 booleans a byte
-    elif a.dtype.kind in "iu" and a.size:
-        lo, hi = int(a.min()), int(a.max())
-        narrow = next(n for n in _INTS if np.iinfo(n).min <= lo and hi <= np.iinfo(n).max)
-        a, kind = a.astype(np.dtype(narrow).newbyteorder("<")), np.dtype(narrow).str
-    else:
-        a = a.astype(a.dtype.newbyteorder("<"))
-        kind = a.dtype.str
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "as": kind,
-            "z": base64.b64encode(zlib.compress(a.tobytes(), 6)).decode("ascii")}
-
-
-def tensor_to_wire(t: torch.Tensor) -> dict:
-    """A tensor as the cheapest form to write and read that keeps it bit for bit: up to ``LIST_MAX`` values,
-    integers and booleans as ``{"dtype", "shape", "data": nested lists}`` and floats as their raw
-    little-endian bytes, base64 (``"b"``: a float's text is long and slow to write and parse); larger ones
-    packed (``pack_tensor``). ``unpack_tensor`` reads all three."""
-    if t.numel() > LIST_MAX:
-        return pack_tensor(t)
-    if not t.is_floating_point() or t.dtype == torch.bfloat16:  # (numpy has no bfloat16; its repr is exact too)
-        return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "data": t.tolist()}
-    a = t.detach().cpu().contiguous().numpy()
-    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "as": a.dtype.str,
-            "b": base64.b64encode(a.tobytes()).decode("ascii")}
-
-
-def unpack_tensor(d: dict) -> torch.Tensor:
-    """The inverse of ``pack_tensor``; also reads version 1's ``{"dtype", "shape", "data": nested lists}``."""
-    dtype = getattr(torch, str(d.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {short(d.get('dtype'))}")
-    shape = [int(s) for s in d["shape"]]
-    if "data" in d:  # a small tensor (and wire version 1's, and the trace files' form)
-        t = torch.tensor(d["data"], dtype=dtype)
-        return t if len(shape) == 1 and t.shape == (shape[0],) else t.reshape(shape)
-    raw = base64.b64decode(d["b"], validate=True) if "b" in d else zlib.decompress(base64.b64decode(d["z"], validate=True))
-    count = math.prod(shape)
-    if d["as"] == "bits":
-        a = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count).astype(np.bool_)
-    else:
-        a = np.frombuffer(raw, dtype=np.dtype(str(d["as"])), count=count)
-    # a native-order copy (frombuffer's array is read-only), then the exact widening to the recorded dtype
-    return torch.from_numpy(a.astype(a.dtype.newbyteorder("="))).to(dtype).reshape(shape)
 
 
 def tree_visibility(parents: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:

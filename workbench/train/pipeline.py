@@ -869,10 +869,10 @@ def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 
 
 
 def convention_figures(out: Path, splits: dict) -> dict:
-    """The engine-convention table for the pair in ``out`` (``workbench.engines.conventions``) on the first
+    """The engine-convention table for the pair in ``out`` (``workbench.adapters.conventions``) on the first
     long evaluation prompt: the feature each engine's capture rule would hand the drafter."""
     from workbench.engine.core import load
-    from workbench.engines.conventions import conventions_report
+    from workbench.adapters.conventions import conventions_report
 
     engine = load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())
     first = next(iter(splits.values()))[0]["prompt"]

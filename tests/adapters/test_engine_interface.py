@@ -1,6 +1,6 @@
 """The engine interface: one abstract base (``workbench.interface.base``), one registry by name, the
 workbench's engine behind it, an engine added as one class, and a production step recorded as a Cycle
-by ``workbench.records.engine_step``. (vLLM's side: tests/engines/test_vllm.py.)"""
+by ``workbench.records.engine_step``. (vLLM's side: tests/adapters/test_vllm.py.)"""
 from __future__ import annotations
 
 import pytest

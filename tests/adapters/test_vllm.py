@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench.engines import vllm_hooks
+from workbench.adapters import vllm_hooks
 from workbench.cli import main
 
 pytestmark = pytest.mark.slow
@@ -226,7 +226,7 @@ def _free_port() -> int:
 
 def test_served_vllm_gives_the_in_process_acceptance_per_request(vllm_engine):
     from workbench.engine.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-    from workbench.engines.served import ServedError, compare_served
+    from workbench.adapters.served import ServedError, compare_served
 
     port, key = _free_port(), "test-" + os.urandom(16).hex()
     spec = json.dumps({"method": "dflash", "model": str(DEFAULT_DRAFT), "num_speculative_tokens": 15})

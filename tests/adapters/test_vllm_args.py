@@ -66,7 +66,7 @@ def test_a_refused_pair_names_vllms_reason_not_its_error_count():
     ("1 validation error for ModelConfig"): the one line carries the messages."""
     import pydantic
 
-    from workbench.engines.vllm_engine import refusal_reason
+    from workbench.adapters.vllm_engine import refusal_reason
 
     class ModelConfig(pydantic.BaseModel):
         architecture: str

@@ -1,9 +1,9 @@
 """A DFlash drafter's inputs in a production engine held against the reference's, one input at a time.
 
 For a block rooted at position ``start`` (the last committed token, the root, sits there), the reference
-drafter (``workbench.engines.reference``, z-lab's dflash) reads:
+drafter (``workbench.models.drafter_reference``, z-lab's dflash) reads:
 - the context: the committed tokens before the root, at positions 0 .. start - 1, and the target's
-  features there (one chunk per target layer it reads; compared in ``workbench.engines.conformance``);
+  features there (one chunk per target layer it reads; compared in ``workbench.adapters.conformance``);
 - the block: the root, then K mask tokens, at positions start .. start + K.
 
 A production engine hands its drafter the context a verify at a time (vLLM: every token of the target's

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from workbench.engines.spec_metrics import (  # noqa: F401  (the served client reads the same counters)
+from workbench.adapters.spec_metrics import (  # noqa: F401  (the served client reads the same counters)
     PER_POS, VLLM_COUNTERS, ServedError, counters, delta, parse_prometheus, spec_counters_from_metrics,
 )
 
@@ -218,7 +218,7 @@ def compare_served(url: str, prompts=None, *, api_key: str | None = None, model:
     committed tau (the reference column: what a server that loses no acceptance gives). Refused before the
     local reference loads: bad prompts or limit, a server that runs another model, and a prompt that with
     ``max_new_tokens`` would pass the server's ``max_model_len``."""
-    from workbench.bench.prompts import default_prompts
+    from workbench.shipped import default_prompts
     from workbench.engine import validate
     from workbench.engine.core import load
     from workbench.engine.loading import pair_dirs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench.engines.conventions import conventions_report, conventions_table, rule_in_source
+from workbench.adapters.conventions import conventions_report, conventions_table, rule_in_source
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -31,9 +31,9 @@ from workbench.engine.policies import AR, DFlash, as_policy
 from workbench.engine.prompting import encode_prompt
 from workbench.engine.request import SessionState
 from workbench.engine.sampling import Sampling
-from workbench.engines import vllm_hooks
+from workbench.adapters import vllm_hooks
 from workbench.interface.base import BaseEngine, BaseSession
-from workbench.engines.vllm_hooks import Tap, VllmUnsupported
+from workbench.adapters.vllm_hooks import Tap, VllmUnsupported
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.engine_step import RECORD_TOPK, chain_cycle, chain_forwards, decode_cycle
 
@@ -51,7 +51,7 @@ LOAD_DEFAULTS = {"kernel_backend": "torch", "threads": None, "device_map": None,
 class VllmEngine(BaseEngine):
     """A target and a DFlash drafter loaded by vLLM in this process, with hooks on its model runner.
 
-    ``workarounds=True`` applies ``workbench.engines.vllm_workarounds`` before the model loads;
+    ``workarounds=True`` applies ``workbench.adapters.vllm_workarounds`` before the model loads;
     ``layers=True`` keeps every cycle's drafter inputs, logits and per-layer tensors on its session
     (``s.proposals``, for the conformance report; memory grows with the run)."""
 
@@ -94,7 +94,7 @@ class VllmEngine(BaseEngine):
         self.workarounds = bool(workarounds)
         vllm_hooks.in_process_env()
         if workarounds:
-            from workbench.engines import vllm_workarounds
+            from workbench.adapters import vllm_workarounds
 
             self.patches = vllm_workarounds.apply()
         else:
@@ -200,7 +200,7 @@ class VllmEngine(BaseEngine):
 
     def spec_counters(self) -> dict:
         """vLLM's own speculative counters (``LLM.get_metrics()``), summed over requests so far."""
-        from workbench.engines.spec_metrics import spec_counters_from_metrics
+        from workbench.adapters.spec_metrics import spec_counters_from_metrics
 
         return spec_counters_from_metrics(self.llm.get_metrics())
 
@@ -208,7 +208,7 @@ class VllmEngine(BaseEngine):
         if self.tap is not None:
             self.tap.remove()
         if self.patches:
-            from workbench.engines import vllm_workarounds
+            from workbench.adapters import vllm_workarounds
 
             vllm_workarounds.undo()
             self.patches = ()

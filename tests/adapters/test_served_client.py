@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workbench.engines.served import ServedError, Served, counters, delta, parse_prometheus
+from workbench.adapters.served import ServedError, Served, counters, delta, parse_prometheus
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench.engines import vllm_hooks
-from workbench.engines.conformance import EngineRun
+from workbench.adapters import vllm_hooks
+from workbench.adapters.conformance import EngineRun
 from workbench.records.cycle import cycle_problem
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
     report = wb.compare(prompts=["def parse(line):", ...], max_new_tokens=64)   # vLLM in process
     print(report)                      # tokens, drafts, tau, per-position acceptance, tokens/s; the divergence
-    report = wb.compare(..., workarounds=True)   # vLLM with workbench.engines.vllm_workarounds applied
+    report = wb.compare(..., workarounds=True)   # vLLM with workbench.adapters.vllm_workarounds applied
 
 The report has three parts.
 1. **Outputs**: every prompt's greedy tokens from the workbench's AR, the workbench's DFlash and vLLM's DFlash
@@ -11,9 +11,9 @@ The report has three parts.
    bonus included), per-position acceptance (the share of verifies that accepted at least d drafts), and
    tokens/s of each engine with the min-max over ``repeats`` interleaved repeats.
 3. **Where drafts first differ** (only when they do): vLLM's drafter inputs and outputs at each cycle are
-   held against the reference's (``workbench.engines.reference``) for the same context, and at the first
+   held against the reference's (``workbench.models.drafter_reference``) for the same context, and at the first
    cycle whose drafts differ the report compares, from its own measurements:
-   - every drafter input (``workbench.engines.drafter_inputs``): the context's tokens and positions, the
+   - every drafter input (``workbench.adapters.drafter_inputs``): the context's tokens and positions, the
      block's tokens and positions, against the committed context and the block the reference builds;
    - per slot: top-1 agreement and the largest log-prob gap between the two drafters;
    - per context-feature chunk (one per target layer the drafter reads): vLLM's feature vs the reference's
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.engines.drafter_inputs import aligned_context, compare_inputs
-from workbench.engines.reference import Reference, rel_diff, rms
+from workbench.adapters.drafter_inputs import aligned_context, compare_inputs
+from workbench.models.drafter_reference import Reference, rel_diff, rms
 
 EQUAL = 1e-3  # relative difference under which two float32 tensors count as the same tensor
 DEPTHS = 4  # per-position acceptance reported for the first DEPTHS drafted slots
@@ -118,7 +118,7 @@ class ConformanceReport:
 
     def next_steps(self) -> list[str]:
         """What to do about what differs: the committed tau the differences cost here, and for each kind the
-        verdict names, the workaround (``workbench.engines.vllm_workarounds``) that removes it, if one does."""
+        verdict names, the workaround (``workbench.adapters.vllm_workarounds``) that removes it, if one does."""
         ref, prod = list(self.runs.values())[1:3]  # the workbench's DFlash (the reference) and the production's
         d = self.divergence
         if d is None:
@@ -236,7 +236,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     ``prompts``: texts (default: the first 8 of the shipped long evaluation split). ``repeats``: timed
     repeats, interleaved engine by engine (tokens, drafts and acceptance come from the first). ``vllm_ar``:
     also run vLLM without speculation (a second vLLM engine in this process)."""
-    from workbench.bench.prompts import default_prompts
+    from workbench.shipped import default_prompts
     from workbench.engine import validate
     from workbench.engine.core import Engine
     from workbench.engine.policies import AR, DFlash
@@ -246,7 +246,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     production = [n for n in registry.engine_names() if n != "workbench"]  # the report's other side
     if engine not in production:
         raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
-                         "for a server use workbench.engines.served.compare_served(url, ...)")
+                         "for a server use workbench.adapters.served.compare_served(url, ...)")
     production_engine = registry.engine_class(engine)  # its sessions keep proposals; it takes workarounds
     # every argument checked before either engine loads
     texts = validate.prompt_list(prompts) or default_prompts()
@@ -256,7 +256,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         if not isinstance(flag, bool):  # "no" is truthy: it would turn the workarounds on
             raise ValueError(f"{name}={flag!r} must be True or False")
     if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
-        from workbench.engines.vllm_hooks import check_version
+        from workbench.adapters.vllm_hooks import check_version
 
         check_version()
     say = progress or (lambda msg: None)

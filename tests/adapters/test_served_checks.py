@@ -11,7 +11,7 @@ import pytest
 
 import workbench as wb
 import workbench.engine.core as core
-from workbench.engines.served import ServedError, compare_served
+from workbench.adapters.served import ServedError, compare_served
 
 METRICS = ('vllm:spec_decode_num_drafts_total{{engine="0"}} {d}\n'
            'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {t}\n'
@@ -112,7 +112,7 @@ def test_the_report_has_the_reference_column_and_names_the_pair(fake_vllm, engin
 
 def test_the_default_prompts_are_texts():
     """wb.compare and compare_served hand their defaults to a tokenizer: texts, not the split's records."""
-    from workbench.bench.prompts import default_prompts
+    from workbench.shipped import default_prompts
 
     got = default_prompts()
     assert len(got) == 8 and all(isinstance(p, str) and p for p in got)
