@@ -13,6 +13,7 @@ drift apart); this module only evaluates them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ LOGPROB_FLOOR = -20.0  # log-probs below this are all "never"
 LOGIT_CAP = 20.0  # |log-odds| past this carry no more information (and float32 log-probs round near 0)
 DEPTH_SCALE = 16.0  # depth enters as depth / 16: the published drafters' block size
 MAX_Q = 1.0 - 1e-6  # q < 1 keeps every increment < 0, so a child never outscores its parent
+LOG_MAX_Q = math.log(MAX_Q)
 
 
 def features(topv: Tensor) -> Tensor:
@@ -49,12 +51,17 @@ class PathModel:
 
     weights: tuple  # [S][F] floats, S = len(STATES)
 
+    def __post_init__(self):
+        object.__setattr__(self, "on_device", {})  # device -> weights [S, F]: copied there once, not every cycle
+
     def log_q(self, topv: Tensor) -> Tensor:
         """topv [bs, D, k] -> log q, float64 [bs, D, k, S]: the increment of candidate j of slot d under a
-        parent in state s (each < 0)."""
+        parent in state s (each < 0). Nothing here reads the device (the static-shape path calls it)."""
         x = features(topv)  # [bs, D, k, F]
-        w = torch.tensor(self.weights, dtype=torch.float64, device=topv.device)  # [S, F]
-        return torch.nn.functional.logsigmoid(x @ w.T).clamp(max=float(torch.log(torch.tensor(MAX_Q))))
+        w = self.on_device.get(topv.device)
+        if w is None:
+            w = self.on_device[topv.device] = torch.tensor(self.weights, dtype=torch.float64, device=topv.device)
+        return torch.nn.functional.logsigmoid(x @ w.T).clamp(max=LOG_MAX_Q)  # [bs, D, k, S]
 
     def q(self, topv: Tensor) -> Tensor:
         """The same as probabilities, [bs, D, k, S]."""
