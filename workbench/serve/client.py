@@ -577,7 +577,7 @@ class RemoteSession(SessionState, BaseSession):
         t1 = time.perf_counter()
         self._apply(st)
         if self.engine.timing and st["cycles"]:
-            self.timings.append({"cycle": len(self._trace.cycles) - 1, "at": time.perf_counter(), "request": t0,
+            self.timings.append({"index": len(self._trace.cycles) - 1, "at": time.perf_counter(), "request": t0,
                                  "round_trip": t1 - t0, "decode": time.perf_counter() - t1, **st.get("timing", {})})
         return self.trace.cycles[-1]
 
@@ -608,7 +608,7 @@ class RemoteSession(SessionState, BaseSession):
                 self._trace.append(c)
                 self._n_cycles = max(self._n_cycles, len(held))
                 if self.engine.timing:
-                    self.timings.append({"cycle": c.index, "at": time.perf_counter(), "decode": time.perf_counter()
+                    self.timings.append({"index": c.index, "at": time.perf_counter(), "decode": time.perf_counter()
                                          - t0, **frame.get("timing", {})})
             else:
                 last = frame  # the last line: the session's state, and why the stream ended (or its error)
