@@ -31,10 +31,13 @@ log = logging.getLogger("workbench.serve")
 AHEAD = 4  # cycles the producer may run past what the connection has taken: a stream that is not read stops
 
 
-def as_serve_error(ex: BaseException) -> ServeError:
-    """What a failed cycle becomes in a stream's last frame: the status and code its plain reply would have."""
+def as_serve_error(ex: BaseException, stopping: bool = False) -> ServeError:
+    """What a failed cycle becomes in a stream's last frame: the status and code its plain reply would have.
+    While the server stops, any failure is the stop (the scheduler refuses what it had not started)."""
     if isinstance(ex, ServeError):
         return ex
+    if stopping:
+        return ServeError(503, "stopping", "the server is shutting down; no more cycles are run")
     if isinstance(ex, SessionFinished):
         return ServeError(409, "session_finished", str(ex))
     if isinstance(ex, ValueError):
@@ -49,9 +52,9 @@ class RunStream(Response):
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, e, release, since: int, records: str, timing: bool, limits):
+    def __init__(self, e, release, since: int, records: str, timing: bool, limits, stopping: threading.Event):
         super().__init__(status_code=200, media_type=self.media_type)
-        self.e, self.s, self.limits = e, e.session, limits
+        self.e, self.s, self.limits, self.stopping = e, e.session, limits, stopping
         self.records, self.timing = records, timing
         self.first = min(since, len(self.s.cycles))  # the first cycle this stream sends (the client lacks it)
         self.sent = self.first  # cycles handed to the connection (the event loop's count)
@@ -102,7 +105,7 @@ class RunStream(Response):
                 self.made, stepped = len(s.cycles), stepped + 1
                 wake()
         except BaseException as ex:  # noqa: BLE001 - it ends the stream, in its last frame
-            err = as_serve_error(ex)
+            err = as_serve_error(ex, self.stopping.is_set())
             if err.status == 500:
                 log.error("session %s: a cycle of a run failed", self.e.id, exc_info=ex)
             self.error = err
