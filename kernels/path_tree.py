@@ -9,9 +9,12 @@ adds an increment that depends on its slot, its rank and the *state* of its pare
 - ``SIBLING``: the parent itself is a rank >= 1 candidate;
 - ``OFF``: the parent is a top-1, but an earlier node of the path was a sibling.
 
-A child's state follows from its parent's and its own rank (``child_state``). Increments are log-probabilities
-(<= 0), so a prefix's score (their sum, float64) never rises as it grows: the N best prefixes form a
-prefix-closed tree, as in DDTree.
+A child's state follows from its parent's and its own rank (``child_state``). More generally a node hands its
+children a *class* (``child_class(parent_class, rank)``; the root's is ``root_class``) and increments are given
+per class: ``lambda c, r: r`` makes the class the parent's own rank, so a candidate's increment can depend on
+the parent's token (a previous-token-conditioned score). Increments are log-probabilities (<= 0), so a
+prefix's score (their sum, float64) never rises as it grows: the N best prefixes form a prefix-closed tree,
+as in DDTree.
 
 Tie rule, shared by both builds: nodes are taken one at a time, the best candidate whose parent is already in
 the tree by **score descending, then depth ascending, then the parent's index ascending, then the candidate's
@@ -49,27 +52,33 @@ def sibling_order(inc: Tensor) -> tuple[Tensor, Tensor]:
     return torch.sort(inc.permute(0, 1, 3, 2).double(), dim=-1, descending=True, stable=True)
 
 
-def path_tree_heap(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+def rank_class(parent_class, rank):
+    """The class rule of previous-token-conditioned increments: a node's children see its own rank."""
+    return rank
+
+
+def path_tree_heap(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, child_class=child_state,
+                   root_class: int = SPINE) -> Tree:
     """The host build: one best-first heap walk per request.
 
-    inc [bs, D, k, S]: log-probability that candidate j of slot d is the target's token given a parent in
-    state s (<= 0); topi [bs, D, k]: the candidates' token ids, j = the token's rank in its slot;
-    root_tokens [bs]. -> Tree of 1 + min(budget, prefixes there are) nodes, root first."""
+    inc [bs, D, k, S]: log-probability that candidate j of slot d is the target's token given a parent of
+    class s (<= 0; by default s is the path state); topi [bs, D, k]: the candidates' token ids, j = the token's
+    rank in its slot; root_tokens [bs]. -> Tree of 1 + min(budget, prefixes there are) nodes, root first."""
     sinc, order = sibling_order(inc)
     sv, so, ids = sinc.tolist(), order.tolist(), topi.tolist()  # Python floats: float64 sums, cheap compares
     roots = root_tokens.reshape(-1).tolist()
-    rows = [_heap_row(sv[b], so[b], ids[b], roots[b], budget) for b in range(len(roots))]
+    rows = [_heap_row(sv[b], so[b], ids[b], roots[b], budget, child_class, root_class) for b in range(len(roots))]
     cols = [torch.from_numpy(np.array([r[f] for r in rows], dtype=np.int64)) for f in range(4)]
     return Tree(*cols, torch.from_numpy(np.array([r[4] for r in rows], dtype=np.float64)))
 
 
-def _heap_row(sv, so, ids, root_token: int, budget: int):
+def _heap_row(sv, so, ids, root_token: int, budget: int, child_class, root_class: int):
     """One request: sv/so [D][S][k] sorted increments and their ranks; ids [D][k]. Pop the best prefix, make it
     a node, push its next sibling (same parent, next position) and its first child (next slot, position 0).
     The heap key (-score, depth, parent, position) is the documented tie rule."""
     D, k = len(ids), len(ids[0])
-    tokens, parents, depth, rank, score, state = [root_token], [-1], [0], [0], [0.0], [SPINE]
-    heap = [(-sv[0][SPINE][0], 1, 0, 0, 0.0)] if D and k else []
+    tokens, parents, depth, rank, score, state = [root_token], [-1], [0], [0], [0.0], [root_class]
+    heap = [(-sv[0][root_class][0], 1, 0, 0, 0.0)] if D and k else []
     while heap and len(tokens) <= budget:
         neg, d, par, pos, par_score = heapq.heappop(heap)
         s_par = state[par]
@@ -80,7 +89,7 @@ def _heap_row(sv, so, ids, root_token: int, budget: int):
         depth.append(d)
         rank.append(r)
         score.append(-neg)
-        state.append(child_state(s_par, r))
+        state.append(child_class(s_par, r))
         if pos + 1 < k:
             heapq.heappush(heap, (-(par_score + sv[d - 1][s_par][pos + 1]), d, par, pos + 1, par_score))
         if d < D:
@@ -97,16 +106,17 @@ def beam_sizes(D: int, k: int, budget: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def path_tree_vectorized(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+def path_tree_vectorized(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, child_class=child_state,
+                         root_class: int = SPINE) -> Tree:
     """The device build (same arguments and tree as ``path_tree_heap``): per-depth beams, no host sync."""
     bs, D, k, _ = inc.shape
     dev = inc.device
     sinc, order = sibling_order(inc)  # [bs, D, S, k]
     sizes = beam_sizes(D, k, budget)
     m = sizes[0]
-    beam = sinc[:, 0, SPINE, :m]  # [bs, m] every depth-1 parent is the root (spine)
-    rnk = order[:, 0, SPINE, :m]  # [bs, m]
-    st = child_state(torch.full_like(rnk, SPINE), rnk)
+    beam = sinc[:, 0, root_class, :m]  # [bs, m] every depth-1 parent is the root
+    rnk = order[:, 0, root_class, :m]  # [bs, m]
+    st = child_class(torch.full_like(rnk, root_class), rnk)
     scores, parent, ranks = [beam], [torch.full_like(rnk, -1)], [rnk]
     offset = 0
     for d in range(1, D):
@@ -117,7 +127,7 @@ def path_tree_vectorized(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget:
         p = pick // k
         r = order[:, d].gather(1, st[:, :, None].expand(bs, st.shape[1], k)).reshape(bs, -1).gather(1, pick)
         beam = cand.gather(1, pick)
-        st = child_state(st.gather(1, p), r)
+        st = child_class(st.gather(1, p), r)
         scores.append(beam)
         parent.append(p + offset)
         ranks.append(r)
@@ -144,8 +154,9 @@ def path_tree_vectorized(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget:
     )
 
 
-def path_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, sync_free: bool = False) -> Tree:
+def path_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, sync_free: bool = False,
+              child_class=child_state, root_class: int = SPINE) -> Tree:
     """The host heap on a CPU unless ``sync_free``; the device build otherwise (both give the same tree)."""
     if sync_free or inc.device.type != "cpu":
-        return path_tree_vectorized(inc, topi, root_tokens, budget)
-    return path_tree_heap(inc, topi, root_tokens, budget)
+        return path_tree_vectorized(inc, topi, root_tokens, budget, child_class, root_class)
+    return path_tree_heap(inc, topi, root_tokens, budget, child_class, root_class)

@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from ddtree_kernels import build_tree_from_topk, validate_tree
-from ddtree_kernels.path_tree import OFF, SIBLING, SPINE, child_state, path_tree_heap, path_tree_vectorized
+from ddtree_kernels.path_tree import (OFF, SIBLING, SPINE, child_state, path_tree_heap, path_tree_vectorized,
+                                      rank_class)
 from ddtree_kernels.tree_build import sorted_slots
 
 
-def random_inc(bs, D, k, seed, ties=False):
+def random_inc(bs, D, k, seed, ties=False, classes=3):
     g = torch.Generator().manual_seed(seed)
-    inc = -torch.rand(bs, D, k, 3, generator=g, dtype=torch.float64) * 3
+    inc = -torch.rand(bs, D, k, classes, generator=g, dtype=torch.float64) * 3
     if ties:  # few distinct values: equal scores everywhere
-        inc = -(torch.randint(0, 3, (bs, D, k, 3), generator=g).double())
+        inc = -(torch.randint(0, 3, (bs, D, k, classes), generator=g).double())
     topi = torch.stack([torch.randperm(50, generator=g)[:k] for _ in range(bs * D)]).reshape(bs, D, k)
     return inc, topi
 
@@ -38,7 +39,7 @@ def test_heap_and_device_build_agree(seed):
         validate_tree(a, budget, 50, roots, D)
 
 
-def oracle(inc, topi, root, budget):
+def oracle(inc, topi, root, budget, rule=child_state):
     """Every prefix of ranks scored by its path's increments; the best ``budget`` by the documented rule,
     taken one at a time from the candidates whose parent is in (a plain scan, no heap, no beams)."""
     D, k = topi.shape[0], topi.shape[1]
@@ -55,7 +56,7 @@ def oracle(inc, topi, root, budget):
                     continue
                 key = (-(sc + float(inc[d, j, st])), d + 1, pi, pos)
                 if best is None or key < best[0]:
-                    best = (key, path + (j,), sc + float(inc[d, j, st]), child_state(st, j))
+                    best = (key, path + (j,), sc + float(inc[d, j, st]), rule(st, j))
         if best is None:
             break
         nodes.append(best[1:])
@@ -85,3 +86,15 @@ def test_child_states():
             child_state(OFF, 1)] == [SPINE, SIBLING, OFF, OFF, SIBLING]
     t = child_state(torch.tensor([SPINE, SPINE, SIBLING, OFF]), torch.tensor([0, 1, 0, 0]))
     assert t.tolist() == [SPINE, SIBLING, OFF, OFF]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rank_classes_condition_on_the_parents_token(seed):
+    """Increments per parent rank (a previous-token-conditioned score): both builds and the oracle agree."""
+    for D, k, budget in ((4, 3, 9), (5, 4, 30)):
+        inc, topi = random_inc(2, D, k, 200 + seed, seed % 2 == 1, classes=k)
+        roots = torch.tensor([4, 6])
+        a = path_tree_heap(inc, topi, roots, budget, rank_class, 0)
+        b = path_tree_vectorized(inc, topi, roots, budget, rank_class, 0)
+        assert same(a, b)
+        assert a.tokens[0].tolist() == oracle(inc[0], topi[0], 4, budget, rank_class)
