@@ -140,6 +140,11 @@ class BatchSession:
     def step_request(self, s: Session):
         raise RuntimeError("a request of a batch is stepped by its BatchSession: call batch.step()")
 
+    def release(self, s: Session) -> None:
+        """``s`` was closed (``Session.close``, which marks it finished): its row leaves the batch's buffers now,
+        so the next cycle neither steps it nor pads for it."""
+        self._retire()
+
     def __repr__(self) -> str:
         return (f"BatchSession({len(self.sessions)} requests, {len(self._live)} live, {len(self.cycles)} cycles, "
                 f"{sum(len(s.generated) for s in self.sessions)} new tokens)")

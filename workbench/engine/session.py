@@ -36,6 +36,10 @@ class Driver(Protocol):
     def kv_shapes(self, s: "Session") -> list[list[list[int]]]:
         """The shapes of ``view(s)``'s tensors, per layer (as of ``s``'s last cycle; never waits for a forward)."""
 
+    def release(self, s: "Session") -> None:
+        """``s`` has ended early (``Session.close``): the model state held for it goes now, not at the end of
+        the driver's other rows or of the process."""
+
 
 def shapes_of(view: list) -> list[list[list[int]]]:
     return [[list(t.shape) for t in layer] for layer in view]
@@ -45,7 +49,7 @@ class Solo:
     """The driver of a session of its own: a one-row ``Rows``, prefilled at once."""
 
     def __init__(self, s: "Session", static_shapes: bool, graphs):
-        self.rows = Rows(s.models, static_shapes, graphs)
+        self.rows: Rows | None = Rows(s.models, static_shapes, graphs)  # None once released
         with torch.inference_mode():
             self.rows.prefill([s])
 
@@ -55,10 +59,13 @@ class Solo:
         return cycles[0]
 
     def view(self, s: "Session") -> list:
-        return self.rows.target.view(0)
+        return [] if self.rows is None else self.rows.target.view(0)
 
     def cache_bytes(self, s: "Session") -> int:
-        return self.rows.target.nbytes() + self.rows.draft.nbytes()
+        return 0 if self.rows is None else self.rows.target.nbytes() + self.rows.draft.nbytes()
+
+    def release(self, s: "Session") -> None:
+        self.rows = None  # the only reference to this session's caches: they are freed with it
 
     def kv_shapes(self, s: "Session") -> list[list[list[int]]]:
         return shapes_of(self.view(s))
@@ -132,6 +139,15 @@ class Session(Request):
         when a hook or a cycle raises (TransformerLens's ``run_with_hooks``)."""
         with self.hooks(hooks):
             return self.run(max_new_tokens)
+
+    def close(self) -> None:
+        """End the request now (``BaseSession.close``): a running one finishes as "aborted" (as a vLLM
+        session does), and its driver lets go of the model state it holds for it, so a closed session costs
+        no cache memory while its records stay readable. Closing again does nothing more."""
+        if not self.finished:
+            self.finish_reason = "aborted"
+            self.trace.finish_reason = "aborted"
+        self._driver.release(self)
 
 
 REPLAYED = ("policy", "temperature", "top_p", "top_k", "seed", "max_new_tokens")  # what meta["changes"] holds
