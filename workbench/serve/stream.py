@@ -2,9 +2,9 @@
 
 A run used to be one cycle per round trip (or one reply at the end, holding everything); here the
 request is made once and its cycles come back as they finish, each as soon as it exists, so a run
-costs one round trip however many cycles it has. Two threads share the work: a *producer* (a
-thread of its own, holding the session for the whole stream) steps the session, and the event loop
-encodes each cycle and writes it while the next one runs.
+costs one round trip however many cycles it has. Two threads share the work: a *producer* (one of
+the server's worker threads, holding the session for the whole stream) steps the session, and the
+event loop encodes each cycle and writes it while the next one runs.
 
 Bounds (docs/wire-format.md, "/run streams"): a stream carries at most ``max_stream_cycles`` cycles,
 about ``max_stream_bytes`` bytes and lasts at most ``max_stream_seconds``; past one of them it ends
@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 
+import anyio.to_thread
 from starlette.responses import Response
 
 from workbench.engine.core import SessionFinished
@@ -158,14 +159,16 @@ class RunStream(Response):
             except RuntimeError:  # the loop has closed (the server stopped): no one is left to tell
                 pass
 
-        producer = threading.Thread(target=self.produce, args=(wake, done), name=f"workbench-run-{self.e.id}",
-                                    daemon=True)
+        # The producer runs in the server's worker threads (anyio's, as every model route does), not a thread
+        # of its own per stream: a session driven apart computes its cycles in the producer's thread, and a
+        # new thread per stream would start a new set of OpenMP threads each time.
+        producer = None
         watcher = asyncio.ensure_future(self.watch(receive))
         lim, nbytes = self.limits, 0
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", self.media_type.encode()), (b"cache-control", b"no-store")]})
-            producer.start()
+            producer = asyncio.ensure_future(anyio.to_thread.run_sync(self.produce, wake, done))
             ready.set()  # the cycles the client lacked before this run began go first
             while True:
                 await ready.wait()
@@ -192,5 +195,5 @@ class RunStream(Response):
         finally:
             self.stop("client_gone")  # (no-op once it has ended for another reason)
             watcher.cancel()
-            if not producer.is_alive() and not done.is_set():
+            if producer is None:
                 self.release()  # the producer never started: the session is handed back here
