@@ -45,6 +45,7 @@ def test_the_report_names_shifted_block_positions_as_the_drafter_input_that_diff
     # the features are the reference's, and every layer on vLLM's own inputs (positions too) computes as ours
     assert div.chunks and all(c["equal"] for c in div.chunks), div.chunks
     assert div.layers and all(v < 1e-4 for lay in div.layers for v in (lay["attention"], lay["mlp"])), div.layers
+    assert div.layers_on_reference == []  # the layers ran on vLLM's own positions, the shifted ones included
     verdict = div.verdict()
     assert len(verdict) == 1 and verdict[0].startswith("drafter input 'block positions' differs"), verdict
     text = str(r)

@@ -20,8 +20,14 @@ The report has three parts.
      for the same tokens (relative difference, RMS of each);
    - per drafter layer: the reference layer's attention and MLP run on vLLM's own inputs to that layer (its
      positions too), vs vLLM's outputs (so a difference there is the layer's computation, not its inputs').
-   The verdict names the inputs, chunks and layers that differ, inputs first (a wrong input explains what
-   follows it); a table that could not be filled says why. Nothing in it knows what the causes are.
+     Where vLLM's context or block positions were not recorded or do not line up with the committed
+     context, the reference's stand in for them, and the divergence says so (``layers_on_reference``).
+   The verdict names the inputs, chunks and layers that differ, inputs first, and says only what it saw:
+   a chunk or layer whose comparison could not be given the production's version of a differing input
+   (a chunk is of the committed tokens, a layer may run on the reference's positions) is worded as
+   following from that input; a layer that differs on the production's own inputs is the layer's own
+   computation, whatever differs upstream. A table that could not be filled says why. Nothing in it knows
+   what the causes are.
 """
 from __future__ import annotations
 
@@ -75,24 +81,65 @@ class Divergence:
     context_states: float | None = None  # rel diff of vLLM's fc output vs ours on vLLM's own features
     inputs: list = field(default_factory=list)  # per drafter input: InputCheck.to_dict()
     unfilled: dict = field(default_factory=dict)  # table ("features", "layers") -> why it has no rows
+    # drafter inputs the layer comparison took from the reference because the production's were not recorded
+    # or did not line up with the committed context ("context positions", "block positions")
+    layers_on_reference: list = field(default_factory=list)
+
+    @property
+    def differing_inputs(self) -> list[str]:
+        return [i["input"] for i in self.inputs if not i["equal"] and not i["missing"]]
+
+    def layer_follows_input(self) -> list[str]:
+        """The differing drafter inputs a layer's attention was run without (the reference's stood in): a layer
+        difference there may be that input's, not the layer's."""
+        return [n for n in self.layers_on_reference if n in self.differing_inputs]
+
+    def own_attention_differs(self) -> bool:
+        """A drafter layer's attention differs on the production's own inputs (no differing input stood in
+        for): the layer's computation itself."""
+        return not self.layer_follows_input() and any((lay.get("attention") or 0.0) > EQUAL for lay in self.layers)
 
     def verdict(self) -> list[str]:
+        """What differs, inputs first; a difference a differing input explains is worded as following from it,
+        and a layer that differs on the production's own inputs as the layer's own computation."""
         out = []
+        differing = self.differing_inputs
         for i in self.inputs:
             if not i["equal"] and not i["missing"]:
                 out.append(f"drafter input '{i['input']}' differs from the reference's: {i['differ']} of "
                            f"{i['compared']} values, first at {i['first']}")
         bad = [c for c in self.chunks if not c["equal"]]
         for c in bad:
-            out.append(f"context-feature chunk {c['chunk']} (target layer {c['layer']}) differs from the reference's "
-                       f"feature for the same tokens: relative difference {c['rel_diff']:.3g}, RMS {c['rms_theirs']:.3g} "
-                       f"(production) vs {c['rms_ours']:.3g} (reference)")
+            what = (f"context-feature chunk {c['chunk']} (target layer {c['layer']}) differs from the reference's "
+                    f"feature: relative difference {c['rel_diff']:.3g}, RMS {c['rms_theirs']:.3g} (production) vs "
+                    f"{c['rms_ours']:.3g} (reference)")
+            if "context tokens" in differing:  # the reference's features are of the committed tokens
+                out.append(f"{what}, which follows from the differing input above: the production's features are "
+                           "of the context tokens it was handed, the reference's of the committed ones")
+            else:
+                out.append(f"{what}, for the same tokens")
+        follows = self.layer_follows_input()
+        stand_ins = [n for n in self.layers_on_reference if n not in follows]
         for lay in self.layers:
-            for part in ("attention", "mlp"):
-                v = lay.get(part)
-                if v is not None and v > EQUAL:
-                    out.append(f"drafter layer {lay['layer']} {part}: output differs for identical inputs "
-                               f"(relative difference {v:.3g})")
+            v = lay.get("attention")
+            if v is not None and v > EQUAL:
+                head = f"drafter layer {lay['layer']} attention: output differs (relative difference {v:.3g})"
+                if follows:
+                    out.append(f"{head}, which follows from the differing input above: the reference layer ran on "
+                               f"the reference's {' and '.join(follows)}, the production's could not be given to it")
+                elif stand_ins:
+                    out.append(f"{head} on the production's hidden states and context but the reference's "
+                               f"{' and '.join(stand_ins)} (the production's were not recorded): the layer's "
+                               "computation or those positions")
+                else:
+                    out.append(f"{head} on the production engine's own inputs to it (hidden states, context after "
+                               "fc, positions): the layer's own computation"
+                               + (f", not the differing {' and '.join(differing)} above, which it was given as the "
+                                  "production's" if differing else ""))
+            v = lay.get("mlp")
+            if v is not None and v > EQUAL:
+                out.append(f"drafter layer {lay['layer']} MLP: output differs (relative difference {v:.3g}) on the "
+                           "production engine's own input to it: the layer's own computation")
         if self.context_states is not None and self.context_states > EQUAL:
             out.append(f"the drafter's fc over the production engine's own features differs "
                        f"(relative difference {self.context_states:.3g})")
@@ -129,7 +176,7 @@ class ConformanceReport:
         kinds = []
         if any(not c["equal"] for c in d.chunks):
             kinds.append(("a context-feature chunk", "last_layer_feature"))
-        if any((lay.get("attention") or 0.0) > EQUAL for lay in d.layers):
+        if d.own_attention_differs():  # one that follows from a differing input is that input's
             kinds.append(("a drafter layer's attention", "per_layer_k_norm"))
         for what, fix in kinds:
             out.append(f"{what}: the {fix} workaround was on and it still differs; no other is known" if fix in
@@ -148,7 +195,8 @@ class ConformanceReport:
                          "tokens_per_s": r.tokens_per_s} for k, r in self.runs.items()},
             "divergence": None if self.divergence is None else {
                 **{k: getattr(self.divergence, k) for k in ("prompt", "cycle", "position", "inputs", "slots", "chunks",
-                                                            "layers", "context_states", "unfilled")},
+                                                            "layers", "context_states", "unfilled",
+                                                            "layers_on_reference")},
                 "verdict": self.divergence.verdict()},
         }
 
@@ -380,7 +428,7 @@ def _divergence(ref, pi, ci, start, context, ours_logits, proposal, row, aligned
     else:
         unfilled["features"] = ("vLLM's hooks recorded no target features" if feats is None else short or
                                 f"{feats.shape[0]} feature rows for {start} context positions")
-    layers, fc_diff = [], None
+    layers, fc_diff, on_reference = [], None, []
     states = aligned["context_states"]
     if not proposal.layers:
         unfilled["layers"] = "the hooks kept no per-layer tensors (Tap(layers=True) records them)"
@@ -392,10 +440,16 @@ def _divergence(ref, pi, ci, start, context, ours_logits, proposal, row, aligned
         ctx_states = states.float()  # [P, H]: vLLM's fc output
         if feats is not None and feats.shape[0] == start:
             fc_diff = rel_diff(ctx_states, ref.fc(feats.float()))
-        positions = None  # the layers on vLLM's own positions: a wrong position is an input's difference
+        # the layers on vLLM's own positions, each part that was recorded and lines up: a wrong position is then
+        # an input's difference; a part that was not stands in as the reference's, and the verdict says so
         ctx_pos = aligned["context_positions"]
-        if ctx_pos is not None and block_pos is not None and ctx_pos.shape[0] == start:
-            positions = torch.cat([ctx_pos, block_pos])
+        if ctx_pos is None or ctx_pos.shape[0] != start:
+            ctx_pos = torch.arange(start)
+            on_reference.append("context positions")
+        if block_pos is None or block_pos.shape[0] != q_len:
+            block_pos = torch.arange(start, start + q_len)
+            on_reference.append("block positions")
+        positions = torch.cat([ctx_pos.long(), block_pos.long()])
         rows = slice(row * q_len, (row + 1) * q_len)
         for li, io in enumerate(proposal.layers):
             entry = {"layer": li, "attention": None, "mlp": None}
@@ -405,4 +459,5 @@ def _divergence(ref, pi, ci, start, context, ours_logits, proposal, row, aligned
             if "mlp_in" in io:
                 entry["mlp"] = rel_diff(io["mlp_out"][rows].float(), ref.mlp(li, io["mlp_in"][rows].float()))
             layers.append(entry)
-    return Divergence(pi, ci, start, slots, chunks, layers, fc_diff, [i.to_dict() for i in inputs], unfilled)
+    return Divergence(pi, ci, start, slots, chunks, layers, fc_diff, [i.to_dict() for i in inputs], unfilled,
+                      on_reference)
