@@ -1,6 +1,6 @@
-"""workbench.bench.sweep: the measured verify/draft sweep runs the engine's own states on embedded and
-random-weight models, refuses what would not fit before allocating, and reads back; the GPU check's sweep
-section runs on a tiny config on the CPU."""
+"""workbench.bench.sweep (with random_models, forward_timing, shapes.memory_fit and sweep_command): the measured
+verify/draft sweep runs the engine's own states on embedded and random-weight models, refuses what would not
+fit before allocating, and reads back; the GPU check's sweep section runs on a tiny config on the CPU."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from workbench.bench import sweep as sw
+from workbench.bench.forward_timing import DraftForward
+from workbench.bench.random_models import cut_configs, random_models
+from workbench.shapes.memory_fit import needed_bytes
 from workbench.shapes.measured import sweep_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,27 +27,27 @@ TINY_DRAFT = dict(TINY, num_hidden_layers=2, num_target_layers=3, block_size=8,
 
 
 def test_cut_configs_keep_widths_and_the_drafters_feature_count():
-    t, d = sw.cut_configs("qwen3-8b", "qwen3-8b-dflash-b16", layers=2, draft_layers=1)
+    t, d = cut_configs("qwen3-8b", "qwen3-8b-dflash-b16", layers=2, draft_layers=1)
     assert (t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]) == (2, 4096, 151936)
     assert d["num_hidden_layers"] == 1 and d["num_target_layers"] == 2
     assert d["dflash_config"]["target_layer_ids"] == [1, 1, 1, 1, 1]  # five features (fc width), clamped into 2 layers
     assert "2 of 36 layers" in t["_name"]
     with pytest.raises(ValueError, match="layers=40 must be an integer from 1 to the config's 36"):
-        sw.cut_configs("qwen3-8b", None, layers=40)
+        cut_configs("qwen3-8b", None, layers=40)
 
 
 def test_a_sweep_that_would_not_fit_is_refused_in_one_line_before_allocating():
-    t, d = sw.cut_configs("qwen3-8b", "qwen3-8b-dflash-b16")
-    need = sw.needed_bytes(t, d, 1, 1, 16, "bfloat16")
+    t, d = cut_configs("qwen3-8b", "qwen3-8b-dflash-b16")
+    need = needed_bytes(t, d, 1, 1, 16, "bfloat16")
     assert need["weights"] > 15e9  # ~8B target + drafter layers in bf16
     with pytest.raises(ValueError) as e:
-        sw.random_models("qwen3-8b", "qwen3-8b-dflash-b16", "cpu", "float32", rows=4096, nodes=64, context=4096)
+        random_models("qwen3-8b", "qwen3-8b-dflash-b16", "cpu", "float32", rows=4096, nodes=64, context=4096)
     msg = str(e.value)
     assert "\n" not in msg and "qwen3-8b" in msg and "GiB" in msg and "cut layers" in msg
     # more rows need more bytes (K/V and activations), the same weights
-    more = sw.needed_bytes(t, d, 16, 64, 512, "bfloat16")
-    assert more["weights"] == sw.needed_bytes(t, d, 1, 64, 512, "bfloat16")["weights"]
-    assert more["kv"] == 16 * sw.needed_bytes(t, d, 1, 64, 512, "bfloat16")["kv"]
+    more = needed_bytes(t, d, 16, 64, 512, "bfloat16")
+    assert more["weights"] == needed_bytes(t, d, 1, 64, 512, "bfloat16")["weights"]
+    assert more["kv"] == 16 * needed_bytes(t, d, 1, 64, 512, "bfloat16")["kv"]
 
 
 def test_a_batch_the_memory_cannot_hold_is_refused_before_any_state_is_built(engine):
@@ -87,11 +90,11 @@ def test_random_weight_sweep_counts_more_ops_with_more_layers():
     forward gives finite logits."""
     ops = {}
     for layers in (1, 3):
-        m = sw.random_models(TINY, TINY_DRAFT, "cpu", "float32", layers=layers, rows=1, nodes=4, context=16)
+        m = random_models(TINY, TINY_DRAFT, "cpu", "float32", layers=layers, rows=1, nodes=4, context=16)
         s = sw.sweep(m, nodes=(4,), rows=(1,), context=16, repeats=1, warmup=0, device_profile=False)
         ops[layers] = s.select("verify")[0].ops
     assert ops[3] > ops[1]
-    d = sw._Draft(m, 1, 16, 0)
+    d = DraftForward(m, 1, 16, 0)
     with torch.no_grad():
         logits, _ = d.call()()
     assert logits.shape == (1, 7, 256) and torch.isfinite(logits).all()
@@ -139,29 +142,29 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused_before_any_weight(mon
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", built)
     with pytest.raises(sw.SweepInputError) as e:
-        sw.random_models(TINY, "qwen3-8b-dflash-b16", "cpu", "float32")
+        random_models(TINY, "qwen3-8b-dflash-b16", "cpu", "float32")
     assert str(e.value) == ("draft config qwen3-8b-dflash-b16 does not fit target config tiny-qwen3: vocab size "
                             "differs: target 256 vs draft 151936; give a drafter config made for tiny-qwen3 "
                             "(draft_config=, --draft-config)")
     wide = dict(TINY_DRAFT, hidden_size=128)
     with pytest.raises(sw.SweepInputError, match=r"hidden size differs: target 64 vs draft 128; give a drafter"):
-        sw.cut_configs(TINY, wide)
+        cut_configs(TINY, wide)
     # target layers out of range of the target as given (the clamp into a cut target comes after this check)
     deep = dict(TINY_DRAFT, dflash_config={"block_size": 8, "target_layer_ids": [0, 5]})
     with pytest.raises(sw.SweepInputError, match=r"draft target_layer_ids \[0, 5\] out of range for a target "
                        r"with 3 layers \(bad: \[5\]\)"):
-        sw.cut_configs(TINY, deep, layers=2)
+        cut_configs(TINY, deep, layers=2)
     with pytest.raises(sw.SweepInputError, match=r"^target config tiny-dflash is a DFlash drafter; give a target"):
-        sw.cut_configs(TINY_DRAFT, TINY_DRAFT)
+        cut_configs(TINY_DRAFT, TINY_DRAFT)
     with pytest.raises(sw.SweepInputError, match=r"^draft config tiny-qwen3 is not a DFlash drafter"):
-        sw.cut_configs(TINY, TINY)
-    assert sw.cut_configs(TINY, TINY_DRAFT, layers=2)[1]["dflash_config"]["target_layer_ids"] == [0, 1]
+        cut_configs(TINY, TINY)
+    assert cut_configs(TINY, TINY_DRAFT, layers=2)[1]["dflash_config"]["target_layer_ids"] == [0, 1]
 
 
 def test_a_config_the_cost_model_cannot_read_is_one_line_naming_it(tmp_path):
     path = write_json(tmp_path / "a.json", {"a": 1})
     with pytest.raises(sw.SweepInputError) as e:
-        sw.cut_configs(path, "qwen3-8b-dflash-b16")
+        cut_configs(path, "qwen3-8b-dflash-b16")
     msg = str(e.value)
     assert msg.startswith(f"{path}: target config model_type=None has no cost model; known: ") and "qwen3" in msg
     assert "\n" not in msg

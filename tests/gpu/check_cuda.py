@@ -267,7 +267,8 @@ def cost_sweep(device: str = "cuda", config="qwen3-8b", draft_config="qwen3-8b-d
                warmup: int = 2, dtype: str = "bfloat16") -> dict:
     """The measured verify/draft sweep on a random-weight layout and the cost model's error against it.
     On a GPU: Qwen3-8B whole in bf16, eager and graphed; on a CPU (the test): a tiny config, eager only."""
-    from workbench.bench.sweep import random_models, sweep
+    from workbench.bench.random_models import random_models
+    from workbench.bench.sweep import sweep
     from workbench.shapes.measured import sweep_error
 
     t0 = time.perf_counter()

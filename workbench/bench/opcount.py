@@ -40,6 +40,14 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
+def call_ops(fn) -> int:
+    """Aten ops one call of ``fn`` dispatches, gradients off (the forward sweep's per-point count: each a kernel
+    launch on a GPU, a dispatch on a CPU)."""
+    with torch.no_grad(), OpCounter() as c:
+        fn()
+    return c.ops
+
+
 def engine_ops(engine, policy, prompts: list[str], max_new_tokens: int = 32, batch: int = 1) -> dict:
     """Ops per cycle of the engine's cycles (the prefill is not counted), per request: ``batch`` > 1 runs
     the prompts as one ``BatchSession`` of ``batch`` requests and divides by the rows."""

@@ -71,8 +71,8 @@ def shapes_of(policies, slots: int, vocab: int) -> list[Shape]:
 
 def check_batch_fits(engine, batch: int, context: int, nodes: int) -> None:
     """Refuse a batch whose K/V and verify activations would not fit in the device's free memory, before
-    any work (``workbench.bench.sweep.check_fits_loaded``: the same estimate as the forward sweep)."""
-    from workbench.bench.sweep import check_fits_loaded
+    any work (``workbench.shapes.memory_fit.check_fits_loaded``: the same estimate as the forward sweep)."""
+    from workbench.shapes.memory_fit import check_fits_loaded
     from workbench.shapes.families import load_config
 
     m = engine.models
