@@ -200,7 +200,9 @@ print("limits:", info["limits"])
 # %%
 s = remote.session("def parse_header(line):\n    ", policy=wb.DDTree(budget=16), max_new_tokens=48)
 c = s.step()                       # one cycle on the server -> a wb.Cycle, as a local session returns
-print(type(c).__name__, "| cycle", c.index, "|", c.n_nodes, "nodes,", c.accepted, "accepted |", repr(s.text))
+# (what the views read came with it; the drafter's top-k, top-2 logits and forward records come when first read)
+print("a wb.Cycle:", isinstance(c, wb.Cycle), "| cycle", c.index, "|", c.n_nodes, "nodes,", c.accepted, "accepted |",
+      repr(s.text))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
