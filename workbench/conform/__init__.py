@@ -8,6 +8,7 @@
   records; any visibility form -> a dense mask.
 - ``check`` (``wb.conform``, ``python -m workbench conform``): a dump replayed against the reference, contract by
   contract; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
+- ``selection``: which cycles a check judges (``cycles=(A, B)``, ``requests=[...]``); ``progress``: its progress lines.
 - ``hooks_sglang`` / ``hooks_vllm``: modules to drop into an engine on a GPU host (not run here).
 """
 import sys
@@ -23,10 +24,12 @@ class CallablePackage(types.ModuleType):
     callable"), and a function bound over the module breaks ``import workbench.conform.dump as d``. A callable
     package is both, whichever is imported first. The checker itself is imported on the first call."""
 
-    def __call__(self, dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None):
+    def __call__(self, dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None,
+                 cycles=None, requests=None):
         from workbench.conform.check import conform
 
-        return conform(dump, target, draft, models=models, device=device, progress=progress)
+        return conform(dump, target, draft, models=models, device=device, progress=progress, cycles=cycles,
+                       requests=requests)
 
 
 sys.modules[__name__].__class__ = CallablePackage

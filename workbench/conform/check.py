@@ -97,6 +97,7 @@ class ConformReport:
     notes: list = field(default_factory=list)  # one line each: a dump cut short, fields this version does not know
     policies: list = field(default_factory=list)  # every policy label the records name, in the order first used
     pair_used: dict = field(default_factory=dict)  # the pair the replay ran on: target, draft, dtype
+    selection: dict | None = None  # the slice checked (workbench.conform.selection), None: the whole dump
 
     @property
     def title_policy(self) -> str:
@@ -123,7 +124,8 @@ class ConformReport:
                 "policy": self.header.get("policy"), "policies": list(self.policies),
                 "pair_used": dict(self.pair_used), "cycles": self.cycles, "requests": self.requests,
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
-                "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()]}
+                "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()],
+                "selection": self.selection}
 
     def __str__(self) -> str:
         from workbench.records.texttable import text_table
@@ -635,16 +637,26 @@ def _exact_from_topk(want: dict, lp: Tensor, vals: Tensor) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ entry points
-def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None) -> ConformReport:
+def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", progress=None, cycles=None,
+            requests=None) -> ConformReport:
     """Check every cycle of the dump at ``dump`` against the reference on the pair its header names (default;
     the embedded pair for a workbench dump) or ``target`` / ``draft``, or on ``models`` already loaded
     (``engine.models``, or the workbench engine itself: checked against the header as a directory would be).
     ``device``: where the reference runs when the pair is loaded here (cpu, cuda, cuda:N); ``progress``: a
-    callable given one line now and then. See the module's docstring."""
+    callable given one line now and then (``workbench.conform.progress``: a check of more than a few cycles);
+    ``cycles`` (A, B) / ``requests`` [ids]: judge engine steps A to B - 1 / those requests only, every record
+    before them still read (``workbench.conform.selection``). See the module's docstring."""
     from workbench.engine.loading import load_models, model_ref
     from workbench.engine.policies import parse_policy
 
+    from workbench.conform.progress import Progress
+    from workbench.conform.selection import SelectionError, check_against, extent, selection
+
     models = check_arguments(dump, target, draft, models, device, progress)
+    try:
+        sel = selection(cycles, requests)
+    except SelectionError as e:
+        raise ConformInputError(str(e)) from None
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     head, _ = read_dump(dump)
@@ -654,8 +666,13 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     else:
         tdir, ddir = models.target_dir, models.draft_dir
     check_pair(pair, tdir, ddir)
+    try:  # a slice outside the dump is refused before the whole file is scanned, and before any model loads
+        kept = check_against(sel, extent(dump), dump) if sel is not None else None
+    except SelectionError as e:
+        raise ConformInputError(str(e)) from None
     scan = prescan(dump, pair)
-    notes = list(scan.notes)
+    notes = list(scan.notes) + ([kept.note] if kept is not None and kept.note else [])
+    total = kept.cycles if kept is not None else scan.cycles  # the cycles this check judges
     dtype = pair.get("dtype") or "float32"
     tol = C.tolerance(dtype)
     if models is None:
@@ -673,7 +690,8 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     reqs: dict = {}
     default_policy = head.get("policy")
     _, records = read_dump(dump)
-    done = 0
+    ticker = Progress(say, total)
+    ticker.start(f" of {scan.cycles}" if total != scan.cycles else "")
     with torch.inference_mode():
         for rec in records:
             if rec.kind == "request":
@@ -686,18 +704,20 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
             rq = reqs[rec.request]  # prescan refused a cycle without its request's record
             if rec.get("policy"):
                 rq.policy = _policy(rec["policy"], parse_policy)
+            if sel is not None and not sel.holds(rec.request, rec["step"]):
+                _carry(rec, rq)
+                continue
             replay.cycle(rec, rq)
             _advance(rec, rq)
-            done += 1
-            if done % 16 == 0:
-                say(f"{done}/{scan.cycles} cycles")
+            ticker.tick()
     if not any(r.checked for r in replay.results.values()):
         why = sorted({w for r in replay.results.values() for w in r.not_checked})
-        raise ConformInputError(f"{dump}: no contract could be checked on its {scan.cycles} cycle(s) "
+        raise ConformInputError(f"{dump}: no contract could be checked on its {total} cycle(s) "
                                 f"({'; '.join(why)[:240]}): a check that judged nothing is no verdict; dump the "
                                 "fields the contracts read (docs/dump-format.md)")
-    return ConformReport(str(dump), head, replay.results, scan.cycles, scan.requests, tol, time.perf_counter() - t0,
-                         notes, scan.policies, used)
+    return ConformReport(str(dump), head, replay.results, total, kept.requests if kept is not None else scan.requests,
+                         tol, time.perf_counter() - t0, notes, scan.policies, used,
+                         sel.to_dict() if sel is not None else None)
 
 
 def check_arguments(dump, target, draft, models, device, progress):
@@ -776,6 +796,16 @@ def _policy(label, parse_policy):
         return str(label)
 
 
+def _carry(rec, rq: _Request) -> None:
+    """A record outside the slice: read for the history the slice's contracts need (the committed context, the
+    positions the drafter took in), judged by none. The slice's first cycle of the request has no previous step
+    of its own to blame a wrong root on: its root logits are judged as target logits only."""
+    if "draft_context_positions" in rec and "draft_context_tokens" in rec:
+        rq.seen.update(zip(rec["draft_context_positions"].tolist(), rec["draft_context_tokens"].tolist()))
+    _advance(rec, rq)
+    rq.previous = None
+
+
 def _advance(rec, rq: _Request) -> None:
     """The request's committed context after this step: what the engine says it committed (else the accepted
     path's drafts and the bonus); unknown from here on when the record holds neither."""
@@ -795,9 +825,12 @@ def cmd_conform(args, out, err) -> int:
     line on stderr: a dump the checker cannot judge, another pair's, a check that judged nothing, --device tpu)."""
     import json
 
+    from workbench.conform.selection import parse_request_list
+
     try:
         report = conform(args.dump, args.target, args.draft, device=args.device,
-                         progress=None if args.quiet else lambda m: print(f"conform: {m}", file=err, flush=True))
+                         progress=None if args.quiet else lambda m: print(f"conform: {m}", file=err, flush=True),
+                         cycles=args.cycles, requests=parse_request_list(args.requests))
     except DumpFileError as e:
         raise ConformInputError(str(e)) from None
     print(json.dumps(report.to_dict()) if args.json else str(report), file=out)
@@ -812,3 +845,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="where the reference runs: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--cycles", metavar="A:B", help="check engine steps A to B-1 only (A: or :B leave an end open); "
+                   "the records before them are still read for each request's context")
+    p.add_argument("--requests", metavar="ID,...", help="check these requests' cycles only (ids as the dump names "
+                   "them)")
