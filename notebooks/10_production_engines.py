@@ -68,7 +68,7 @@ print(report)          # the whole report, with tokens/s (timings vary from run 
 
 # %% [markdown]
 # **What the report found, by itself.** One difference, silent in the outputs: drafter layer 1's attention
-# differs for identical inputs while layer 0's and both MLPs agree. On the CPU build, vLLM normalises every
+# differs on vLLM's own inputs to it (its positions included), while layer 0's and both MLPs agree. On the CPU build, vLLM normalises every
 # drafter layer's context keys in one grouped RMSNorm call, and that kernel applies layer 0's `k_norm`
 # weights to every layer.
 #
