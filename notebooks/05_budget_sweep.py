@@ -14,7 +14,7 @@
 # NBVAL_IGNORE_OUTPUT
 
 import workbench as wb
-from workbench.bench.runs import bench
+from workbench.bench.policy_bench import bench
 from workbench.shipped import eval_prompts
 
 engine = wb.load()
@@ -68,7 +68,7 @@ wb.views.budget_sweep_figure(result.summary)
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-from workbench.bench.runs import percentile_table
+from workbench.bench.policy_bench import percentile_table
 print(percentile_table(result.summary))
 
 

@@ -11,7 +11,7 @@
 import torch
 import workbench as wb
 from ddtree_kernels import Tree
-from workbench.bench.runs import bench
+from workbench.bench.policy_bench import bench
 from workbench.shipped import eval_prompts
 
 engine = wb.load()

@@ -160,7 +160,7 @@ for name, cfg in {"Qwen3-Next-80B-A3B": Qwen3NextConfig(), "Qwen3.6-35B-A3B": Qw
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-from workbench.bench.runs import bench
+from workbench.bench.policy_bench import bench
 
 policies = [wb.AR(), wb.DFlash(), wb.DDTree(4), wb.DDTree(8), wb.DDTree(16)]
 if PAIR == "hybrid":

@@ -236,7 +236,7 @@ def _load_engine(args):
 def cmd_run(args, out, err) -> int:
     import torch
 
-    from workbench.bench.runs import versions
+    from workbench.bench.versions import versions
     from workbench.engine.policies import parse_policy
 
     policy = parse_policy(args.policy)
@@ -276,10 +276,10 @@ def cmd_run(args, out, err) -> int:
 
 
 def cmd_bench(args, out, err) -> int:
-    from workbench.bench.runs import bench, parse_policies, percentile_table, summary_table
+    from workbench.bench.policy_bench import bench, percentile_table, summary_table
     from workbench.shipped import eval_prompts, load_prompts
 
-    policies = parse_policies(args.policies)
+    policies = validate.policy_list(args.policies, "--policies")
     prompts = load_prompts(args.prompts) if args.prompts else eval_prompts(args.split)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -308,7 +308,7 @@ def cmd_bench(args, out, err) -> int:
         write_text_atomic(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
     summary = None  # --json: one object, the reference comparison and op counts inside it
     if args.json:
-        from workbench.bench.runs import bench_json
+        from workbench.bench.policy_bench import bench_json
 
         summary = bench_json(res)
     else:
@@ -441,7 +441,7 @@ def _bench_ops(args, engine, policies, prompts) -> dict:
 
 
 def _bench_batch(args, engine, policies, prompts, out) -> int:
-    from workbench.bench.runs import batch_policies_bench, batch_policies_table
+    from workbench.bench.batch_bench import batch_policies_bench, batch_policies_table
 
     res = batch_policies_bench(engine, policies, prompts, args.batch_size, args.max_new_tokens, max(args.repeats, 1),
                                warmup=not args.no_warmup, progress=_progress(args))
@@ -452,7 +452,7 @@ def _bench_batch(args, engine, policies, prompts, out) -> int:
 def cmd_kernels(args, out, err) -> int:
     import torch
 
-    from workbench.bench.runs import KERNEL_BUDGETS, kernel_bench, kernel_table
+    from workbench.bench.kernel_bench import KERNEL_BUDGETS, kernel_bench, kernel_table
 
     budgets = KERNEL_BUDGETS
     if args.budgets:

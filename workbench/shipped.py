@@ -32,11 +32,28 @@ def _is_json_lines(path: Path, lines: list[str]) -> bool:
         return False
 
 
+def looks_like_json_lines(lines: list[str]) -> bool:
+    """Every non-empty line a JSON object with a 'prompt': what a .jsonl file holds."""
+    found = False
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            return False
+        if not isinstance(obj, dict) or "prompt" not in obj:
+            return False
+        found = True
+    return found
+
+
 def load_prompts(path) -> list[dict]:
     """JSON lines with ``id`` and ``prompt``, or plain text with one prompt per line. -> [{id, prompt}]
 
-    The format: ``.jsonl``/``.json`` files are JSON lines, ``.txt`` files text; any other name is JSON
-    lines when its first non-empty line is a JSON object."""
+    The format: ``.jsonl``/``.json`` files are JSON lines, ``.txt`` files text (one whose every line is a JSON
+    object with a 'prompt' is refused: a misnamed .jsonl); any other name is JSON lines when its first
+    non-empty line is a JSON object."""
     path = Path(path)
     if path.is_dir():
         raise PromptFileError(f"prompts file '{path}' is a directory; give a .jsonl or .txt file")
@@ -48,6 +65,10 @@ def load_prompts(path) -> list[dict]:
         raise PromptFileError(f"prompts file '{path}' is not UTF-8 text") from None
     items = []
     is_json = _is_json_lines(path, lines)
+    if not is_json and path.suffix.lower() == ".txt" and looks_like_json_lines(lines):
+        # Read as text, every line's JSON would become a prompt: a misnamed .jsonl, refused for every reader.
+        raise PromptFileError(f"prompts file '{path}' holds JSON lines, but a .txt file is read as one prompt per "
+                              f"line (each line's JSON would be a prompt): rename it '{path.with_suffix('.jsonl')}'")
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue

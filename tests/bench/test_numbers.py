@@ -7,7 +7,8 @@ import re
 import numpy as np
 
 from workbench.analysis.budget import BudgetNeeded
-from workbench.bench.runs import kernel_table, percentile_table, summary_table
+from workbench.bench.kernel_bench import kernel_table
+from workbench.bench.policy_bench import percentile_table, summary_table
 from workbench.records.cycle import STAGES
 from workbench.records.texttable import text_table
 
@@ -80,7 +81,7 @@ def test_kernel_table_shows_spread_and_flags_contradictions():
 
 
 def test_kernel_bench_records_the_contradiction(monkeypatch):
-    import workbench.bench.runs as bm
+    import workbench.bench.kernel_bench as bm
 
     calls = iter(range(10_000))
 
@@ -182,7 +183,7 @@ def test_order_verdict_claims_only_what_the_spread_holds():
 def test_bench_summary_gives_speedups_per_repeat(tiny_engines):
     import workbench as wb
     from workbench.analysis import order_verdict
-    from workbench.bench.runs import bench
+    from workbench.bench.policy_bench import bench
 
     res = bench(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
                 max_new_tokens=8, repeats=3, progress=False, warmup=False)

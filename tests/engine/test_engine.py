@@ -10,7 +10,7 @@ import workbench as wb
 from ddtree_kernels import accept, compile_tree
 from ddtree_kernels.tree_build import Tree
 from shared_checks import assert_sampling_law
-from workbench.bench.runs import first_difference
+from workbench.bench.policy_bench import first_difference
 from workbench.records.cycle import STAGES
 
 BUDGETS = [1, 2, 8, 32, 128]

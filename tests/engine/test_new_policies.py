@@ -12,7 +12,7 @@ import torch
 import workbench as wb
 from ddtree_kernels import validate_tree
 from ddtree_kernels.tree_build import top_slots
-from workbench.bench.runs import first_difference
+from workbench.bench.policy_bench import first_difference
 from workbench.engine.policies import CostTree, CutTree, PathTree, from_wire, parse_policy, registered, to_wire
 from workbench.engine.policies.calibration import MIN_CYCLES, SHIPPED, CalibrationError, load
 from workbench.engine.policies.cost_tree import budget_for
@@ -39,9 +39,9 @@ def test_every_spelling_round_trips_and_the_registry_lists_them():
     assert parse_policy("path:24") == PathTree(24) and parse_policy("costed:48") == CostTree(48)
     assert parse_policy("cut:12:0.3") == CutTree(12, threshold=0.3) == parse_policy("CutTree(12, threshold=0.3)")
     assert "path:N" in wb.engine.policies.usages() and "cut:N:T" in wb.engine.policies.usages()
-    from workbench.bench.runs import parse_policies
+    from workbench.engine.validate import policy_list
 
-    assert parse_policies("ar,path:8,cut:8:0.2") == [wb.AR(), PathTree(8), CutTree(8, threshold=0.2)]
+    assert policy_list("ar,path:8,cut:8:0.2") == [wb.AR(), PathTree(8), CutTree(8, threshold=0.2)]
 
 
 @pytest.mark.parametrize("bad,msg", [("cut:16:1.5", r"threshold=1.5 must be a number in \(0, 1\)"),

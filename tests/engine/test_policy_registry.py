@@ -9,7 +9,8 @@ import torch
 
 import workbench as wb
 from ddtree_kernels import chain_tree
-from workbench.bench.runs import first_difference, parse_policies
+from workbench.bench.policy_bench import first_difference
+from workbench.engine.validate import policy_list
 from workbench.engine import policies
 from workbench.serve import wire
 
@@ -25,7 +26,7 @@ def test_every_servable_policy_round_trips_text_and_wire():
         assert wb.parse_policy(str(p)) == p and wb.parse_policy(repr(p)) == p
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
     assert wb.parse_policy("spine:4") == wb.parse_policy("Spine(4)") == wb.parse_policy("spine(siblings=4)") == wb.Spine(4)
-    assert parse_policies("ar,Spine(2),ddtree:8") == [wb.AR(), wb.Spine(2), wb.DDTree(8)]
+    assert policy_list("ar,Spine(2),ddtree:8") == [wb.AR(), wb.Spine(2), wb.DDTree(8)]
     for bad, msg in [("spine:x", "'x' is not an integer"), ("spine:1:2", "write 'spine:K'"),
                      ("spine:-1", "siblings=-1"), ("beam", "spine:K")]:
         with pytest.raises(ValueError, match=msg):

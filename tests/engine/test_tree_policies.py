@@ -7,7 +7,7 @@ import torch
 
 import workbench as wb
 from ddtree_kernels import InvalidTree, Tree, build_tree, chain_tree, validate_tree
-from workbench.bench.runs import first_difference
+from workbench.bench.policy_bench import first_difference
 
 
 def odd_build(lp, roots, budget):

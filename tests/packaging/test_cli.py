@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-import workbench.bench.runs as bench_mod
+import workbench.bench.kernel_bench as kernel_mod
+import workbench.bench.policy_bench as bench_mod
 from workbench.__main__ import main
 from workbench.records.cycle import STAGES
 
@@ -222,6 +223,11 @@ def test_bench_on_embedded_default_eval_prompts(capsys):
     (["bench", "--policies", "ar,foo"], "unknown policy 'foo'"),
     (["bench", "--policies", "ar,ddtree:0"], "positive integer"),
     (["bench", "--policies", ","], "names no policy"),
+    # issue 50: an empty list or entry is refused as pays-off refuses it (one parser, validate.policy_list)
+    (["bench", "--policies", ""], "--policies '' names no policy; give e.g. 'dflash,ddtree:8'"),
+    (["bench", "--policies", "dflash,,ddtree:8"], "--policies 'dflash,,ddtree:8': entry 2 is empty; remove the "
+                                                  "extra comma"),
+    (["bench", "--policies", "ddtree:8,DDTree(8)"], "--policies 'ddtree:8,DDTree(8)': DDTree(8) is listed twice"),
     (["run", "--prompt", "t1", "--max-new-tokens", "0"], "positive integer"),
     (["bench", "--repeats", "x"], "positive integer"),
     (["run"], "--prompt"),
@@ -372,7 +378,7 @@ def test_report_on_a_malformed_bench_row_is_one_line(capsys, tmp_path, row, need
 def test_kernels_refuses_a_budget_given_twice(capsys):
     assert_usage_error(capsys, ["kernels", "--budgets", "16,16"], "budget 16 is given twice")
     with pytest.raises(ValueError, match="budget 16 is given twice"):
-        bench_mod.kernel_bench([16, 32, 16])
+        kernel_mod.kernel_bench([16, 32, 16])
 
 
 def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
@@ -387,11 +393,11 @@ def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
         row[f"{name}_range_s"] = [v, v]
         return v
 
-    monkeypatch.setattr(bench_mod, "_timed", timed)
-    res = bench_mod.kernel_bench([32], repeats=1, progress=False)
+    monkeypatch.setattr(kernel_mod, "_timed", timed)
+    res = kernel_mod.kernel_bench([32], repeats=1, progress=False)
     row = res["tree_build"][0]
     assert "run the same host heap on a CPU yet differ 67.5x" in row["contradiction"]
-    table = bench_mod.kernel_table(res)
+    table = kernel_mod.kernel_table(res)
     assert "0.015" in table and "! budget 32:" in table
 
 
@@ -418,7 +424,7 @@ def test_no_summary_figure_contradicts_its_own_range(monkeypatch):
     import itertools
 
     from workbench.analysis.spread import order_verdict
-    from workbench.bench.runs import Run
+    from workbench.bench.policy_bench import Run
 
     # wall time per (policy, prompt) over the three repeats: each prompt is slow in a different pass
     walls = {"AR": [[1, 1, 1], [1, 1, 1], [1, 1, 1]], "DFlash": [[0.2, 2, 2], [2, 0.2, 2], [2, 2, 0.2]]}

@@ -282,10 +282,10 @@ def test_parse_policy_accepts_every_label_it_prints(policy):
 
 
 def test_bench_policies_accept_printed_labels():
-    from workbench.bench.runs import parse_policies
+    from workbench.engine.validate import policy_list
 
     labels = "AR,DFlash,DDTree(16, width=1),DDTree(32),ddtree:8"
-    assert parse_policies(labels) == [wb.AR(), wb.DFlash(), wb.DDTree(16, width=1), wb.DDTree(32), wb.DDTree(8)]
+    assert policy_list(labels) == [wb.AR(), wb.DFlash(), wb.DDTree(16, width=1), wb.DDTree(32), wb.DDTree(8)]
     with pytest.raises(ValueError, match="width=0"):
         parse_policy("DDTree(4, width=0)")
     with pytest.raises(ValueError, match="positive integers"):
@@ -300,11 +300,28 @@ def test_prompts_text_file_with_a_brace_line_stays_text(tmp_path):
     p.write_text("def f(x):\n{'a': 1}\nclass A:\n")
     assert [x["prompt"] for x in load_prompts(p)] == ["def f(x):", "{'a': 1}", "class A:"]
     q = tmp_path / "code.txt"
-    q.write_text('{"prompt": "looks like json"}\n')
+    q.write_text('{"prompt": "looks like json"}\nprint(1)\n')
     assert load_prompts(q)[0]["prompt"] == '{"prompt": "looks like json"}'  # .txt is text
     r = tmp_path / "set"
     r.write_text('{"id": "a", "prompt": "t1"}\n{"id": "b", "prompt": "t2"}\n')
     assert [x["id"] for x in load_prompts(r)] == ["a", "b"]  # a first line that is a JSON object
+
+
+def test_a_txt_file_of_json_lines_is_refused_by_the_one_loader_every_reader_uses(tmp_path, capsys):
+    """Read as text, each JSON line would be a prompt: load_prompts refuses it (issue 50), so the bench says
+    so too, before any model loads, not only pays-off."""
+    from workbench.cli import main
+    from workbench.shipped import PromptFileError, load_prompts
+
+    f = tmp_path / "set.txt"
+    f.write_text('{"id": "a", "prompt": "t1"}\n\n{"id": "b", "prompt": "t2"}\n')
+    line = (f"prompts file '{f}' holds JSON lines, but a .txt file is read as one prompt per line (each line's "
+            f"JSON would be a prompt): rename it '{tmp_path / 'set.jsonl'}'")
+    with pytest.raises(PromptFileError) as e:
+        load_prompts(f)
+    assert str(e.value) == line
+    assert main(["bench", "--prompts", str(f)]) == 2
+    assert capsys.readouterr().err.strip() == f"workbench: error: {line}"
 
 
 def test_prompts_directory_is_refused_clearly(tmp_path, capsys):
@@ -317,7 +334,7 @@ def test_prompts_directory_is_refused_clearly(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ the bench ceiling
 def test_measured_speedup_never_exceeds_the_ceiling(eng):
-    from workbench.bench.runs import FORWARD_STAGES, bench, summary_table
+    from workbench.bench.policy_bench import FORWARD_STAGES, bench, summary_table
 
     prompts = [{"id": "a", "prompt": "t1 t5 t9"}, {"id": "b", "prompt": "t40 t2 t17"}]
     res = bench(eng, ["ar", "dflash", "ddtree:4", "ddtree:32"], prompts, max_new_tokens=24, repeats=2,
@@ -454,7 +471,7 @@ def test_shapes_budget_zero_is_one_line_exit_2(capsys):
 
 
 def test_kernels_progress_moves_within_a_budget(capsys):
-    from workbench.bench.runs import kernel_bench
+    from workbench.bench.kernel_bench import kernel_bench
 
     kernel_bench([16], repeats=1, progress=True, backends=("torch",))
     err = capsys.readouterr().err

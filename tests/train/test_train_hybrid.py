@@ -109,7 +109,7 @@ def test_greedy_simulation_counts_what_the_engine_and_dflash_generate_count(monk
 
     import workbench as wb
     from workbench.train import greedy_sim
-    from workbench.bench.runs import run_one
+    from workbench.bench.policy_bench import run_one
     from workbench.shipped import eval_prompts
 
     engine = wb.load(threads=2)

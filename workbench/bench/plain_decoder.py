@@ -5,7 +5,7 @@ Written the straightforward way a researcher would write it from the paper: Hugg
 (``ddtree_kernels.oracles.heap_tree_lists``), ancestry built row by row, verify inputs and
 an additive mask written into preallocated buffers, a Python accept walk, and the cache
 compacted by ``index_select`` + ``cat``. Greedy only. It shares the models with an engine,
-so ``workbench.bench.runs.compare_reference`` can run both on the same prompts, interleaved, and
+so ``compare_reference`` can run both on the same prompts, interleaved, and
 check that they decode the same trees.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def compare_reference(engine, prompts: list[dict], budgets=(16, 32, 64), max_new
     """
     from tqdm.auto import tqdm
 
-    from workbench.bench.runs import run_one
+    from workbench.bench.policy_bench import run_one
     from workbench.records.cycle import percentiles
     from workbench.engine.policies import DDTree
 

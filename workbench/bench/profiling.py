@@ -17,7 +17,7 @@ import torch
 def profile_generation(engine, policy, prompt: str, max_new_tokens: int, path, row_limit: int = 15) -> str:
     """Generate once under the profiler; write the trace to ``path`` (atomically). -> a table of the
     ops that took the most time, and of the stage ranges."""
-    from workbench.bench.runs import run_one
+    from workbench.bench.policy_bench import run_one
 
     path = Path(path)
     path.parent.mkdir(exist_ok=True)  # the folder's parent was checked to exist

@@ -71,6 +71,12 @@ def positive_int(value, name: str) -> int:
     return value
 
 
+def positive_ints(**values) -> None:
+    """Refuse, in one line naming it, any of ``values`` that is not a positive integer."""
+    for name, v in values.items():
+        positive_int(v, name)
+
+
 def threads(value):
     """None (the default) or a positive number of CPU threads."""
     return None if value is None else positive_int(value, "threads")
@@ -129,6 +135,55 @@ def policy_fits(policy, slots: int, pair: dict | None = None):
     (``Policy.for_pair``)."""
     policy.check_slots(slots)
     return policy if pair is None else policy.for_pair(pair)
+
+
+def split_policies(text: str, name: str = "policies") -> list[str]:
+    """'dflash,DDTree(16, width=1)' -> ['dflash', 'DDTree(16, width=1)']: commas inside (...) stay, as a
+    policy's label writes them. An empty entry is refused, not skipped (a doubled comma is a typo, and
+    skipping it would run a list the user did not write); a text of no entry at all names no policy."""
+    import re
+
+    said = f"{name} {text!r}" if name.startswith("--") else f"{name}={text!r}"
+    parts = [p.strip() for p in re.split(r",(?![^()]*\))", text)]
+    if not any(parts):
+        raise ValueError(f"{said} names no policy; give e.g. 'dflash,ddtree:8', or leave it out for the "
+                         "default set")
+    for i, p in enumerate(parts):
+        if not p:
+            raise ValueError(f"{said}: entry {i + 1} is empty; remove the extra comma")
+    return parts
+
+
+def policy_list(policies, name: str = "policies") -> list | None:
+    """None (the caller's default set), a comma-separated string ('dflash,ddtree:8') or one spelling, a
+    policy, or a list of policies and spellings -> [Policy], in order; any spelling ``parse_policy`` takes.
+    ValueError (one line) on an empty list or entry, an unknown spelling, or a policy listed twice (its
+    runs would be counted twice). ``name``: how the message names the value ('--policies' on the CLI)."""
+    from workbench.engine.policies import as_policy
+
+    if policies is None:
+        return None
+    if isinstance(policies, str):
+        items = split_policies(policies, name)
+    else:
+        try:
+            items = list(policies)
+        except TypeError:  # one policy (wb.DDTree(8), or a class such as wb.DFlash): as_policy says if it is not
+            items = [policies]
+        if not items:
+            raise ValueError(f"{name}=[] names no policy; give e.g. ['dflash', 'ddtree:8'], or leave it out for "
+                             "the default set")
+    said = f"{name} {policies!r:.80}" if name.startswith("--") else f"{name}={policies!r:.80}"
+    out = []
+    for x in items:
+        try:
+            p = as_policy(x)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        if p in out:
+            raise ValueError(f"{said}: {p} is listed twice")
+        out.append(p)
+    return out
 
 
 def as_arg(check):

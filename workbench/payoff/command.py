@@ -40,27 +40,9 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def looks_like_json_lines(lines: list[str]) -> bool:
-    """Every non-empty line a JSON object with a 'prompt': what a .jsonl file holds."""
-    found = False
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            return False
-        if not isinstance(obj, dict) or "prompt" not in obj:
-            return False
-        found = True
-    return found
-
-
 def read_prompts(args) -> list[dict]:
-    """The split or the file, cut to --limit; a --limit past the prompts there are is refused, as is a .txt
-    file of JSON lines (read as text, each line's JSON would be a prompt)."""
-    from pathlib import Path
-
+    """The split or the file (a .txt file of JSON lines is refused by ``load_prompts``), cut to --limit; a
+    --limit past the prompts there are is refused."""
     from workbench.analysis.paired import MIN_PAIRS
     from workbench.shipped import SPLITS, eval_prompts, load_prompts
     from workbench.payoff.inputs import PaysOffInputError
@@ -69,11 +51,6 @@ def read_prompts(args) -> list[dict]:
         items, source = eval_prompts(args.prompts), f"the {args.prompts} split"
     else:
         items, source = load_prompts(args.prompts), f"'{args.prompts}'"
-        path = Path(args.prompts)
-        if path.suffix.lower() == ".txt" and looks_like_json_lines([p["prompt"] for p in items]):
-            raise PaysOffInputError(f"prompts file '{path}' holds JSON lines, but a .txt file is read as one prompt "
-                                    f"per line (each line's JSON would be a prompt): rename it "
-                                    f"'{path.with_suffix('.jsonl')}'")
     if args.limit is not None:
         if args.limit < MIN_PAIRS:
             raise PaysOffInputError(f"--limit {args.limit}: a paired test needs at least {MIN_PAIRS} prompts; use "

@@ -13,7 +13,6 @@ prompt twice) is refused.
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass, field
 
 from workbench.analysis.paired import MIN_PAIRS
@@ -123,47 +122,15 @@ def check_windows(batches: tuple, n: int) -> None:
                                     f"or give {b - n} more prompts")
 
 
-def split_policies(text: str) -> list[str]:
-    """'dflash,DDTree(16, width=1)' -> ['dflash', 'DDTree(16, width=1)']: commas inside (...) stay, as a
-    policy's label writes them. An empty entry is refused, not skipped."""
-    if not text.strip():
-        raise PaysOffInputError(f"policies={text!r} names no policy; give e.g. 'dflash,ddtree:8', or leave it "
-                                "out for the default set")
-    parts = [p.strip() for p in re.split(r",(?![^()]*\))", text)]
-    for i, p in enumerate(parts):
-        if not p:
-            raise PaysOffInputError(f"policies={text!r}: entry {i + 1} is empty; remove the extra comma")
-    return parts
-
-
 def parse_policy_list(policies) -> list | None:
-    """None (the default set), a comma-separated string ('dflash,ddtree:8') or one spelling, a policy, or a
-    list of policies and spellings -> [Policy]; any spelling ``parse_policy`` takes. A policy listed twice
-    is refused."""
-    from workbench.engine.policies import as_policy
+    """``workbench.engine.validate.policy_list`` (the one parser of policy lists, the bench's too), its refusals
+    as this module's error."""
+    from workbench.engine.validate import policy_list
 
-    if policies is None:
-        return None
-    if isinstance(policies, str):
-        items = split_policies(policies)
-    else:
-        try:
-            items = list(policies)
-        except TypeError:  # one policy (wb.DDTree(8), or a class such as wb.DFlash): as_policy says if it is not
-            items = [policies]
-        if not items:
-            raise PaysOffInputError("policies=[] names no policy; give e.g. ['dflash', 'ddtree:8'], or leave it "
-                                    "out for the default set")
-    out = []
-    for x in items:
-        try:
-            p = as_policy(x)
-        except TypeError as e:
-            raise PaysOffInputError(str(e)) from None
-        if p in out:
-            raise PaysOffInputError(f"policies={policies!r:.80}: {p} is listed twice")
-        out.append(p)
-    return out
+    try:
+        return policy_list(policies)
+    except ValueError as e:
+        raise PaysOffInputError(str(e)) from None
 
 
 def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = 64, temperature: float = 0.0,

@@ -727,7 +727,7 @@ def split_figures(target, draft, engine, tokenizer, prompts, new_tokens: int, tr
     """Linear DFlash (dflash_generate, the reference) and DDTree(budget) (the engine) on one split."""
     import dflash.model as dm
 
-    from workbench.bench.runs import run_one
+    from workbench.bench.policy_bench import run_one
     from workbench.engine.policies import DDTree
 
     # dflash_generate's stats path calls torch.cuda.synchronize(); on CPU a plain clock is right.
@@ -851,7 +851,7 @@ def hybrid_report(target, draft, tokenizer, held_ids, splits: dict, recipe: Reci
 def engine_figures(out: Path, splits: dict, new_tokens: int, tree_budget: int = 32) -> dict:
     """Greedy DFlash and DDTree(budget) tau through the engine, pooled per split (any pair in --out)."""
     from workbench.engine.core import load
-    from workbench.bench.runs import run_one
+    from workbench.bench.policy_bench import run_one
     from workbench.engine.policies import DDTree, DFlash
 
     engine = load(target=out / "target", draft=out / "draft", threads=torch.get_num_threads())

@@ -538,7 +538,7 @@ def budget_sweep_figure(summary: Mapping[str, Mapping]) -> go.Figure:
 
     Left: tau per budget (DFlash as a dashed reference); right: the measured decode speedup over AR
     (cycles only) beside its ceiling, the speedup if only the model forwards cost time; measured /
-    ceiling is the share of the cycle spent in the forwards (<= 1; see workbench.bench.runs).
+    ceiling is the share of the cycle spent in the forwards (<= 1; see workbench.bench.policy_bench).
     """
     import re
 

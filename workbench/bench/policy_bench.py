@@ -1,9 +1,13 @@
-"""Benchmarks people can compare: policies side by side in one run, with the field's metrics.
+"""The policy bench (``python -m workbench bench``): policies side by side in one run, with the field's metrics.
+
+Written against the engine interface (``workbench.interface.base``): any registered engine's sessions run it
+(``bench --engine NAME``). The batched bench is ``workbench.bench.batch_bench``, the kernels' micro-bench
+``workbench.bench.kernel_bench``.
 
 Importable from a notebook::
 
-    from workbench.bench.runs import bench, parse_policies
-    res = bench(engine, parse_policies("ar,dflash,ddtree:32"), prompts, max_new_tokens=128)
+    from workbench.bench.policy_bench import bench
+    res = bench(engine, ["ar", "dflash", "ddtree:32"], prompts, max_new_tokens=128)
     res.summary["DDTree(32)"]["speedup_vs_ar"]
 
 Definitions (the conventions of Spec-Bench, vLLM and SGLang):
@@ -40,41 +44,20 @@ Definitions (the conventions of Spec-Bench, vLLM and SGLang):
 """
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
 
 import torch
 
-from workbench.records.cycle import STAGES, percentiles
+from workbench.bench.versions import versions
+from workbench.engine import validate
 from workbench.engine.core import clock
-from workbench.engine.policies import AR, MAX_BUDGET, DFlash, Policy, parse_policy
+from workbench.engine.policies import AR, DFlash, Policy, parse_policy
+from workbench.records.cycle import STAGES, percentiles
 from workbench.records.texttable import legend, text_table
 
 # The stages that are the model forwards (with their sampling): the only cost the ceiling keeps.
 FORWARD_STAGES = ("draft", "verify")
-
-
-def parse_policies(text: str) -> list[Policy]:
-    """'ar,dflash,ddtree:32' (or the labels the bench prints: 'AR,DDTree(16, width=1)') -> policies, in
-    order. Raises ValueError (one line) on bad input."""
-    names = [p.strip() for p in re.split(r",(?![^()]*\))", str(text)) if p.strip()]  # no split inside (...)
-    if not names:
-        raise ValueError(f"--policies {text!r} names no policy; e.g. 'ar,dflash,ddtree:32'")
-    out: list[Policy] = []
-    for n in names:
-        p = parse_policy(n)
-        if p in out:
-            raise ValueError(f"policy {n!r} is listed twice in {text!r}")
-        out.append(p)
-    return out
-
-
-def positive_ints(**values) -> None:
-    """Refuse, in one line naming it, any of ``values`` that is not a positive integer."""
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
 
 
 @dataclass
@@ -93,22 +76,27 @@ class Run:
     finish_reason: str | None
     cycle_seconds: list = field(default_factory=list)  # per cycle: stage -> seconds
     setup_seconds: float = 0.0
+    dtype: str | None = None  # what the engine ran in, as its trace records it
+    kernel_backend: str | None = None  # the session's accept-walk kernels
 
 
 def run_one(engine, policy: Policy, prompt: str, max_new_tokens: int, temperature: float = 0.0,
             seed: int = 0) -> Run:
-    """Generate once and time it (wall time = prefill + all cycles, as Spec-Bench's)."""
+    """Generate once and time it (wall time = prefill + all cycles, as Spec-Bench's). Only what the engine
+    interface declares is read (``BaseEngine.session``, ``BaseSession.run``/``generated``/``text``), so any
+    registered engine runs it."""
     t0 = clock(engine.device)
     s = engine.session(prompt, policy=policy, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                        record_topk=1)
     trace = s.run()
     wall = clock(engine.device) - t0
     return Run(
-        policy=str(policy), tokens=s.tokens, text=s.text, wall_time=wall, prefill_seconds=trace.prefill_seconds,
+        policy=str(policy), tokens=list(s.generated), text=s.text, wall_time=wall, prefill_seconds=trace.prefill_seconds,
         accept_lengths=trace.accept_lengths, committed=sum(c.committed for c in trace.cycles),
         proposed=sum(int(c.depth.max()) if c.depth.numel() else 0 for c in trace.cycles),
         stage_seconds=trace.stage_seconds(), finish_reason=trace.finish_reason,
         cycle_seconds=[dict(c.stage_seconds) for c in trace.cycles], setup_seconds=trace.setup_seconds,
+        dtype=trace.meta.get("dtype"), kernel_backend=s.kernel_backend,
     )
 
 
@@ -169,20 +157,22 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
     if not pols:
         raise ValueError("bench needs at least one policy")
-    positive_ints(repeats=repeats, max_new_tokens=max_new_tokens)
+    validate.positive_ints(repeats=repeats, max_new_tokens=max_new_tokens)
     prompts = list(prompts)
     if not prompts:
         raise ValueError("bench needs at least one prompt")
-    from workbench.engine import validate
-
     validate.temperature(temperature), validate.seed(seed)
     if check_lossless and temperature != 0.0:
         raise ValueError("the lossless check compares greedy outputs; use temperature=0")
-    for item in prompts:  # fail before the run, not in the middle of it
+    # Fail before the run, not in the middle of it. The interface declares no position limit: an engine that
+    # holds its pair's facts (the workbench's, and engines built on it) is checked here, another refuses a
+    # prompt too long for it when its session starts.
+    positions = getattr(getattr(engine, "models", None), "max_positions", None)
+    for item in prompts:
         n = len(engine.tokenizer(item["prompt"], add_special_tokens=False)["input_ids"])
-        if not 0 < n < engine.models.max_positions:
-            raise ValueError(f"prompt {item['id']!r} is {n} tokens; the target takes 1 to "
-                             f"{engine.models.max_positions - 1}")
+        if n < 1 or (positions is not None and n >= positions):
+            takes = f"1 to {positions - 1}" if positions is not None else "at least 1"
+            raise ValueError(f"prompt {item['id']!r} is {n} tokens; the target takes {takes}")
     if check_lossless and AR() not in pols:
         pols = [AR(), *pols]
     labels = [str(p) for p in pols]
@@ -243,31 +233,13 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
                         break
 
     summary = summarize(med, prompts, labels, failures if can_check else None)
+    first = runs[0, labels[0]][0]  # what the engine ran in, as its sessions recorded it
     settings = {"policies": labels, "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
                 "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
                 "temperature": temperature, "seeds": [seed], "device": str(engine.device),
-                "dtype": str(engine.models.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
-                "kernel_backend": engine.kernel_backend, "versions": versions()}
+                "dtype": first.dtype, "threads": torch.get_num_threads(), "kernel_backend": first.kernel_backend,
+                "versions": versions()}
     return BenchResult(rows, summary, failures, settings)
-
-
-def versions() -> dict:
-    """The versions a benchmark's numbers depend on."""
-    import platform
-
-    import transformers
-
-    from workbench.version import __version__
-
-    out = {"workbench": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version()}
-    try:
-        from importlib.metadata import version
-
-        out["sglang"] = version("sglang")
-    except Exception:  # noqa: BLE001 - not installed
-        out["sglang"] = None
-    return out
 
 
 def bench_json(res: "BenchResult") -> dict:
@@ -415,309 +387,3 @@ def summary_table(summary: dict) -> str:
         ("lossless", "every greedy output equals AR's ('-': not checked)"),
         ("draft .. commit", "MEAN ms per cycle in that stage (tree = build + compile; accept = the accept walk)"),
     ])
-
-
-# ---------------------------------------------------------------------------------------------- batched
-def batch_windows(n_prompts: int, batch_size: int) -> list[list[int]]:
-    """Prompt indices of each batch: consecutive groups of ``batch_size``, the last filled by wrapping around,
-    so every prompt runs at least once."""
-    count = max(1, -(-n_prompts // batch_size))
-    return [[(w * batch_size + j) % n_prompts for j in range(batch_size)] for w in range(count)]
-
-
-def batch_policies_bench(engine, policies, prompts, batch_size: int, max_new_tokens: int = 64, repeats: int = 3,
-                         warmup: bool = True, progress=None) -> dict:
-    """``bench --batch-size N``: every policy's batches of N requests (``engine.batch_session``) against the
-    same requests run one after another, the policies interleaved within each repeat (policy order rotated
-    per repeat; each policy's sequential run right before its batch), so machine load hits all alike.
-
-    Per policy and repeat: batch tok/s (wall, prefill included) and decode tok/s (tokens / cycle time),
-    tau (accepted + bonus per row and cycle), the median batch cycle time, sequential tok/s and the batch's
-    speedup over it, and the decode tok/s over DFlash's in the same repeat. Every repeat's figure is kept:
-    none is hidden behind a percentile. Greedy; ``lossless``: every batch produced each request's own output."""
-    pols = [parse_policy(p) if isinstance(p, str) else p for p in policies]
-    if not pols:
-        raise ValueError("batch bench needs at least one policy")
-    positive_ints(batch_size=batch_size, repeats=repeats, max_new_tokens=max_new_tokens)
-    texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
-    if not texts:
-        raise ValueError("prompts=[] is empty; give at least one prompt")
-    groups = [[texts[i] for i in w] for w in batch_windows(len(texts), batch_size)]
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(pols) * 2 * len(groups) * (repeats + (1 if warmup else 0)), desc="batch bench", unit="run",
-               leave=False, disable=(None if progress is None else not progress))
-
-    def run(policy):
-        out = {"seq_tokens": 0, "seq_s": 0.0, "tokens": 0, "wall": 0.0, "cycle_s": 0.0, "steps": [], "acc": 0,
-               "row_cycles": 0, "same": True}
-        for reqs in groups:
-            seq = []
-            t0 = clock(engine.device)
-            for p in reqs:
-                s = engine.session(p, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
-                s.run()
-                seq.append(s.tokens)
-            t1 = clock(engine.device)
-            bar.update(1)
-            b = engine.batch_session(reqs, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
-            b.run()
-            t2 = clock(engine.device)
-            bar.update(1)
-            toks = [s.tokens for s in b.sessions]
-            cycles = [c for t in b.traces for c in t.cycles]
-            steps = [sum(bc.stage_seconds.values()) for bc in b.cycles]
-            out["seq_tokens"] += sum(map(len, seq))
-            out["seq_s"] += t1 - t0
-            out["tokens"] += sum(map(len, toks))
-            out["wall"] += t2 - t1
-            out["cycle_s"] += sum(steps)
-            out["steps"] += steps[1:]
-            out["acc"] += sum(c.accept_length for c in cycles)
-            out["row_cycles"] += len(cycles)
-            out["committed"] = out.get("committed", 0) + sum(c.committed for c in cycles)
-            out["same"] &= seq == toks
-        return out
-
-    if warmup:
-        for p in pols:
-            run(p)
-    per = {str(p): [] for p in pols}
-    for r in range(repeats):
-        k = r % len(pols)
-        for p in pols[k:] + pols[:k]:
-            per[str(p)].append(run(p))
-    bar.close()
-    dflash = str(DFlash())
-    out = {}
-    for label, rs in per.items():
-        dec = [x["committed"] / x["cycle_s"] if x["cycle_s"] > 0 else 0.0 for x in rs]
-        row = {"tau": rs[0]["acc"] / rs[0]["row_cycles"] if rs[0]["row_cycles"] else 0.0,
-               "batch_tok_s_per_repeat": [x["tokens"] / x["wall"] for x in rs],
-               "decode_tok_s_per_repeat": dec,
-               "cycle_ms_p50_per_repeat": [1e3 * statistics.median(x["steps"]) if x["steps"] else 0.0 for x in rs],
-               "sequential_tok_s_per_repeat": [x["seq_tokens"] / x["seq_s"] for x in rs],
-               "lossless": all(x["same"] for x in rs)}
-        row["speedup_per_repeat"] = [b / s for b, s in zip(row["batch_tok_s_per_repeat"],
-                                                           row["sequential_tok_s_per_repeat"])]
-        out[label] = row
-    for label, row in out.items():
-        row["decode_vs_dflash_per_repeat"] = ([a / b for a, b in zip(row["decode_tok_s_per_repeat"],
-                                                                    out[dflash]["decode_tok_s_per_repeat"])]
-                                              if dflash in out else None)
-        for key in ("batch_tok_s", "decode_tok_s", "cycle_ms_p50", "sequential_tok_s", "speedup", "decode_vs_dflash"):
-            v = row[f"{key}_per_repeat"]
-            row[key] = statistics.median(v) if v else None
-    return {"batch_size": batch_size, "batches": len(groups), "prompts": len(texts), "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "device": str(engine.device), "threads": torch.get_num_threads(), "policies": out}
-
-
-def batch_policies_table(res: dict) -> str:
-    """One line per policy; every repeat's speedup shown, so a slow repeat cannot hide behind a percentile."""
-    def each(v, fmt=".2f"):
-        return " ".join(format(x, fmt) for x in v) if v else "-"
-
-    head = ["policy", "tau", "cycle ms p50", "batch tok/s", "decode tok/s", "seq tok/s", "batch/seq per repeat",
-            "decode x DFlash per repeat", "lossless"]
-    rows = [[label, f"{r['tau']:.2f}", f"{r['cycle_ms_p50']:.1f}", f"{r['batch_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
-             f"{r['sequential_tok_s']:.1f}", each(r["speedup_per_repeat"]), each(r["decode_vs_dflash_per_repeat"]),
-             "yes" if r["lossless"] else "NO"] for label, r in res["policies"].items()]
-    return (f"batches of {res['batch_size']} ({res['batches']} batch(es) over {res['prompts']} prompts, "
-            f"{res['max_new_tokens']} new tokens each, {res['repeats']} repeat(s), policies interleaved; "
-            f"{res['device']}, {res['threads']} threads); figures are medians over repeats unless 'per repeat'\n"
-            + text_table(head, rows) + "\n" + legend([
-                ("tau", "accepted + bonus per row and cycle, at this batch size"),
-                ("cycle ms p50", "median time of one batched cycle (every row's draft, verify, accept, commit)"),
-                ("batch tok/s", "new tokens of every row / wall time of the batch runs (prefill included)"),
-                ("decode tok/s", "tokens the cycles committed / time in the cycles"),
-                ("seq tok/s", "the same requests one after another, each its own session"),
-                ("batch/seq per repeat", "batch tok/s over seq tok/s, each repeat"),
-                ("decode x DFlash per repeat", "decode tok/s over DFlash's in the same repeat")]))
-
-
-# ---------------------------------------------------------------------------------------------- kernels
-KERNEL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
-
-
-def _times(fn, repeats: int, device: torch.device) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``fn()``, after one warm-up call."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        fn()
-        ts.append(clock(device) - t0)
-    return ts
-
-
-def _time(fn, repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
-    return statistics.median(_times(fn, repeats, device))
-
-
-def _timed(row: dict, key: str, fn, repeats: int, device) -> float:
-    """Time ``fn`` into row[key + '_s'] (median) and row[key + '_range_s'] ([min, max] over the calls)."""
-    ts = _times(fn, repeats, device)
-    row[f"{key}_s"], row[f"{key}_range_s"] = statistics.median(ts), [min(ts), max(ts)]
-    return row[f"{key}_s"]
-
-
-def _path_choice(tree) -> torch.Tensor:
-    """A target 'choice' per node that accepts the tree's deepest root-to-leaf path (the longest walk)."""
-    n = tree.n
-    parents = tree.parents[0].tolist()
-    tokens = tree.tokens[0].tolist()
-    depth = tree.depth[0].tolist()
-    choice = torch.full((1, n), -1, dtype=torch.long)  # no node carries token -1: the walk stops there
-    node = depth.index(max(depth))
-    while parents[node] >= 0:
-        choice[0, parents[node]] = tokens[node]
-        node = parents[node]
-    return choice
-
-
-def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth: int = 15, vocab: int = 4096,
-                 backends=("torch", "sglang"), seed: int = 0, progress=None) -> dict:
-    """Micro-benchmarks of the tree kernels, medians side by side in one run.
-
-    tree_build: vectorized ``build_tree`` vs a host heap over the top-k (``build_tree_host_heap``, the
-    plain baseline) on random log-probs [1, depth, vocab], and build + compile together;
-    accept: the accept walk through each backend on that tree (torch vs SGLang's Triton kernel,
-    under Triton's interpreter on a CPU); kv_compact: ``compact_kv`` vs the per-row loop oracle.
-    Unavailable backends are reported with an ``error`` instead of a time.
-    """
-    from tqdm.auto import tqdm
-
-    from ddtree_kernels import accept, build_tree, check_backend, compact_kv, compile_tree
-    from ddtree_kernels.oracles import build_tree_host_heap, compact_kv_loop
-    from workbench.engine.loading import resolve_device
-
-    dev = resolve_device(device)
-    budgets = [int(b) for b in budgets]
-    twice = sorted({b for b in budgets if budgets.count(b) > 1})
-    if twice:
-        raise ValueError(f"budget {twice[0]} is given twice; give each budget once")
-    for b in budgets:
-        if b < 1:
-            raise ValueError(f"budget {b} must be a positive integer")
-        if b > MAX_BUDGET:
-            raise ValueError(f"budget {b} is absurdly large; the limit is {MAX_BUDGET} nodes, as for DDTree")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be a positive integer")
-    g = torch.Generator().manual_seed(seed)
-    lp = torch.log_softmax(torch.randn(1, depth, vocab, generator=g) * 3, dim=-1).to(dev)
-    root = torch.tensor([1], device=dev)
-    heads, head_dim, prefix = 8, 64, 512
-
-    available = {}
-    for b in backends:
-        try:
-            check_backend(b)
-            available[b] = None
-        except (ValueError, RuntimeError) as e:
-            available[b] = str(e)
-
-    out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
-           "repeats": repeats, "seed": seed, "versions": versions(), "tree_build": [], "accept": [], "kv_compact": []}
-    # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
-    bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
-               disable=(None if progress is None else not progress))
-    for b in budgets:
-        bar.set_postfix_str(f"budget {b}: tree build", refresh=True)
-        row = {"budget": b}
-        vec = _timed(row, "vectorized", lambda: build_tree(lp, root, b), repeats, dev)
-        heap = _timed(row, "heap", lambda: build_tree_host_heap(lp, root, b), repeats, dev)
-        both = _timed(row, "build_compile", lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
-        row["heap_over_vectorized"] = heap / vec
-        # build + compile runs the build, so it cannot truly be faster: a busy machine measured one of them
-        why = []
-        if both < vec:
-            why.append(f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us)")
-        # On a CPU build_tree *is* a host heap: the two medians cannot truly differ several times over.
-        if dev.type == "cpu" and not 0.5 <= heap / vec <= 2:
-            why.append(f"heap ({1e6 * heap:.0f} us) and build_tree ({1e6 * vec:.0f} us) run the same host heap on a "
-                       f"CPU yet differ {max(heap / vec, vec / heap):.1f}x")
-        if why:
-            row["contradiction"] = "; ".join(why) + ": the machine was busy during one of them; rerun on an idle machine"
-        if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
-            try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
-                torch.cuda.set_sync_debug_mode("error")
-                build_tree(lp, root, b)
-                row["host_sync_free"] = True
-            except RuntimeError:
-                row["host_sync_free"] = False
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        out["tree_build"].append(row)
-        bar.update(1)
-        bar.set_postfix_str(f"budget {b}: accept walk", refresh=True)
-
-        tree = build_tree(lp, root, b)
-        ct = compile_tree(tree, prefix, depth)
-        choice = _path_choice(tree).to(dev)
-        arow = {"budget": b, "nodes": tree.n}
-        for name, err in available.items():
-            if err is not None:
-                arow[f"{name}_s"], arow[f"{name}_error"] = None, err
-                continue
-            _timed(arow, name, lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
-        if arow.get("torch_s") and arow.get("sglang_s"):
-            arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
-        out["accept"].append(arow)
-        bar.update(1)
-        bar.set_postfix_str(f"budget {b}: KV compaction", refresh=True)
-
-        acc = accept("torch", tree, ct, choice, depth)
-        nodes = acc.index[0, : int(acc.length[0]) + 1]
-        kv = torch.randn(1, heads, prefix + tree.n, head_dim, generator=g).to(dev)
-        krow = {"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape)}
-        fast = _timed(krow, "compact_kv", lambda: compact_kv(kv, prefix, nodes), repeats, dev)
-        loop = _timed(krow, "loop", lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
-        krow["loop_over_compact"] = loop / fast
-        out["kv_compact"].append(krow)
-        bar.update(1)
-    bar.close()
-    return out
-
-
-def kernel_table(res: dict) -> str:
-    """The kernel medians with their min-max over the timed calls; contradictory rows flagged '!'."""
-    def us(v):
-        return "n/a" if v is None else f"{1e6 * v:.0f}"
-
-    def rng(r, key):
-        v = r.get(f"{key}_range_s")
-        return "-" if not v else f"{1e6 * v[0]:.0f}-{1e6 * v[1]:.0f}"
-
-    tb = res["tree_build"]
-    sync = bool(tb) and "host_sync_free" in tb[0]
-    head = ["tree build", "budget", "build_tree", "range", "heap", "range", "heap/ours", "build+compile", "range",
-            *(["sync-free"] if sync else []), "flag"]
-    rows = [["", str(r["budget"]), us(r["vectorized_s"]), rng(r, "vectorized"), us(r["heap_s"]), rng(r, "heap"),
-             f"{r['heap_over_vectorized']:.2g}", us(r["build_compile_s"]), rng(r, "build_compile"),
-             *([str(r["host_sync_free"])] if sync else []), "!" if "contradiction" in r else ""] for r in tb]
-    lines = [f"device {res['device']}, {res['threads']} threads, log-probs {res['logprobs_shape']}; "
-             f"microseconds: median of {res['repeats']} calls, range = min-max over them", "",
-             text_table(head, rows)]
-    lines += [f"  ! budget {r['budget']}: {r['contradiction']}" for r in tb if "contradiction" in r]
-    arows = [["", str(r["budget"]), str(r["nodes"]), us(r.get("torch_s")), rng(r, "torch"), us(r.get("sglang_s")),
-              rng(r, "sglang"), f"{r['sglang_over_torch']:.1f}" if "sglang_over_torch" in r else "-"]
-             for r in res["accept"]]
-    lines += ["", text_table(["accept walk", "budget", "nodes", "torch", "range", "sglang", "range", "sglang/torch"],
-                             arows)]
-    errs = {k: v for r in res["accept"] for k, v in r.items() if k.endswith("_error")}
-    for k, v in errs.items():
-        lines.append(f"{'':16}{k[:-6]}: {v}")
-    krows = [["", str(r["budget"]), str(r["accepted"]), us(r["compact_kv_s"]), rng(r, "compact_kv"), us(r["loop_s"]),
-              rng(r, "loop"), f"{r['loop_over_compact']:.1f}"] for r in res["kv_compact"]]
-    lines += ["", text_table(["kv compaction", "budget", "accepted", "compact_kv", "range", "loop", "range",
-                              "loop/compact"], krows)]
-    lines += ["", legend([
-        ("build_tree", "our tree build (host heap on a CPU, vectorized on a GPU)"),
-        ("heap", "the plain baseline: top-k, one copy to the host, a Python heap"),
-        ("heap/ours", "heap median / build_tree median (> 1: ours faster)"),
-        ("build+compile", "build_tree then compile_tree (verify inputs); never truly below build_tree alone"),
-        ("flag", "'!': the row's measurements contradict each other (a busy machine); see the note"),
-        ("accept walk", "the walk through each backend; sglang = SGLang's kernel (Triton interpreter on a CPU)"),
-        ("kv compaction", "compact_kv vs a per-row loop over the accepted rows")])]
-    return "\n".join(lines)
