@@ -9,7 +9,7 @@ import pytest
 import workbench as wb
 from workbench.payoff import measure, pays_off
 from workbench.payoff.inputs import PaysOffInputError, check_inputs, fit_to_engine, parse_batches
-from workbench.payoff.shapes import check_fills, default_shapes, family
+from workbench.payoff.tree_shapes import check_fills, default_shapes, family
 from workbench.payoff.verdict import what_decides
 
 PROMPTS = [f"t{i} t{i + 3} t{(i * 7) % 40 + 1} t{i + 1}" for i in range(1, 11)]  # 10: the fewest a test takes
@@ -334,7 +334,7 @@ def test_the_verdict_and_the_table_each_say_their_rule():
 
 def test_without_a_ddtree_budget_the_verdict_says_why(tiny_engines):
     from workbench.payoff import spine_share
-    from workbench.payoff.shapes import shapes_of
+    from workbench.payoff.tree_shapes import shapes_of
     from workbench.payoff.verdict import BatchVerdict, ShapeRow, verdict_line
 
     head, why = verdict_line(1, [], "DFlash")  # eagle:4:5:64 or spine:1 alone: once no verdict and no reason

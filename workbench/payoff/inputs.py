@@ -158,11 +158,11 @@ def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int 
 
 
 def fit_to_engine(inp: Inputs, engine) -> list:
-    """The shapes to decode on ``engine``'s pair (``workbench.payoff.shapes``), after every check that
+    """The shapes to decode on ``engine``'s pair (``workbench.payoff.tree_shapes``), after every check that
     needs the loaded models: a shape the drafter's block cannot fill or needs more slots than it drafts,
     a prompt that runs past the target's positions, a batch the device's memory cannot hold."""
     from workbench.engine.runner import static_nodes
-    from workbench.payoff.shapes import check_batch_fits, default_shapes, shapes_of
+    from workbench.payoff.tree_shapes import check_batch_fits, default_shapes, shapes_of
 
     m = engine.models
     slots, vocab = m.block_size - 1, int(m.target.config.get_text_config().vocab_size)

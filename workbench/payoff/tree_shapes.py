@@ -14,7 +14,7 @@ from workbench.engine.policies import AR, DDTree, DFlash, Spine, as_policy
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
 SPINE_SIBLINGS = (1, 2, 4)
 BUDGETS = (4, 8, 16, 32, 64)
-FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", "other")
+SHAPE_FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", "other")  # what family() returns: how tables group shapes
 
 
 @dataclass(frozen=True)
