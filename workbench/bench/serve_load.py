@@ -178,11 +178,10 @@ def step_parts(t: dict, how: str) -> dict:
     """One received cycle's timing -> the seconds of each of PARTS (see the module's docstring)."""
     wait, cycle, record = t.get("wait", 0.0), t.get("cycle", 0.0), t.get("record", 0.0)
     out = {"wait": wait, "cycle": cycle, "record": record, "encode": t.get("encode", 0.0), "decode": t["decode"],
-           "http": t.get("http", 0.0)}
+           "http": None, "wire": None}  # a stream's: not measured per cycle (summarise fills wire from the steps)
     if how == "step":
+        out["http"] = t.get("http", 0.0)
         out["wire"] = max(t["round_trip"] - out["http"] - t.get("route", 0.0) - out["encode"], 0.0)
-    else:
-        out["wire"] = None  # filled from the step latency (inter-arrival) by summarise
     return out
 
 
@@ -208,10 +207,11 @@ def summarise(rounds: list[dict]) -> dict:
     parts = [p for r in rounds for p in r["parts"]]
     if parts:
         mean_step = sum(steps) / len(steps)
-        means = {k: sum(p[k] for p in parts if p[k] is not None) / len(parts) for k in PARTS}
-        if all(p["wire"] is None for p in parts):  # a stream: what the steps took beyond the server's part
+        means = {k: (sum(p[k] for p in parts) / len(parts) if all(p[k] is not None for p in parts) else None)
+                 for k in PARTS}
+        if means["wire"] is None:  # a stream: what the steps took beyond the server's part
             means["wire"] = max(mean_step - means["wait"] - means["cycle"] - means["record"], 0.0)
-        out["parts_ms"] = {k: 1e3 * v for k, v in means.items()}
+        out["parts_ms"] = {k: None if v is None else 1e3 * v for k, v in means.items()}
         out["mean_step_ms"] = 1e3 * mean_step
     gathers = [r["gather"] for r in rounds if r["gather"]]
     if gathers:
@@ -261,7 +261,7 @@ def bench_serve(model_args: list[str], load_local, prompts: list[str], clients: 
                     if m in SERVED and m != "serial":
                         row[m]["tok_s_vs_inproc"] = [_rate(a) / _rate(b) for a, b in zip(got[m], got["inproc"])]
                         row[m]["p50_vs_inproc"] = [_p50(a) / _p50(b) for a, b in zip(got[m], got["inproc"])]
-            if "run" in modes and "serial" in modes:
+            if "run" in modes and "serial" in modes and n > 1:  # (one client: the same thing twice)
                 row["at_once_vs_serial"] = [_rate(a) / _rate(b) for a, b in zip(got["run"], got["serial"])]
             rows.append(row)
     finally:
@@ -322,8 +322,8 @@ def table(res: dict) -> str:
                 mean = 1e3 * g["gather_wait_seconds"] / waited if waited else 0.0
                 gtxt = (f"   {g['cycles']}, {g['rows_stepped'] / g['cycles']:.1f}; {waited} "
                         f"({waited / g['cycles']:.0%}), {mean:.2f}; {g['gathers_cut']}")
-            lines.append(f"{n:>7}  {m:<9} {x['mean_step_ms']:>7.2f} " + " ".join(f"{p[k]:>7.2f}" for k in PARTS)
-                         + gtxt)
+            lines.append(f"{n:>7}  {m:<9} {x['mean_step_ms']:>7.2f} "
+                         + " ".join(f"{'-':>7}" if p[k] is None else f"{p[k]:>7.2f}" for k in PARTS) + gtxt)
         inproc = {r["clients"]: r["inproc"]["p50_ms"] for r in res["rows"] if "inproc" in r}
         if inproc:
             added = [f"{n} client(s) {m}: {x['p50_ms'] - inproc[n]:+.2f} ms" for n, m, x in parts
