@@ -46,7 +46,7 @@ CONFIGS = {**{p.stem: json.loads(p.read_text()) for p in SHIPPED},
 def _transformers_config(cfg: dict):
     """The config transformers builds from this dict (its class from the family table; None where none is)."""
     t = config_facts.text_config(cfg)
-    row = config_facts.FAMILIES.get(t.get("model_type"))
+    row = config_facts.FAMILY_OF_MODEL_TYPE.get(t.get("model_type"))
     if row is None:
         return None
     return getattr(transformers, row.config_class)(**{k: v for k, v in t.items() if not k.startswith("_")})
@@ -153,9 +153,9 @@ def test_one_family_table_routes_states_forwards_and_shapes():
     own forward covers is a dense-kind row; one the shape plan has formulas for is its own family there."""
     from workbench.models import dense_forward
 
-    assert dense_forward.FAMILIES is registry.FAMILIES is families.FAMILIES
-    own = {mt for mt, row in config_facts.FAMILIES.items() if row.own_forward}
+    assert dense_forward.FAMILY_OF_MODEL_TYPE is registry.FAMILY_OF_MODEL_TYPE is families.FAMILY_OF_MODEL_TYPE
+    own = {mt for mt, row in config_facts.FAMILY_OF_MODEL_TYPE.items() if row.own_forward}
     assert own == {"qwen3", "qwen3_moe", "qwen2", "llama", "mistral"}
-    assert all(config_facts.FAMILIES[mt].kind in ("dense", "moe") for mt in own)
+    assert all(config_facts.FAMILY_OF_MODEL_TYPE[mt].kind in ("dense", "moe") for mt in own)
     with pytest.raises(ValueError, match="has no shape plan; known: .*qwen3_next"):
         families.model_type({"model_type": "qwen2"})

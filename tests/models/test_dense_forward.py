@@ -26,7 +26,7 @@ def _model(cls, cfg_cls, seed=0, dtype=torch.float32, **kw):
     return cls(cfg_cls(**{**SMALL, **kw})).to(dtype).eval()
 
 
-FAMILIES = {
+TINY_MODEL_OF_FAMILY = {
     "qwen3": lambda dtype: _model(Qwen3ForCausalLM, Qwen3Config, dtype=dtype, head_dim=16),
     "qwen3_moe": lambda dtype: _model(Qwen3MoeForCausalLM, Qwen3MoeConfig, 1, dtype, head_dim=16, num_experts=4,
                                       num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
@@ -72,11 +72,11 @@ def _equal_caches(a, b):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(TINY_MODEL_OF_FAMILY))
 def test_own_forward_is_bit_identical_to_the_models(family, dtype):
     from dflash.model import extract_context_feature
 
-    model = FAMILIES[family](dtype)
+    model = TINY_MODEL_OF_FAMILY[family](dtype)
     layer_ids = [0, 2]  # the last layer's entry is after the final norm: both ends covered
     g = torch.Generator().manual_seed(5)
     P = 11
@@ -107,7 +107,7 @@ def test_own_forward_matches_on_a_padded_batch_in_the_engines_cache():
     from workbench.models.kv_buffers import KVBuffers
     from workbench.models.masks import additive
 
-    model = FAMILIES["qwen3"](torch.float32)
+    model = TINY_MODEL_OF_FAMILY["qwen3"](torch.float32)
     g = torch.Generator().manual_seed(9)
     lens = [9, 6]
     ids = torch.randint(0, 96, (2, 9), generator=g)
@@ -125,7 +125,7 @@ def test_own_forward_matches_on_a_padded_batch_in_the_engines_cache():
 
 
 def test_own_forward_steps_aside_where_it_would_not_be_the_models():
-    assert dense_forward.plan(FAMILIES["qwen3"](torch.float32)) is not None
+    assert dense_forward.plan(TINY_MODEL_OF_FAMILY["qwen3"](torch.float32)) is not None
     sliding = _model(Qwen3ForCausalLM, Qwen3Config, head_dim=16, use_sliding_window=True, sliding_window=4,
                      max_window_layers=1)
     eager = _model(Qwen3ForCausalLM, Qwen3Config, head_dim=16, attn_implementation="eager")
@@ -136,7 +136,7 @@ def test_own_forward_steps_aside_where_it_would_not_be_the_models():
 def test_a_hook_on_a_bypassed_module_runs_the_models_own_forward(tmp_path):
     from real_layouts import write_deepseek_v3
 
-    model = FAMILIES["llama3"](torch.float32)
+    model = TINY_MODEL_OF_FAMILY["llama3"](torch.float32)
     seen = []
     handle = model.model.layers[1].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     ids = torch.arange(5)[None]

@@ -48,7 +48,7 @@ def test_param_formulas_equal_the_meta_model(name):
     import transformers
 
     t = families.text_config(load(name))
-    row = families.FAMILIES[t["model_type"]]
+    row = families.FAMILY_OF_MODEL_TYPE[t["model_type"]]
     config_cls, model_cls = row.config_class, row.model_class
     conf = getattr(transformers, config_cls)(**{k: v for k, v in t.items() if not k.startswith("_")})
     with torch.device("meta"):

@@ -1,6 +1,6 @@
 """The one reader of facts a config states: the model families, layer kinds, drafter settings and dtypes.
 
-    family_table(config)          # its FAMILIES row (None: a model type no row covers)
+    family_table(config)          # its FAMILY_OF_MODEL_TYPE row (None: a model type no row covers)
     layer_kinds(config)           # ("full_attention" | "linear_attention" | ..., one per layer)
     attention_layers(config)      # how many layers cache K/V per token (all but the linear-attention ones)
     draft_value(config, name)     # a DFlash drafter setting, dflash_config first, top level second
@@ -32,7 +32,7 @@ class Family(NamedTuple):
 
 # model_type (the text model's, after unwrapping text_config) -> its row. A model type not listed runs on the
 # dense state with transformers' own forward (any causal LM whose cache is per-token K/V).
-FAMILIES = {
+FAMILY_OF_MODEL_TYPE = {
     "qwen3": Family("dense", "Qwen3Config", "Qwen3ForCausalLM", own_forward=True),
     "llama": Family("dense", "LlamaConfig", "LlamaForCausalLM", own_forward=True),
     # Same layer layout, no shape formulas here (Qwen2 has attention biases and no q/k norms).
@@ -77,8 +77,8 @@ def text_fields(config) -> dict:
 
 
 def family_table(config) -> Family | None:
-    """The FAMILIES row of a config's text model (None for a model type no row covers)."""
-    return FAMILIES.get(text_fields(config).get("model_type"))
+    """The FAMILY_OF_MODEL_TYPE row of a config's text model (None for a model type no row covers)."""
+    return FAMILY_OF_MODEL_TYPE.get(text_fields(config).get("model_type"))
 
 
 # --------------------------------------------------------------------------------------------- layer kinds
@@ -102,7 +102,7 @@ def layer_kinds(config) -> tuple:
     A hybrid's kinds must be full_attention / linear_attention, one per layer (a one-line ValueError)."""
     t = text_fields(config)
     n = int(t["num_hidden_layers"])
-    row = FAMILIES.get(t.get("model_type"))
+    row = FAMILY_OF_MODEL_TYPE.get(t.get("model_type"))
     hybrid = row is not None and row.kind == "hybrid"
     given = t.get("layer_types")
     if given is not None:
@@ -120,7 +120,7 @@ def layer_kinds(config) -> tuple:
 
 def has_linear_attention(config) -> bool:
     """Any linear-attention layer named in ``layer_types`` (a dense state would verify such a target wrongly).
-    Reads no layer count: it routes configs of model types no FAMILIES row covers."""
+    Reads no layer count: it routes configs of model types no FAMILY_OF_MODEL_TYPE row covers."""
     given = text_fields(config).get("layer_types") or ()
     return any(LEGACY_LAYER_TYPES.get(k, k) == "linear_attention" for k in given)
 

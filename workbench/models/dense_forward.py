@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workbench.models.config_facts import FAMILIES, layer_kinds
+from workbench.models.config_facts import FAMILY_OF_MODEL_TYPE, layer_kinds
 
 
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
@@ -43,7 +43,7 @@ class Plan:
 
 def _why_not(target) -> str | None:
     cfg = target.config
-    row = FAMILIES.get(cfg.model_type)
+    row = FAMILY_OF_MODEL_TYPE.get(cfg.model_type)
     if row is None or not row.own_forward:
         return f"family {cfg.model_type!r}"
     if any(t != "full_attention" for t in layer_kinds(cfg)):

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from workbench.models.config_facts import (  # noqa: F401  (the config readers: one place, config_facts.py)
-    DTYPE_BYTES, FAMILIES, TEXT_OF, attention_layers, dtype_bytes, has_linear_attention, layer_kinds, text_config,
-    text_fields,
+    DTYPE_BYTES, FAMILY_OF_MODEL_TYPE, TEXT_OF, attention_layers, dtype_bytes, has_linear_attention, layer_kinds,
+    text_config, text_fields,
 )
 
-# The state class of each family ("module:Class"); a model type outside FAMILIES without linear-attention
+# The state class of each family ("module:Class"); a model type outside FAMILY_OF_MODEL_TYPE without linear-attention
 # layers gets the dense one (any transformers causal LM whose cache is per-token K/V).
 STATES = {"dense": "workbench.models.dense_target:DenseKV", "moe": "workbench.models.dense_target:DenseKV",
           "mla": "workbench.models.dense_target:DenseKV", "hybrid": "workbench.models.hybrid:HybridGDN"}
@@ -37,15 +37,15 @@ def family_of(config) -> str | None:
     layers, "dense" for another transformers model type (None only where a dict names no model type)."""
     t = text_fields(config)
     mt = t.get("model_type")
-    if mt in FAMILIES:
-        return FAMILIES[mt].kind
+    if mt in FAMILY_OF_MODEL_TYPE:
+        return FAMILY_OF_MODEL_TYPE[mt].kind
     if has_linear_attention(t):
         return "hybrid"
     return "dense" if mt else None
 
 
 def _hybrid_types() -> tuple:
-    return tuple(mt for mt, row in FAMILIES.items() if row.kind == "hybrid")
+    return tuple(mt for mt, row in FAMILY_OF_MODEL_TYPE.items() if row.kind == "hybrid")
 
 
 def refusal(config) -> str | None:

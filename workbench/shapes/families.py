@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.models.config_facts import (DTYPE_BYTES, FAMILIES, TEXT_OF, draft_value, dtype_bytes,  # noqa: F401
-                                           is_drafter, layer_kinds, text_config)
+from workbench.models.config_facts import (  # noqa: F401
+    DTYPE_BYTES, FAMILY_OF_MODEL_TYPE, TEXT_OF, draft_value, dtype_bytes, is_drafter, layer_kinds, text_config,
+)
 from workbench.models.registry import LinearAttention, StateSpec, kv_layout, linear_attention, pair_mismatch
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped config.json files, by model name
@@ -77,9 +78,9 @@ def model_type(cfg: dict, what: str = "target", purpose: str = "shape plan") -> 
     """The text model's model_type; a ValueError naming it when no family here covers it."""
     t = text_config(cfg)
     mt = t.get("model_type")
-    if mt not in FAMILIES or not FAMILIES[mt].shapes:
+    if mt not in FAMILY_OF_MODEL_TYPE or not FAMILY_OF_MODEL_TYPE[mt].shapes:
         # nested checkpoints by their outer model_type too
-        known = ", ".join(sorted({*(m for m, row in FAMILIES.items() if row.shapes), *TEXT_OF}))
+        known = ", ".join(sorted({*(m for m, row in FAMILY_OF_MODEL_TYPE.items() if row.shapes), *TEXT_OF}))
         raise ValueError(f"{what} config model_type={mt!r} has no {purpose}; known: {known}")
     return mt
 
@@ -125,7 +126,7 @@ def require(cfg: dict, what: str = "target") -> None:
     """Every field the family needs is there and a positive integer; optional integer fields that are set
     are integers too (a string, a zero head count, a zero stride: one line naming the field)."""
     t = text_config(cfg)
-    for f in REQUIRED[FAMILIES[model_type(cfg, what)].kind]:
+    for f in REQUIRED[FAMILY_OF_MODEL_TYPE[model_type(cfg, what)].kind]:
         integer(_field(t, f, what), f"{what} config field {f}")
     for names, least in ((OPTIONAL_POSITIVE, 1), (OPTIONAL_COUNTS, 0)):
         for f in names:
@@ -368,7 +369,7 @@ def facts(cfg: dict, what: str = "target", purpose: str = "shape plan") -> Model
     mt = model_type(cfg, what, purpose)
     require(cfg, what)
     t = text_config(cfg)
-    fam = FAMILIES[mt].kind
+    fam = FAMILY_OF_MODEL_TYPE[mt].kind
     # The shape formulas model every attention layer as full (a sliding window caches K/V per token too).
     kinds = tuple(k if k == "linear_attention" else "full_attention" for k in layer_kinds(t))
     moe = _moe_layers(t, mt, fam)

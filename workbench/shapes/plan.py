@@ -164,7 +164,7 @@ def _meta_model(tcfg: dict, dtype):
     """(transformers config, causal LM built on the meta device) for a text config of a known family."""
     import transformers
 
-    row = families.FAMILIES[tcfg["model_type"]]
+    row = families.FAMILY_OF_MODEL_TYPE[tcfg["model_type"]]
     config_cls, model_cls = row.config_class, row.model_class
     keep = {k: v for k, v in tcfg.items() if not k.startswith("_") and k != "model_type"}
     conf = getattr(transformers, config_cls)(**keep)
