@@ -124,11 +124,10 @@ def test_dump_off_by_default_runs_nothing(engine, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the dump writer ran with dumping off")
 
-    monkeypatch.setattr(engine_dump.EngineDump, "cycle", boom)
-    monkeypatch.setattr(engine_dump.EngineDump, "draft_tap", boom)
-    monkeypatch.setattr(engine_dump.EngineDump, "__init__", boom)
+    for name in ("__init__", "on_begin", "on_draft_input", "on_committed", "on_record"):
+        monkeypatch.setattr(engine_dump.EngineDump, name, boom)
     s = engine.session(PROMPTS[2], policy=wb.DDTree(8), max_new_tokens=12)
-    assert s.dump is None and s._rows.draft.tap is None
+    assert s.dump is None and not s.hook_points  # no hook on the request: the cycle runs no hook code at all
     s.run()
     b = engine.batch_session(PROMPTS[:2], policy=wb.DFlash(), max_new_tokens=8)
     b.run()
@@ -199,3 +198,20 @@ def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
     if len(s.generated) == 20:  # the last step met the limit: vLLM cut its accepted path, and the record says so
         assert "reached max_new_tokens=20" in cycles[rid][-1]["notes"]
         assert all("max_new_tokens" not in r["notes"] for r in cycles[rid][:-1])
+
+
+def test_the_engine_imports_no_writer_and_refuses_dump_when_none_is_registered(engine, tmp_path, monkeypatch):
+    """The dump's writer reaches the engine through the session-observer registry (workbench.engine.observers),
+    registered by workbench.conform.engine_dump as it is imported; without it, dump= is refused in one line."""
+    from workbench.engine import observers
+
+    assert observers.observer("dump").attach is engine_dump.attach  # registered by `import workbench`
+    monkeypatch.setattr(observers, "OBSERVERS", {})
+    for start in (lambda: engine.session(PROMPTS[0], dump=tmp_path / "x.dump"),
+                  lambda: engine.batch_session(PROMPTS[:2], dump=tmp_path / "x.dump")):
+        with pytest.raises(ValueError) as e:
+            start()
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("dump= has no observer registered") and \
+            "workbench.conform.engine_dump" in msg, msg
+    assert not (tmp_path / "x.dump").exists()

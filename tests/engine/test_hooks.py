@@ -58,6 +58,12 @@ def test_hooks_observe_every_point_in_order_with_the_stage_outputs(engine, promp
     got = {name: v for name, v, _ in seen}
     depth = got["cycle.hook_begin"]
     assert depth == engine.models.block_size - 1 and list(got["cycle.hook_draft"].logprobs.shape)[:2] == [1, depth]
+    seen, m = got["cycle.hook_draft_input"], engine.models  # what the draft forward read: its block and new context
+    assert seen.block_tokens.tolist() == [c.root_token] + [m.mask_token_id] * (m.block_size - 1)
+    assert seen.block_positions.tolist() == list(range(c.start, c.start + m.block_size))
+    assert seen.context_positions.tolist() == list(range(s.cycles[0].start, c.start))
+    width = len(m.target_layer_ids) * m.target.config.hidden_size
+    assert list(seen.context_features.shape) == [c.start - s.cycles[0].start, width]
     tree = got["cycle.hook_tree"]
     assert torch.equal(tree.tokens[0], c.tokens) and torch.equal(tree.parents[0], c.parents)
     assert torch.equal(got["cycle.hook_compiled"].positions[0], c.position_ids)
@@ -316,6 +322,29 @@ def test_a_batch_sessions_hooks_see_each_request(engine, prompts):
         alone = engine.session(p, policy=pol, max_new_tokens=16)
         alone.run()
         assert s.tokens == alone.tokens
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_the_draft_input_point_hands_over_the_features_the_commit_gave_the_drafter(engine, prompts, static):
+    """The features at cycle.hook_draft_input are the tensor the drafter's forward read: the prompt's features
+    first, then each commit's features of its accepted nodes, row for row (static shapes too, where the
+    forward reads its own buffers and a long context goes in chunks)."""
+    s = engine.session(prompts[1], policy=wb.DDTree(6), max_new_tokens=24, static_shapes=static)
+    kept, seen = [], []
+    s.run_with_hooks(hooks=[("cycle.hook_committed", lambda v, h: kept.append(v)),
+                            ("cycle.hook_draft_input", lambda v, h: seen.append(v))])
+    assert seen[0].context_positions.tolist() == list(range(len(s.prompt_ids)))  # the prefill's rows
+    drafted = [v for v in seen if v is not None]  # the last cycle may draft nothing (its last token)
+    assert len(drafted) >= 3
+    for before, now, c in zip(kept, drafted[1:], s.cycles[1:]):
+        assert torch.equal(now.context_features, before.context[0])  # [L + 1, F]: the same values, not rebuilt
+        assert now.context_positions.tolist() == list(range(c.start - before.context.shape[1], c.start))
+    b = engine.batch_session(prompts[:2], policy=wb.DFlash(), max_new_tokens=10)
+    got = []
+    b.step(hooks=[("cycle.hook_draft_input", lambda v, h: got.append((h.row, v)))])
+    assert [r for r, _ in got] == [0, 1]
+    for (_, v), sess in zip(got, b.sessions):
+        assert v.context_positions.tolist() == list(range(len(sess.prompt_ids)))
 
 
 # ------------------------------------------------------------------------------------------------ the hot path

@@ -33,3 +33,7 @@ class CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = CallablePackage
+
+# The cycle dump's writer registers the session keyword ``dump`` (workbench.engine.observers) as it is imported:
+# the engine finds it there without importing this package (it sits a floor above the engine).
+from workbench.conform import engine_dump  # noqa: E402,F401

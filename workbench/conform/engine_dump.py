@@ -1,13 +1,17 @@
 """The workbench's own engine writes a cycle dump: ``engine.session(..., dump=PATH)`` / ``batch_session``.
 
-``attach(engine, requests, rows, path)`` opens the dump, writes each request's start and puts two taps on the
-running engine, which do nothing unless a dump is attached (``Request.dump`` and ``DraftKV.tap`` are None):
+``attach(engine, requests, rows, path)`` opens the dump, writes each request's start and hangs the writer on
+each request's hook points (``workbench.engine.hooks``); the engine imports nothing of it: this module
+registers the session keyword ``dump`` (``workbench.engine.observers``) when it is imported, and
+``import workbench`` imports it. What each record is read from:
 
-- the drafter state's tap (``DraftKV.tap``), run as each draft forward starts: each row's pending context
-  (how many committed rows it takes in, from which cache length) and its block, as that forward reads them;
-- the request's record (``Request.record`` -> ``EngineDump.cycle``): the rest from what the stages handed the
-  request (``CycleParts``: the tree the verify ran, the compiled positions and visibility it got, the target's
-  top-2 and choice, the accepted nodes handed to the state's compaction) and the target state's own length.
+- ``cycle.hook_begin``: a new engine step (row 0 opens it);
+- ``cycle.hook_draft_input``: what the drafter's forward was handed for the row (``models.base.DraftInput``:
+  its new context rows' features and positions, its block's tokens and positions), copied from the very
+  tensors the forward got;
+- ``cycle.hook_committed``: the nodes handed to the target state's compaction and the tokens committed;
+- ``cycle.hook_record``: the request's ``Cycle`` (the tree the verify ran, the compiled positions and
+  visibility it got, the target's top-2 and choice, the accepted path) and the target state's own length.
 
 One cycle record per request per engine step; the rows of one batched step share ``step``. Full logits are not
 held by a cycle record (the drafter's top-k and the target's top-2 are), so ``draft_logits`` /
@@ -18,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from workbench.conform.dump import DumpWriter, make_header
+from workbench.conform.dump import DumpWriter, check_dump_path, make_header
 from workbench.conform.fingerprint import pair_fingerprint
 from workbench.engine.loading import model_ref
-from workbench.records.build import CycleParts
+from workbench.engine.observers import register_observer
 from workbench.records.cycle import Cycle
 
 
@@ -55,13 +59,14 @@ def cycle_fields(c: Cycle) -> dict:
 
 
 class EngineDump:
-    """One dump written by one ``Session`` or ``BatchSession`` (its requests share the file)."""
+    """One dump written by one ``Session`` or ``BatchSession`` (its requests share the file), from hooks on each
+    request's hook points: nothing of it runs in a cycle without a dump."""
 
     def __init__(self, engine, requests: list, rows, path, replace: bool = False):
         from workbench.version import __version__
 
         m = engine.models
-        self.models, self.rows, self.requests = m, rows, list(requests)
+        self.models, self.requests = m, list(requests)
         self.ids = {id(r): str(i) for i, r in enumerate(self.requests)}
         labels = {str(r.policy) for r in self.requests}
         first = self.requests[0]
@@ -74,60 +79,65 @@ class EngineDump:
             topk={"draft": first.record_topk, "target": 2}, batch=len(self.requests))
         self.writer = DumpWriter(path, header, replace)
         self.step = -1
-        self._times = None  # the stage-time dict of the step being recorded: every row of one step shares it
-        self._row = 0
-        self._drafts: list | None = None  # per row of the next step: (root, start, context rows, cache rows, static)
-        self._step_drafts: list | None = None  # the same, of the step being recorded
+        self._new_step = False  # a cycle began: its first record opens a new step (a cycle that raised writes none)
+        self._inputs: list = []  # per row of the running cycle: its DraftInput (None: no draft forward)
+        self._committed: list = []  # per row of the running cycle: its stages.Committed
+        self._off: list = []  # removers of the hooks this dump put on its requests
         for r in self.requests:
             s = r.sampling
             self.writer.request(self.ids[id(r)], prompt_ids=torch.tensor(r.prompt_ids), first_token=r.generated[0],
                                 policy=str(r.policy), temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                 seed=r.seed, max_new_tokens=r.max_new_tokens)
-            r.dump = self
-        rows.draft.tap = self.draft_tap
+            for point, fn in (("cycle.hook_begin", self.on_begin), ("cycle.hook_draft_input", self.on_draft_input),
+                              ("cycle.hook_committed", self.on_committed), ("cycle.hook_record", self.on_record)):
+                self._off.append(r.hook_points.add(point, fn))
 
     @property
     def path(self):
         return self.writer.path
 
-    def draft_tap(self, state, roots: list[int], starts: list[int]) -> None:
-        """As a draft forward starts: each row's pending context length and its cache length (the static path
-        places context row j at cache length + j, the dynamic ones at start - context + j)."""
-        self._drafts = [(r, s, int(c.shape[1]), int(L), state.static is not None)
-                        for r, s, c, L in zip(roots, starts, state.context, state.cache.lengths)]
+    # ---- the hooks (each row of a cycle calls each in turn; row 0 first)
+    def on_begin(self, depth, hook) -> None:
+        if hook.row == 0:
+            self._new_step = True
+            self._inputs, self._committed = [None] * hook.batch, [None] * hook.batch
 
-    def cycle(self, request, parts: CycleParts, cyc: Cycle) -> None:
+    def on_draft_input(self, seen, hook) -> None:
+        """What the drafter's forward was handed for this row (its context rows and block), or None."""
+        self._inputs[hook.row] = seen
+
+    def on_committed(self, committed, hook) -> None:
+        self._committed[hook.row] = committed
+
+    def on_record(self, cyc: Cycle, hook) -> None:
         """The request's record of the step just committed."""
-        if parts.times is not self._times:  # a new step (its rows are recorded one after another)
-            self._times, self.step, self._row = parts.times, self.step + 1, 0
-            self._step_drafts, self._drafts = self._drafts, None
-        row, self._row = self._row, self._row + 1
+        if self._new_step:  # every row of one step shares its number
+            self.step, self._new_step = self.step + 1, False
         if self.writer.closed:
             try:
                 self.writer.reopen()
             except ValueError as e:  # the file is another run's now: raising here would cut the step short
                 self.detach(str(e))
                 return
-        f = self._fields(request, parts, cyc, row)
-        self.writer.cycle(self.ids[id(request)], self.step, **f)
+        f = self._fields(hook.request, cyc, hook)
+        self.writer.cycle(self.ids[id(hook.request)], self.step, **f)
         if all(r.finished for r in self.requests):
             self.writer.close()
 
-    def _fields(self, request, parts: CycleParts, c: Cycle, row: int) -> dict:
-        m = self.models
-        drafts = self._step_drafts
-        f = {"row": row, "rows": self.rows.rows, **cycle_fields(c)}  # rows: retired only after the records
-        if drafts is not None:  # the forward ran for every row (one that keeps no slot this step too)
-            root, start, ctx, cache_len, static = drafts[row]
-            first = cache_len if static else start - ctx
+    def _fields(self, request, c: Cycle, hook) -> dict:
+        row = hook.row
+        f = {"row": row, "rows": hook.batch, **cycle_fields(c)}
+        seen = self._inputs[row]
+        if seen is not None:  # the forward ran for every row (one that keeps no slot this step too)
+            ctx = int(seen.context_positions.shape[0])
             seq = request.prompt_ids + request.generated
             f.update(draft_context_tokens=torch.tensor(seq[c.start - ctx : c.start], dtype=torch.long),
-                     draft_context_positions=torch.arange(first, first + ctx),
-                     draft_block_tokens=torch.tensor([root] + [m.mask_token_id] * (m.block_size - 1)),
-                     draft_block_positions=torch.arange(start, start + m.block_size))
-        f.update(committed_tokens=torch.tensor(parts.committed.tokens[: parts.kept], dtype=torch.long),
-                 kv_kept_nodes=parts.committed.nodes)
-        lengths = getattr(self.rows.target, "lengths", None)
+                     draft_context_positions=seen.context_positions, draft_block_tokens=seen.block_tokens,
+                     draft_block_positions=seen.block_positions)
+        committed = self._committed[row]
+        f.update(committed_tokens=torch.tensor(committed.tokens[: c.committed], dtype=torch.long),
+                 kv_kept_nodes=committed.nodes)
+        lengths = getattr(hook.rows.target, "lengths", None)
         if lengths is not None and row < len(lengths):
             f["next_context_len"] = int(lengths[row])
         return f
@@ -140,20 +150,30 @@ class EngineDump:
         """Stop dumping these requests, and say so (a warning naming why): the run goes on undumped."""
         import warnings
 
+        for off in self._off:
+            off()
+        self._off = []
         for r in self.requests:
-            if r.dump is self:
-                r.dump = None
-        if self.rows.draft.tap == self.draft_tap:
-            self.rows.draft.tap = None
+            if r.observers.get(OBSERVER) is self:
+                del r.observers[OBSERVER]
         warnings.warn(f"{why}; this session's further cycles are not dumped", stacklevel=3)
 
     def __repr__(self) -> str:
         return f"EngineDump({str(self.path)!r}, {self.step + 1} steps, {self.writer.records} records)"
 
 
+def check(path, replace: bool = False) -> None:
+    """``session(..., dump=PATH)`` before the prefill: a path a dump can be written to (one-line ValueError)."""
+    check_dump_path(path, replace)
+
+
 def attach(engine, requests: list, rows, path, replace: bool = False) -> EngineDump:
     """Dump ``requests`` (a session's one, or a batch's, already prefilled) stepped over ``rows`` to ``path``
     (``replace``: overwrite an existing file; docs/dump-format.md)."""
-    if rows.draft.tap is not None:
-        raise ValueError("these rows already write a dump; one dump per session or batch")
+    if any(OBSERVER in r.observers for r in requests):
+        raise ValueError("these requests already write a dump; one dump per session or batch")
     return EngineDump(engine, requests, rows, path, replace)
+
+
+OBSERVER = "dump"  # the session keyword: engine.session(..., dump=PATH); registered on import
+register_observer(OBSERVER, check, attach)

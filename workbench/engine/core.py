@@ -6,7 +6,7 @@ import os
 import torch
 
 from ddtree_kernels import check_backend
-from workbench.engine import validate
+from workbench.engine import observers, validate
 from workbench.engine.batch import BatchSession
 from workbench.records.cycle import Trace
 from workbench.engine.loading import PACKAGE_PREFIX, Models, load_models, model_ref
@@ -129,19 +129,15 @@ class Engine(BaseEngine):
         if dump is None and dump_replace is not False:
             raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
-            from workbench.conform.dump import check_dump_path
-
             if driver is not None:
                 raise ValueError("dump= writes a session stepped by its own driver; a scheduler's sessions are not dumped")
-            check_dump_path(dump, dump_replace)
+            observers.observer("dump").check(dump, replace=dump_replace)  # the path, before the prefill
         s = Session(self, encoded, as_policy(policy),
                     Sampling(temperature, top_p, top_k), seed, max_new_tokens,
                     kernel_backend or self.kernel_backend, record_topk, capture, driver=driver,
                     static_shapes=bool(static_shapes) or self.graphs is not None)
-        if dump is not None:
-            from workbench.conform.engine_dump import attach
-
-            attach(self, [s], s._rows, dump, dump_replace)
+        if dump is not None:  # the writer hangs on the request's hook points (workbench.conform.engine_dump)
+            observers.attach("dump", self, [s], s._rows, dump, replace=dump_replace)
         return s
 
     def batch_session(self, prompts: list[str] | None = None, policy=DDTree(32), *, messages=None,
@@ -161,14 +157,10 @@ class Engine(BaseEngine):
         if dump is None and dump_replace is not False:
             raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
-            from workbench.conform.dump import check_dump_path
-
-            check_dump_path(dump, dump_replace)
+            observers.observer("dump").check(dump, replace=dump_replace)
         b = BatchSession(self, prompts, policy, **kw)
         if dump is not None:
-            from workbench.conform.engine_dump import attach
-
-            attach(self, b.sessions, b._rows, dump, dump_replace)
+            observers.attach("dump", self, b.sessions, b._rows, dump, replace=dump_replace)
         return b
 
     def replay(self, trace: Trace, **kw) -> Session:

@@ -28,6 +28,9 @@ POINTS: dict[str, str] = {
     "prefill.hook_begin": "the prompt ids (list[int]), before the target's EXTEND forward",
     "prefill.hook_end": "None, or the exception the prefill raised (it propagates after the hooks)",
     "cycle.hook_begin": "the slots this row drafts (int, 0: none), before the draft forward",
+    "cycle.hook_draft_input": "what the draft forward was handed for this row (models.base.DraftInput: context "
+                              "features [c, F], context positions [c], block tokens and positions [Bk]; copies, "
+                              "made only while such a hook is on), or None (no draft forward)",
     "cycle.hook_draft": "the drafter's output (stages.Draft: logprobs [1, D, V], record), or None (no draft)",
     "cycle.hook_tree": "the tree to verify (ddtree_kernels.Tree, fields [1, n]); replaceable",
     "cycle.hook_compiled": "the compiled tree (ddtree_kernels.CompiledTree: positions [1, n], visibility [1, n, n])",

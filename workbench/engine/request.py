@@ -80,7 +80,9 @@ class Request(SessionState):
         self.seed = seed  # validated and applied to the generator by the setter
         self.generated: list[int] = []
         self.finish_reason: str | None = None
-        self.dump = None  # a workbench.conform.engine_dump.EngineDump writing this request's cycles, or None
+        # What session keywords attached to this request, by name (workbench.engine.observers): e.g. "dump",
+        # the cycle dump's writer on its hook points. The cycle never reads this.
+        self.observers: dict[str, object] = {}
         # Every setting that changes results, as the session starts; a later change is appended to
         # meta["changes"] with the cycle it applies from (``Trace.note_change``), so ``replay`` re-runs it.
         self.trace = Trace(meta={
@@ -120,6 +122,12 @@ class Request(SessionState):
         self._capture, self._capture_off = cap, ()
         if cap is not None:
             self._capture_off = tuple(self.hook_points.add(name, fn) for name, fn in capture_hooks(cap))
+
+    @property
+    def dump(self):
+        """The cycle dump writing this request's cycles (``session(..., dump=PATH)``; its ``close()`` writes the
+        end line now), or None."""
+        return self.observers.get("dump")
 
     @contextmanager
     def hooks(self, *hooks):
@@ -255,8 +263,6 @@ class Request(SessionState):
         """This request's record of the cycle just committed, appended to its trace."""
         cyc = cycle_record(len(self.trace.cycles), parts, self.record_topk, self.sampling)
         self.trace.append(cyc)
-        if self.dump is not None:
-            self.dump.cycle(self, parts, cyc)
         return cyc
 
 

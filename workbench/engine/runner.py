@@ -183,10 +183,11 @@ class Rows:
             hooks.observe("cycle.hook_begin", max_depths)
         sw.start("draft")
         drafted = [None] * len(reqs)
-        if any(uses):
-            drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
         if hooks is not None:
+            drafted = self._draft_hooked(hooks, roots, starts, depths, uses)
             hooks.observe("cycle.hook_draft", drafted)
+        elif any(uses):
+            drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
         sw.start("tree_build")
         trees = [stages.tree_build(p, d, r, m.device, sync_free=self.static_shapes)
                  for p, d, r in zip(policies, drafted, roots)]
@@ -234,6 +235,21 @@ class Rows:
         draft_rec = next((d.record for d in drafted if d is not None), None)
         forwards = tuple(r for r in (draft_rec, verified.record) if r is not None)
         return cycles, layout, forwards, sw
+
+    def _draft_hooked(self, hooks: CycleHooks, roots: list[int], starts: list[int], depths: list[int],
+                      uses: list[bool]) -> list:
+        """The draft of a cycle with hooks: the drafter's state copies what its forward is handed only when a
+        ``cycle.hook_draft_input`` hook will read it, and those hooks see each row's copy (None: no forward)."""
+        inputs = [None] * len(roots)
+        drafted = [None] * len(roots)
+        if any(uses):
+            def observe(seen: list) -> None:
+                inputs[:] = seen
+
+            drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)],
+                                   observe if hooks.has("cycle.hook_draft_input") else None)
+        hooks.observe("cycle.hook_draft_input", inputs)
+        return drafted
 
     def _hook_choices(self, hooks: CycleHooks, layout: TreeLayout, verified):
         """Each row's choices [1, n] through its cycle.hook_choices hooks; a replacement is checked and put in."""

@@ -107,6 +107,19 @@ class TargetState(Protocol):
         """Bytes of committed state held for all rows now."""
 
 
+@dataclass(frozen=True)
+class DraftInput:
+    """What one row's draft forward was handed, read from the very tensors the forward got (copies): its new
+    context rows (the target features of committed positions not yet in the drafter's cache) and its block.
+    Given to ``DraftState.draft``'s ``observe`` (the ``cycle.hook_draft_input`` hook point), never built
+    otherwise. A context that went in several forwards (static shapes: block-sized chunks) is joined."""
+
+    context_features: Tensor  # [c, F]: F = len(target_layer_ids) * hidden, the target's layers side by side
+    context_positions: Tensor  # int64 [c]: the positions the forward gave those rows
+    block_tokens: Tensor  # int64 [Bk]: the root, then the mask token in every slot
+    block_positions: Tensor  # int64 [Bk]
+
+
 @runtime_checkable
 class DraftState(Protocol):
     """The drafter's state over B >= 1 rows, beside the target's (``TargetState``): its own K/V of the
@@ -115,8 +128,7 @@ class DraftState(Protocol):
     features.
 
     Declares ``supports_static_shapes``, ``graphs``, ``capture`` and ``kernel_backend`` as ``TargetState``
-    does (the drafter's forward runs no kernel of its own: "torch"), and ``tap`` (None, or
-    ``tap(state, roots, starts)`` called before each draft: a cycle dump reads the pending context).
+    does (the drafter's forward runs no kernel of its own: "torch").
     """
 
     lengths: list[int]
@@ -124,7 +136,6 @@ class DraftState(Protocol):
     kernel_backend: str
     graphs: object | None
     capture: object | None
-    tap: object | None
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on (as ``TargetState.preallocate``)."""
@@ -135,9 +146,11 @@ class DraftState(Protocol):
     def add_context(self, features: list[Tensor | None]) -> None:
         """Append each row's newly committed features [1, k_b, F] (None: none) to its pending context."""
 
-    def draft(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+    def draft(self, roots: list[int], starts: list[int], observe=None) -> tuple[Tensor, ForwardRecord]:
         """One block forward for every row: [root, MASK x (block - 1)] at positions [start, start + block).
-        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b])."""
+        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b]).
+        ``observe``: None, or a callable given one ``DraftInput`` per row after the forward (copies of what it
+        read); only the ``cycle.hook_draft_input`` hook point passes one."""
 
     def crop(self, lengths: list[int]) -> None:
         """Roll every row back to at most ``lengths[b]`` cached tokens."""

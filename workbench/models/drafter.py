@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from workbench.models.base import DraftInput
 from workbench.models.held_hooks import HeldHooks
 from workbench.models.kv_buffers import KVBuffers, StaticInputs, kv_specs
 from workbench.models.masks import additive
@@ -61,7 +62,7 @@ class DraftKV:
         self.static: StaticInputs | None = None
         self._static_bufs: dict = {}
         self.graphs = None  # a workbench.engine.graphs.Graphs: the static draft captured and replayed
-        self.tap = None  # callable(state, roots, starts) before each draft: a cycle dump (workbench.conform)
+        self._seen: list | None = None  # while an observed draft runs: per row, the pieces its forwards read
         self.kernel_backend = "torch"  # the drafter's forward runs no kernel of its own
         self._hooks: Callable[[], None] | None = None  # releases MASK_HOOKS (held from the first mixed-mask draft)
 
@@ -87,28 +88,54 @@ class DraftKV:
         """Append each row's newly committed features [1, k_b, F] to its pending context."""
         self.context = [c if f is None else torch.cat([c, f], dim=1) for c, f in zip(self.context, features)]
 
-    def draft(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+    def draft(self, roots: list[int], starts: list[int], observe=None) -> tuple[Tensor, ForwardRecord]:
         """One block forward for every row: [root, MASK x (block - 1)] at positions [start, start + block).
-        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b])."""
-        m = self.models
-        dev, Bk = m.device, m.block_size
-        B = len(roots)
-        if self.tap is not None:  # a dump reads the pending context this forward takes in (None: costs one test)
-            self.tap(self, roots, starts)
-        if self.static is not None:
-            logits, rec = self._draft_static(roots, starts)
-        elif B == 1:
-            block = torch.full((1, Bk), m.mask_token_id, dtype=torch.long, device=dev)
-            block[0, 0] = roots[0]
-            ctx = self.context[0]
-            positions = torch.arange(starts[0] - ctx.shape[1], starts[0] + Bk, device=dev)[None]
-            logits, rec = run_draft(m.draft, m.target, block, positions, ctx, self.cache, self.capture)
-        else:
-            logits, rec = self._draft_rows(roots, starts)
+        -> (logits [B, block - 1, V], record). Afterwards row b's cache holds exactly [0, starts[b]).
+        ``observe``: None, or a callable given each row's ``DraftInput`` after the forward (copies of the
+        tensors it was handed: the ``cycle.hook_draft_input`` hook point)."""
+        if observe is not None:  # each forward path notes what it hands over (None: one test per forward)
+            self._seen = [{"features": [], "positions": [], "block": None} for _ in roots]
+        try:
+            logits, rec = self._draft(roots, starts)
+            if observe is not None:
+                observe(self._observed())
+        finally:
+            self._seen = None
         # The block's own K/V must not stay: next cycle's block sits at other positions.
         self.cache.set_lengths(starts)
         self.context = [c[:, :0] for c in self.context]
         return logits, rec
+
+    def _draft(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
+        """The forward(s) of ``draft``: static shapes, one row, or several rows padded."""
+        m = self.models
+        dev, Bk = m.device, m.block_size
+        B = len(roots)
+        if self.static is not None:
+            return self._draft_static(roots, starts)
+        if B == 1:
+            block = torch.full((1, Bk), m.mask_token_id, dtype=torch.long, device=dev)
+            block[0, 0] = roots[0]
+            ctx = self.context[0]
+            positions = torch.arange(starts[0] - ctx.shape[1], starts[0] + Bk, device=dev)[None]
+            if self._seen is not None:
+                self._note(block, positions, ctx, [ctx.shape[1]], ctx.shape[1])
+            return run_draft(m.draft, m.target, block, positions, ctx, self.cache, self.capture)
+        return self._draft_rows(roots, starts)
+
+    def _note(self, block: Tensor, positions: Tensor, ctx: Tensor, real: list[int], slots: int) -> None:
+        """What one forward is handed, per row: its ``real[b]`` context rows (of ``slots``; the rest padding),
+        their positions, its block and the block's positions. block [B, Bk]; positions [B, slots + Bk];
+        ctx [B, slots, F]. Copies: the static path reuses its buffers."""
+        for b, seen in enumerate(self._seen):
+            seen["features"].append(ctx[b, : real[b]].clone())
+            seen["positions"].append(positions[b, : real[b]].clone())
+            seen["block"] = (block[b].clone(), positions[b, slots:].clone())
+
+    def _observed(self) -> list:
+        """Each row's ``DraftInput``, its context joined over the forwards that took it in."""
+        return [DraftInput(torch.cat(s["features"]), torch.cat(s["positions"]).long(), s["block"][0].long(),
+                           s["block"][1].long()) for s in self._seen]
 
     def _draft_rows(self, roots: list[int], starts: list[int]) -> tuple[Tensor, ForwardRecord]:
         m = self.models
@@ -136,6 +163,8 @@ class DraftKV:
         if len(masks) > 1:  # layers differ: each takes its own from the cache (see _swap_layer_mask)
             self._install_hooks()
             self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
+        if self._seen is not None:
+            self._note(block, pos, ctx, ctx_lens, M)
         try:
             return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
         finally:
@@ -212,6 +241,8 @@ class DraftKV:
         for kind, vis in self._visible(L, mlen, s0, bufs["col"], C).items():
             torch.where(vis, zero, hidden, out=bufs["masks"][kind])
         masks = bufs["masks"]
+        if self._seen is not None:  # a chunk's block is overwritten by the next forward's: the last one stays
+            self._note(bufs["block"], pos, bufs["ctx"], [c.shape[1] for c in ctx], C)
         if len(masks) > 1:
             self._install_hooks()
             self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
