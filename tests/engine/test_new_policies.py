@@ -1,6 +1,7 @@
-"""The calibrated tree policies (PathTree, CostTree, CutTree): lossless on both embedded pairs at batch 1 and 8,
-reachable by every spelling, refused in one line on bad calibration input before any decode, the per-cycle
-budget shrinking with the batch under the cost model, and the cut keeping fewer nodes as its threshold rises."""
+"""The calibrated tree policies (PathTree, CostTree, CutTree, PairTree, PairChain): lossless on both embedded pairs
+at batch 1 and 8, reachable by every spelling, refused in one line on bad calibration input (another pair's,
+too thin, a head made with another tokenizer) before any decode, the per-cycle budget shrinking with the batch
+under the cost model, the cut keeping fewer nodes as its threshold rises, the head's chain a Viterbi path."""
 from __future__ import annotations
 
 import json
@@ -13,15 +14,18 @@ import workbench as wb
 from ddtree_kernels import validate_tree
 from ddtree_kernels.tree_build import top_slots
 from workbench.bench.policy_bench import first_difference
-from workbench.engine.policies import CostTree, CutTree, PathTree, from_wire, parse_policy, registered, to_wire
+from workbench.engine.policies import (CostTree, CutTree, PairChain, PairTree, PathTree, from_wire, parse_policy,
+                                       registered, to_wire)
 from workbench.engine.policies.calibration import MIN_CYCLES, SHIPPED, CalibrationError, load
 from workbench.engine.policies.cost_tree import budget_for
 from workbench.engine.policies.cut_tree import kept_nodes
+from workbench.engine.policies.pair_chain import best_chain
 from workbench.engine.stages.draft import Draft
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.serve import wire
 
-NEW = [PathTree(16), CostTree(32), CutTree(16), CutTree(15, width=1), CutTree(16, threshold=0.5)]
+NEW = [PathTree(16), CostTree(32), CutTree(16), CutTree(15, width=1), CutTree(16, threshold=0.5), PairTree(16),
+       PairChain(8)]
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +35,13 @@ def hybrid():
 
 # ------------------------------------------------------------------------------------------ spellings
 def test_every_spelling_round_trips_and_the_registry_lists_them():
-    assert {"path", "costed", "cut"} <= set(registered())
+    assert {"path", "costed", "cut", "pairtree", "pairchain"} <= set(registered())
     for p in NEW + [PathTree(8, calibration="hybrid"), CutTree(4, threshold=0.25, width=2, calibration="dense")]:
         assert parse_policy(str(p)) == p and parse_policy(repr(p)) == p, p
         assert from_wire(to_wire(p)) == p
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
     assert parse_policy("path:24") == PathTree(24) and parse_policy("costed:48") == CostTree(48)
+    assert parse_policy("pairtree:24") == PairTree(24) and parse_policy("pairchain:4") == PairChain(4)
     assert parse_policy("cut:12:0.3") == CutTree(12, threshold=0.3) == parse_policy("CutTree(12, threshold=0.3)")
     assert "path:N" in wb.engine.policies.usages() and "cut:N:T" in wb.engine.policies.usages()
     from workbench.engine.validate import policy_list
@@ -82,14 +87,17 @@ def test_greedy_equals_ar_dense_batch_1(engine, eval_prompts):
     greedy_equals_ar(engine, [it["prompt"] for it in eval_prompts[:2]], NEW, 32, batch=False)
 
 
+@pytest.mark.slow  # a few seconds on an idle machine, minutes on a loaded one
 def test_greedy_equals_ar_dense_batch_8(engine, eval_prompts):
     greedy_equals_ar(engine, [it["prompt"] for it in eval_prompts[:8]], NEW, 24, batch=True)
 
 
+@pytest.mark.slow  # a few seconds on an idle machine, minutes on a loaded one
 def test_greedy_equals_ar_hybrid_batch_1(hybrid, eval_prompts):
     greedy_equals_ar(hybrid, [it["prompt"] for it in eval_prompts[2:4]], NEW, 24, batch=False)
 
 
+@pytest.mark.slow  # a few seconds on an idle machine, minutes on a loaded one
 def test_greedy_equals_ar_hybrid_batch_8(hybrid, eval_prompts):
     greedy_equals_ar(hybrid, [it["prompt"] for it in eval_prompts[:8]], NEW, 16, batch=True)
 
@@ -224,3 +232,58 @@ def test_the_path_tree_scores_are_path_estimates(engine):
     assert bool((t.score[0, 1:].diff() <= 1e-12).all())  # best-first: scores never rise in node order
     top = top_slots(d.logprobs, 16)[1][0]  # the node tokens are the drafter's candidates at their ranks
     assert all(int(top[int(t.depth[0, i]) - 1, int(t.rank[0, i])]) == int(t.tokens[0, i]) for i in range(1, t.n))
+
+
+# ------------------------------------------------------------------------------------------ the pair head
+def test_a_head_made_with_another_tokenizer_is_refused_before_any_decode(engine, tmp_path):
+    import numpy as np
+
+    from workbench.engine.policies.pair_head import load_head
+
+    head = load_head(SHIPPED["dense"].parent / "pair_head.npz")
+    meta = dict(head.meta, tokenizer="0000000000000000")
+    np.savez(tmp_path / "pair_head.npz", meta=np.array(json.dumps(meta)), succ_ids=head.succ_ids,
+             succ_logp=head.succ_logp, backoff_logp=head.backoff_logp)
+    from workbench.engine.policies.calibration import file_sha256
+
+    path = doctored(tmp_path, lambda d: d["pair_head"].update(file="pair_head.npz",
+                                                               sha256=file_sha256(tmp_path / "pair_head.npz")))
+    for policy in (PairTree(8, calibration=path), PairChain(4, calibration=path)):
+        with pytest.raises(CalibrationError, match="does not match this drafter's tokens: its tokenizer is "
+                                                   "0000000000000000") as e:
+            engine.session("def f():\n    ", policy=policy, max_new_tokens=8)
+        assert "\n" not in str(e.value)
+    changed = doctored(tmp_path, lambda d: d["pair_head"].update(file="pair_head.npz"), name="changed.json")
+    with pytest.raises(CalibrationError, match="changed since calibration"):
+        engine.session("x", policy=PairTree(8, calibration=changed), max_new_tokens=4)
+    none = doctored(tmp_path, lambda d: d.update(pair_head=None), name="none.json")
+    with pytest.raises(CalibrationError, match="holds no pair head"):
+        engine.session("x", policy=PairChain(4, calibration=none), max_new_tokens=4)
+
+
+def test_the_pair_chain_is_the_viterbi_path():
+    g = torch.Generator().manual_seed(0)
+    inc = -torch.rand(2, 5, 3, 3, generator=g, dtype=torch.float64) * 2
+    inc[:, 0] = inc[:, 0, :, :1]  # slot 0 does not depend on a previous candidate
+    ranks, score = best_chain(inc)
+    import itertools
+
+    for b in range(2):
+        best = max(itertools.product(range(3), repeat=5),
+                   key=lambda r: sum(float(inc[b, d, r[d], r[d - 1] if d else 0]) for d in range(5)))
+        assert ranks[b].tolist() == list(best)
+        assert score[b, -1].item() == pytest.approx(sum(float(inc[b, d, best[d], best[d - 1] if d else 0]) for d in range(5)))
+
+
+def test_with_beta_zero_the_head_changes_nothing(engine):
+    """beta 0: each candidate keeps the drafter's own probability, so PairChain is DFlash's chain cut to its
+    width's candidates and its first choice per slot is the argmax."""
+    from workbench.engine.policies.pair_head import conditioned_increments, load_head
+
+    head = load_head(SHIPPED["dense"].parent / "pair_head.npz")
+    d = drafted_for(engine, 1)
+    v, i = top_slots(d.logprobs, 4)
+    inc = conditioned_increments(head, v, i, torch.tensor([3]), 0.0)
+    assert torch.allclose(inc, v.double()[..., None].expand_as(inc))
+    ranks, _ = best_chain(inc)
+    assert ranks.tolist() == [[0] * d.logprobs.shape[1]]

@@ -17,7 +17,8 @@ from workbench.serve import wire
 EVERY = [wb.AR(), wb.DFlash(), wb.DDTree(8), wb.DDTree(16, width=1), wb.EagleTree(2, 3, 6), wb.Spine(0), wb.Spine(3)]
 # Calibrated on one pair (its shipped calibration): the tiny random pairs below have none, so these run on the
 # embedded pairs (tests/engine/test_new_policies.py: lossless, static nodes, refusals).
-CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.CutTree(7, width=1)]
+CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.CutTree(7, width=1), wb.PairTree(8),
+              wb.PairChain(4)]
 
 
 def test_every_servable_policy_round_trips_text_and_wire():
@@ -168,4 +169,5 @@ def test_nothing_outside_the_policies_package_tells_policies_apart_by_type():
                 if consts & names:
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == [], f"policies told apart by type outside the registry: {found}"
-    assert {"AR", "DFlash", "DDTree", "Spine", "EagleTree", "PathTree", "CostTree", "CutTree"} <= names  # real names
+    assert {"AR", "DFlash", "DDTree", "Spine", "EagleTree", "PathTree", "CostTree", "CutTree", "PairTree",
+            "PairChain"} <= names  # the scan looks for the real names

@@ -1,4 +1,5 @@
-"""Choosing CutTree's threshold on the calibration cycles, and the offline figures beside it.
+"""Choosing CutTree's threshold and the pair head's beta on the calibration cycles, and the offline figures
+beside them.
 
 For every calibration cycle the path-conditioned tree is built exactly as the policy builds it (the fitted
 model's increments, ``ddtree_kernels.path_tree``), and the target's recorded ranks say which of its nodes the
@@ -16,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ddtree_kernels.path_tree import path_tree_heap
+from ddtree_kernels.path_tree import STATES, path_tree_heap, rank_class
 from workbench.calibrate.collect import Cycles
 from workbench.engine.policies.cost_tree import budget_for
 from workbench.engine.policies.cut_tree import kept_nodes
+from workbench.engine.policies.pair_chain import best_chain
+from workbench.engine.policies.pair_head import conditioned_increments
 from workbench.engine.policies.path_model import PathModel
 from workbench.engine.policies.step_cost import StepCost
 
@@ -44,17 +47,7 @@ def replayed(cyc: Cycles, model: PathModel | None, budget: int, width: int | Non
         inc = model.log_q(top) if model is not None else top.double()[..., None].expand(1, D, k, 3)
         ids = torch.arange(k).expand(1, D, k)  # token = rank: the walk below reads ranks
         t = path_tree_heap(inc, ids, torch.zeros(1, dtype=torch.long), budget)
-        par, rank = t.parents[0].tolist(), t.rank[0].tolist()
-        children = {}
-        for i in range(1, len(par)):
-            children[(par[i], rank[i])] = i
-        path, node = [], 0
-        for d in range(D):
-            nxt = children.get((node, int(cyc.ranks[c, d])))
-            if nxt is None:
-                break
-            path.append(nxt)
-            node = nxt
+        path = accepted_path(t.parents[0].tolist(), t.rank[0].tolist(), cyc.ranks[c], D)
         out.append((t.score[0, 1:].numpy(), np.array(path, dtype=np.int64)))
     return out
 
@@ -114,3 +107,73 @@ def summary(figures: dict) -> str:
         lines.append(f"batch {rows}, replayed tokens/ms: " + "; ".join(parts))
     return "\n".join(lines)
 
+
+
+# ------------------------------------------------------------------------------------------ the pair head's beta
+BETAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
+PAIR_BUDGET, PAIR_WIDTH = 16, 8  # PairTree(16) and PairChain(8), the shapes beta is chosen on
+
+
+def pair_replay(cyc: Cycles, head, beta: float) -> dict:
+    """Mean committed tokens per cycle (tau) of PairTree(16) and PairChain(8) replayed on the cycles."""
+    tree_tok, chain_tok = [], []
+    for c in range(cyc.topv.shape[0]):
+        D = int(np.isfinite(cyc.topv[c, :, 0]).sum())
+        if D == 0:
+            continue
+        k = min(PAIR_BUDGET, cyc.K)
+        topv = torch.from_numpy(cyc.topv[c : c + 1, :D, :k].astype(np.float32))
+        topi = torch.from_numpy(cyc.topi[c : c + 1, :D, :k])
+        root = torch.tensor([int(cyc.path[c, 0])])
+        inc = conditioned_increments(head, topv, topi, root, beta)  # [1, D, k, k]
+        t = path_tree_heap(inc, topi, root, PAIR_BUDGET, rank_class, 0)
+        tree_tok.append(1 + len(accepted_path(t.parents[0].tolist(), t.rank[0].tolist(), cyc.ranks[c], D)))
+        w = min(PAIR_WIDTH, k)
+        ranks, _ = best_chain(inc[:, :, :w, :w])
+        r = ranks[0].tolist()
+        n = 0
+        while n < D and r[n] == int(cyc.ranks[c, n]):
+            n += 1
+        chain_tok.append(1 + n)
+    return {"PairTree(16) tau": float(np.mean(tree_tok)), "PairChain(8) tau": float(np.mean(chain_tok))}
+
+
+def accepted_path(parents: list, ranks: list, target_ranks: np.ndarray, D: int) -> list:
+    """Node indices of the path the target accepts: from the root, the child whose rank is the target's."""
+    children = {(parents[i], ranks[i]): i for i in range(1, len(parents))}
+    path, node = [], 0
+    for d in range(D):
+        nxt = children.get((node, int(target_ranks[d])))
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path
+
+
+def next_top1(cyc: Cycles, head, beta: float) -> dict:
+    """Share of slots whose target token is the top candidate after rescoring with the target's own previous
+    token, by the path state above the slot (the measurement behind the head: the branching table's rates)."""
+    from workbench.calibrate.fit import path_states
+
+    K = cyc.K
+    topv = torch.from_numpy(np.where(np.isfinite(cyc.topv), cyc.topv, -1e9).astype(np.float32))
+    topi = torch.from_numpy(cyc.topi.clip(min=0))
+    prev = torch.from_numpy(cyc.path[:, :-1].clip(min=0))  # [C, D]: the target's token before each slot
+    best = head.rescored(topv, topi, prev, beta).argmax(-1).numpy()  # [C, D]
+    state, usable = path_states(cyc.ranks, K)
+    out = {}
+    for s, name in enumerate(STATES):
+        at = usable & (state == s)
+        out[name] = {"slots": int(at.sum()), "top1": float(np.mean(best[at] == cyc.ranks[at])) if at.any() else None}
+    return out
+
+
+def choose_beta(cyc: Cycles, head) -> tuple[float, dict]:
+    """The beta with the most replayed tokens per cycle for PairTree(16) (ties: the smaller), and the figures:
+    every beta's replayed tau of PairTree(16) and PairChain(8), and the next-token top-1 rates by path state
+    without the head (beta 0) and with the chosen beta."""
+    by_beta = {str(b): pair_replay(cyc, head, b) for b in BETAS}
+    beta = max(BETAS, key=lambda b: (by_beta[str(b)]["PairTree(16) tau"], -b))
+    return beta, {"by_beta": by_beta, "top1_without_head": next_top1(cyc, head, 0.0),
+                  "top1_with_head": next_top1(cyc, head, beta)}

@@ -37,6 +37,10 @@ def add_arguments(p) -> None:
                    help="the pair's step cost: a pays-off --json result or a cost table (default: the shipped "
                         "table for an embedded pair; none for another pair: CostTree and the chosen CutTree "
                         "thresholds then need one)")
+    p.add_argument("--head", default=None, metavar="FILE",
+                   help="the previous-token-conditioned head to choose beta for (python -m workbench.train.pair_head; "
+                        "default: the shipped workbench/assets/pair_head.npz when its tokenizer is the pair's; 'none': "
+                        "no head, PairTree and PairChain then refuse the file)")
     p.add_argument("--seed", type=int, default=0, help="which calibration prompts (default 0)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
@@ -77,12 +81,15 @@ def compact_json(d: dict) -> str:
 
 
 def run_command(args, out, err) -> int:
-    from workbench.calibrate.choose import choose_thresholds, summary
+    import os
+
+    from workbench.calibrate.choose import choose_beta, choose_thresholds, summary
     from workbench.calibrate.collect import POLICIES, collect
     from workbench.calibrate.costs import CostInputError, read_costs
     from workbench.calibrate.fit import fit
     from workbench.calibrate.prompts import calibration_prompts
-    from workbench.engine.policies.calibration import FORMAT, MIN_CYCLES, MIN_HITS, VERSION
+    from workbench.engine.policies.calibration import ASSETS, FORMAT, MIN_CYCLES, MIN_HITS, VERSION, file_sha256
+    from workbench.engine.policies.pair_head import PairHeadError, load_head
     from workbench.models.identity import pair_identity
 
     t0 = time.perf_counter()
@@ -91,6 +98,8 @@ def run_command(args, out, err) -> int:
         source = args.costs or (args.target if args.target in PAIRS else None)
         cost = read_costs(source) if source else None
         items, kept_apart = calibration_prompts(args.prompts, args.seed)
+        head_path = None if args.head == "none" else Path(args.head or ASSETS / "pair_head.npz")
+        head = load_head(head_path) if head_path is not None and (args.head or head_path.is_file()) else None
     except (ValueError, CostInputError) as e:
         print(f"calibrate: {e}", file=err)
         return 2
@@ -101,6 +110,14 @@ def run_command(args, out, err) -> int:
                                                                  else (args.target, args.draft))
     engine = load(target, draft, device=args.device, threads=args.threads)
     pair = pair_identity(engine.models)
+    if head is not None:
+        try:
+            head.check_pair(pair)
+        except PairHeadError as e:
+            if args.head:  # asked for: refused; the shipped one for another tokenizer: left out, said below
+                print(f"calibrate: {e}", file=err)
+                return 2
+            head = None
 
     def progress(i, n):
         if not args.quiet:
@@ -120,6 +137,12 @@ def run_command(args, out, err) -> int:
               "--prompts", file=err)
         return 2
     thresholds, replay = choose_thresholds(cycles, model, cost) if cost is not None else ({}, None)
+    pair_head = None
+    if head is not None:
+        beta, pair_figures = choose_beta(cycles, head)
+        pair_head = {"file": os.path.relpath(head_path.resolve(), Path(args.out).resolve().parent),
+                     "sha256": file_sha256(head_path), "beta": beta, "head_made": head.meta.get("made"),
+                     **pair_figures}
     texts = "\n\0".join(it["prompt"] for it in items)
     doc = {
         "format": FORMAT, "version": VERSION, "pair": pair,
@@ -137,6 +160,7 @@ def run_command(args, out, err) -> int:
         "acceptance": {**model.to_dict(), "width": args.width, **figures},
         "cost": cost.to_dict() if cost is not None else None,
         "thresholds": thresholds,
+        "pair_head": pair_head,
         "replay": replay,
     }
     doc["made"]["seconds"] = round(time.perf_counter() - t0, 1)
@@ -148,6 +172,15 @@ def run_command(args, out, err) -> int:
           + "; held-out log-loss model vs drafter marginal: "
           + ", ".join(f"{s} {v['log_loss_model']:.4f} vs {v['log_loss_drafter_marginal']:.4f}" for s, v in h.items()),
           file=out)
+    if pair_head is not None:
+        w, b = pair_head["top1_without_head"], pair_head["top1_with_head"]
+        t0_, tb = pair_head["by_beta"]["0.0"], pair_head["by_beta"][str(pair_head["beta"])]
+        print(f"calibrate: pair head beta {pair_head['beta']}: next-token top-1 " + ", ".join(
+            f"{s} {w[s]['top1']:.3f} -> {b[s]['top1']:.3f}" for s in w if w[s]["top1"] is not None)
+            + f"; replayed tau PairTree(16) {t0_['PairTree(16) tau']:.2f} -> {tb['PairTree(16) tau']:.2f}, PairChain(8) "
+            f"{t0_['PairChain(8) tau']:.2f} -> {tb['PairChain(8) tau']:.2f}", file=out)
+    else:
+        print("calibrate: no pair head (--head): PairTree and PairChain refuse this file", file=out)
     if replay is not None:
         print(summary(replay), file=out)
         print("calibrate: thresholds " + json.dumps(thresholds), file=out)

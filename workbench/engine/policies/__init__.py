@@ -16,10 +16,13 @@ from workbench.engine.policies.spine import Spine
 from workbench.engine.policies.path_tree import PathTree
 from workbench.engine.policies.cost_tree import CostTree
 from workbench.engine.policies.cut_tree import CutTree
+from workbench.engine.policies.pair_tree import PairTree
+from workbench.engine.policies.pair_chain import PairChain
 from workbench.engine.policies.custom import TreePolicy
 
 __all__ = [
-    "AR", "CostTree", "CutTree", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "PathTree", "Policy", "Spine",
+    "AR", "CostTree", "CutTree", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "PairChain", "PairTree", "PathTree",
+    "Policy", "Spine",
     "TreePolicy", "as_policy", "by_kind",
     "choices", "from_wire", "knob_values", "parse_policy", "register", "registered", "to_wire", "unregister",
     "usages", "with_knobs",

@@ -103,13 +103,14 @@ class Calibrated(Policy):
         else:
             cal = load(self.calibration)
             cal.check_pair(pair)
-        self.check_calibration(cal)
+        self.check_calibration(cal, pair)
         bound = dataclasses.replace(self)
         object.__setattr__(bound, "_bound", cal)  # not a field: equality, labels and the wire stay the same
         return bound
 
-    def check_calibration(self, cal: Calibration) -> None:
-        """A subclass refuses (one line) a calibration that lacks what it needs."""
+    def check_calibration(self, cal: Calibration, pair: dict | None = None) -> None:
+        """A subclass refuses (one line) a calibration that lacks what it needs (``pair``: the pair it will run
+        on, when known)."""
 
     def calibration_data(self) -> Calibration:
         """The bound calibration, or the named one when the policy is used outside a session."""

@@ -9,6 +9,8 @@ writes one JSON file holding:
 - ``cost``: the pair's step time over rows x nodes (``step_cost.StepCost``), with its source;
 - ``thresholds``: the acceptance threshold of ``CutTree`` chosen on the calibration prompts, per shape
   ("tree", "chain") and batch size;
+- ``pair_head``: the previous-token-conditioned head the pair policies read (``pair_head.PairHead``): its file
+  (relative to this one), the file's sha256 and the ``beta`` chosen on the calibration prompts;
 - ``made``: date, command, prompts (source files, count, how they are kept apart from evaluation), cycles.
 
 Both embedded pairs ship one (``workbench/assets/calibration.json``, ``workbench/assets/hybrid/calibration.json``).
@@ -18,10 +20,12 @@ or target differ); the policies check this before any decode (``Policy.for_pair`
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.engine.policies.pair_head import PairHead, PairHeadError, load_head
 from workbench.engine.policies.path_model import PathModel
 from workbench.engine.policies.step_cost import StepCost
 
@@ -55,6 +59,7 @@ class Calibration:
     cost: StepCost | None
     thresholds: dict  # {"tree" | "chain": {"rows": threshold}}
     made: dict
+    pair_head: dict | None = None  # {"file": relative path, "sha256": ..., "beta": float, ...}
 
     @property
     def cycles(self) -> int:
@@ -79,6 +84,25 @@ class Calibration:
         best = min(table, key=lambda r: (abs(int(r) - rows), int(r)))
         return float(table[best])
 
+    def head(self, pair: dict | None = None) -> tuple[PairHead, float]:
+        """The pair head this calibration chose ``beta`` for, and ``beta``; checked against ``pair`` when given.
+        Refused (one line) when there is none, when its file changed since, or when it does not match the pair."""
+        spec = self.pair_head
+        if not spec:
+            raise CalibrationError(f"calibration {self.path} holds no pair head; make it with {MAKE} (the shipped "
+                                   "head is workbench/assets/pair_head.npz)")
+        path = Path(self.path).parent / spec["file"]
+        try:
+            head = load_head(path)
+            if file_sha256(path) != spec.get("sha256"):
+                raise PairHeadError(f"pair head {path} changed since calibration {self.path} chose its beta; make "
+                                    f"the calibration again with {MAKE}")
+            if pair is not None:
+                head.check_pair(pair)
+        except PairHeadError as e:
+            raise CalibrationError(str(e)) from None
+        return head, float(spec["beta"])
+
     def step_cost(self) -> StepCost:
         if self.cost is None:
             raise CalibrationError(f"calibration {self.path} holds no cost table; make it with {MAKE} --costs FILE "
@@ -94,6 +118,15 @@ def describe(v) -> str:
 
 
 _LOADED: dict[tuple, Calibration] = {}  # (path, mtime) -> loaded file: policies look it up every cycle
+_SHAS: dict[tuple, str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256 (cached by path and mtime: a calibration names the head file it chose beta for)."""
+    key = (str(Path(path).resolve()), Path(path).stat().st_mtime_ns)
+    if key not in _SHAS:
+        _SHAS[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return _SHAS[key]
 
 
 def resolve_path(name_or_path) -> Path:
@@ -151,7 +184,11 @@ def parse(p: Path) -> Calibration:
     width = int(acc.get("width", 0) or 0)
     if width < 1:
         raise CalibrationError(f"{where} records no candidate width (acceptance.width); make it again with {MAKE}")
-    return Calibration(str(p), pair, model, width, cost, d.get("thresholds") or {}, made)
+    head = d.get("pair_head")
+    if head is not None and (not isinstance(head, dict) or not isinstance(head.get("file"), str)
+                             or not isinstance(head.get("beta"), (int, float))):
+        raise CalibrationError(f"{where}: its pair_head must name a file and a beta; make it again with {MAKE}")
+    return Calibration(str(p), pair, model, width, cost, d.get("thresholds") or {}, made, head)
 
 
 def shipped_for(pair: dict) -> Calibration | None:

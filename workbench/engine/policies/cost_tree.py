@@ -49,7 +49,7 @@ class CostTree(Calibrated):
         check_budget("CostTree", self.budget)
         check_calibration_field("CostTree", self.calibration)
 
-    def check_calibration(self, cal) -> None:
+    def check_calibration(self, cal, pair=None) -> None:
         cal.step_cost()  # refuses a file without a cost table, before any decode
 
     def static_nodes(self, block_size: int) -> int:

@@ -57,7 +57,7 @@ class CutTree(Calibrated):
         """Which calibrated threshold applies: the chain's or the tree's."""
         return "chain" if self.width == 1 else "tree"
 
-    def check_calibration(self, cal) -> None:
+    def check_calibration(self, cal, pair=None) -> None:
         if self.threshold is None:
             cal.threshold(self.shape, 1)  # refuses a file without one, before any decode
 
