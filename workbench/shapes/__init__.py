@@ -16,12 +16,13 @@ the tensors SGLang itself would build for the same forward.
     p.states, p.experts, p.facts                        # KV / latent / linear-attention states, experts touched
     wb.shapes.sglang_layout.custom_mask_elements([512] * 8, [16] * 8, "FULL_MASK")
 
-Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``contracts``
-(check_contracts), ``plan`` (meta-device plans), ``families`` (per-family facts from a config, the one
-home plan and cost share: config loading, layers, params, KV / latent / linear-state bytes, experts),
-``cost`` (FLOPs, bytes and roofline time per forward; ``parallel``: its TP terms; ``measured``: its error
-against a measured sweep; ``parallel_table``: TP1/4/8 x nodes), ``sglang_layout`` (SGLang's tensors per mode),
-``sglang_source`` (the SGLang rules mirrored, read from its installed source).
+Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``forward_checks``
+(check_contracts: a run's recorded forwards against the TARGET_VERIFY contracts), ``plan`` (meta-device plans),
+``families`` (per-family facts from a config, the one home plan and cost share: config loading, layers, params,
+KV / latent / linear-state bytes, experts), ``cost`` (FLOPs, bytes and roofline time per forward; ``parallel``:
+its TP terms; ``measured``: its error against a measured sweep; ``parallel_table``: TP1/4/8 x nodes;
+``memory_fit``: the bytes a run holds against the device's free memory), ``sglang_layout`` (SGLang's tensors per
+mode), ``sglang_source`` (the SGLang rules mirrored, read from its installed source).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_install
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.measured import SweepError, sweep_error
 from workbench.shapes.parallel_table import ParallelTable, parallelism_table
-from workbench.shapes.contracts import ancestor_matrix, check_contracts, target_record
+from workbench.shapes.forward_checks import ancestor_matrix, check_contracts, target_record
 from workbench.shapes.plan import CONFIGS, ShapePlan, plan
 from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
 from workbench.shapes.tables import CheckTable, CompareTable, LayoutTable, ShapeTable, compare, fmt_bytes, table

@@ -1,4 +1,6 @@
-"""Contract checks over a run: PASS/FAIL rows with the numbers, per cycle or summarised."""
+"""Contract checks over a run's recorded forwards (logits rows, hidden states, positions, the tree mask, K/V
+length after commit): PASS/FAIL rows with the numbers, per cycle or summarised. The tree-verify contracts of an
+engine's cycle dump are ``workbench.conform.contracts``."""
 from __future__ import annotations
 
 import torch
