@@ -11,10 +11,10 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.engine.core import SessionFinished
 from workbench.engine import policies
 from workbench.records.cycle import Trace
 from workbench.views.figures import empty_figure, token_stream, tree_figure
+from workbench.views.stepper_base import StepperBase
 
 
 def steady_rate_html(trace) -> str:
@@ -29,22 +29,7 @@ def steady_rate_html(trace) -> str:
             f"{1e3 * cs[0].seconds:.1f} ms). The summary below counts every cycle and the prefill.</p>")
 
 
-class StatusLine:
-    """A widget's status line (``self.status``, an HTML widget) and error-catching button actions."""
-
-    def _guard(self, fn) -> None:
-        """Run a button action; show an error in the status line instead of losing it in a callback."""
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - shown to the user in the widget
-            self._say(f"{type(e).__name__}: {e}", error=True)
-
-    def _say(self, msg: str, error: bool = False) -> None:
-        color = "#b00020" if error else "#333"
-        self.status.value = f"<span style='color:{color}'>{html.escape(msg)}</span>"
-
-
-class Stepper(StatusLine):
+class Stepper(StepperBase):
     """A notebook widget over a ``Session``: Step, Run N, Reset, a slider over past cycles, and the
     budget / temperature for the next cycle. Display it as the last expression of a cell.
 
@@ -59,11 +44,7 @@ class Stepper(StatusLine):
             raise TypeError(f"Stepper steps a live session, got {type(session).__name__}: pass "
                             f"engine.session(...){again}")
         self.session = session
-        self.tokenizer = tokenizer if tokenizer is not None else session.engine.tokenizer
-        self.max_nodes = max_nodes
-        self.step_button = W.Button(description="Step", button_style="primary", tooltip="run one cycle")
-        self.run_button = W.Button(description="Run N", tooltip="run N cycles")
-        self.run_n = W.BoundedIntText(value=10, min=1, max=100000, description="N", layout=W.Layout(width="130px"))
+        self.shared_controls(tokenizer if tokenizer is not None else session.engine.tokenizer, max_nodes)
         self.reset_button = W.Button(description="Reset", button_style="warning",
                                      tooltip="a new session with the same prompt and the settings shown")
         # The policies of the registry (workbench.engine.policies); the two number boxes edit the chosen
@@ -78,17 +59,11 @@ class Stepper(StatusLine):
                                       layout=W.Layout(width="150px"))
         self.temperature = W.BoundedFloatText(value=float(session.temperature), min=0.0, max=10.0, step=0.1,
                                               description="temp", layout=W.Layout(width="150px"))
-        self.slider = W.IntSlider(value=0, min=0, max=0, description="cycle", disabled=True, continuous_update=False,
-                                  layout=W.Layout(width="520px"))
-        self.status = W.HTML()
         self.stats = W.HTML()
-        self.tree = go.FigureWidget(empty_figure("no cycles yet: press Step"))
         self.stream = go.FigureWidget(empty_figure("no cycles yet", height=160))
         self._shown: int | None = None
         self._syncing = False
 
-        self.step_button.on_click(lambda _b: self._guard(self.step))
-        self.run_button.on_click(lambda _b: self._guard(lambda: self.run(self.run_n.value)))
         self.reset_button.on_click(lambda _b: self._guard(self.reset))
         self.slider.observe(self._on_slider, names="value")
         for w in (self.policy_kind, self.budget, self.width):
@@ -102,28 +77,13 @@ class Stepper(StatusLine):
         self._refresh(show=len(session.cycles) - 1 if session.cycles else None)
 
     # ------------------------------------------------------------------ actions (callable from Python)
-    def step(self):
-        """Run one cycle with the session's settings and show it. Returns the Cycle (None if finished)."""
-        self._sync_controls()
-        try:
-            c = self.session.step()
-        except SessionFinished as e:
-            self._say(str(e), error=True)
-            self._sync_buttons()
-            return None
-        self._refresh(show=c.index)
-        return c
+    # step() and run(n) are StepperBase's: with the session's settings, each cycle returned as a Cycle.
+    @property
+    def stepped(self):
+        return self.session  # reset() replaces it
 
-    def run(self, n: int = 10) -> list:
-        """Run up to ``n`` cycles (stops at the end of the session); updates the view once at the end."""
-        self._sync_controls()
-        out = []
-        for _ in range(int(n)):
-            if self.session.finished:
-                break
-            out.append(self.session.step())
-        self._refresh(show=len(self.session.cycles) - 1 if self.session.cycles else None)
-        return out
+    def _before_steps(self) -> None:
+        self._sync_controls()  # a setting changed in code shows before the cycle that uses it
 
     def reset(self):
         """Start a new session with the same prompt, seed, limits, policy and sampling."""
@@ -209,31 +169,7 @@ class Stepper(StatusLine):
             self.session.temperature = t
         self._say(f"next cycle: {self.session.policy}, T={self.session.temperature}")
 
-
-    def _sync_buttons(self) -> None:
-        done = self.session.finished
-        self.step_button.disabled = done
-        self.run_button.disabled = done
-
     # ------------------------------------------------------------------ drawing (in place)
-    @staticmethod
-    def redraw(fw: go.FigureWidget, fig: go.Figure) -> None:
-        """Make ``fw`` show ``fig``: same trace types in the same order -> update them in place."""
-        new = fig.data
-        with fw.batch_update():
-            same = len(fw.data) == len(new) and all(a.type == b.type for a, b in zip(fw.data, new))
-            if same:
-                for old, tr in zip(fw.data, new):
-                    old.update(tr.to_plotly_json(), overwrite=True)
-            layout = fig.layout.to_plotly_json()
-            layout.pop("template", None)  # the same default template each time; resending it is waste
-            for key in set(fw.layout.to_plotly_json()) - set(layout) - {"template"}:
-                fw.layout[key] = None  # e.g. the "no cycles yet" annotation
-            fw.layout.update(layout, overwrite=True)
-        if not same:
-            fw.data = ()
-            fw.add_traces(list(new))
-
     def _draw_tree(self, i: int) -> None:
         self.redraw(self.tree, tree_figure(self.session.cycles[i], self.tokenizer, max_nodes=self.max_nodes))
         self._shown = i
@@ -242,7 +178,8 @@ class Stepper(StatusLine):
         if self.session.cycles:
             self._guard(lambda: self._draw_tree(int(change["new"])))
 
-    def _refresh(self, show: int | None) -> None:
+    def _refresh(self, show: int | None = None) -> None:
+        """Draw cycle ``show`` (None: the newest), the token stream and the stats."""
         s = self.session
         n = len(s.cycles)
         if n:
@@ -275,11 +212,6 @@ class Stepper(StatusLine):
         parts: list = [f"<h2>{html.escape(repr(s))}</h2>", f"<p>prompt: <code>{html.escape(s.prompt)}</code></p>"]
         parts += [go.Figure(self.tree), go.Figure(self.stream), self.stats.value]
         return parts
-
-    def _repr_mimebundle_(self, **kw):
-        from workbench.views.static import widget_bundle
-
-        return widget_bundle(self.widget, **kw)
 
     def __repr__(self) -> str:
         return f"Stepper({self.session!r}, showing cycle {self._shown})"
