@@ -302,3 +302,20 @@ def test_the_new_limits_are_checked_and_served(server):
             Limits(**{name: bad})
     limits = wb.connect(server.url, token=TOKEN).limits
     assert {"send_timeout", "max_stream_cycles", "max_stream_bytes", "max_stream_seconds"} <= set(limits)
+
+
+def test_the_same_requests_and_streams_through_urllib(eng, server):
+    """A server on another host is reached through urllib (a connection per request, the environment's proxy):
+    the same answers, streams included, and the same refusals."""
+    remote = wb.connect(server.url, token=TOKEN)
+    remote._http.conns.keep_alive = False  # as for a host other than this machine
+    s = remote.session("t1 t2 t3", policy=wb.DDTree(5), max_new_tokens=MAX_NEW, records="full")
+    s.step()
+    s.run()
+    ref = local_run(eng)
+    assert s.tokens == ref.tokens and len(s.cycles) == len(ref.cycles)
+    with pytest.raises(wb.remote.LimitExceeded, match="max_new_tokens"):
+        s.run(max_new_tokens=5000)
+    s.close()
+    with pytest.raises(wb.remote.UnknownSession):
+        s.step()

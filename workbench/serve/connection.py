@@ -29,7 +29,8 @@ class Reply:
     """One answer: ``status``, ``headers``, the body by ``read()`` (all) or ``readline()`` (a stream's line).
     ``close()`` when done with it: a connection whose body was read to the end goes back for reuse."""
 
-    def __init__(self, status: int, headers, body, done=None):
+    def __init__(self, status: int, headers, body, done):
+        """``done(complete)``: hands the connection back (or closes it) when the answer is done with."""
         self.status, self.headers, self._body, self._done = status, headers, body, done
 
     def read(self) -> bytes:
@@ -41,11 +42,11 @@ class Reply:
         return self._body.readline(limit)
 
     def close(self, complete: bool = False) -> None:
+        """Done with this answer (``complete``: its body was read to the end). Once; later calls do nothing."""
         done, self._done = self._done, None
-        if done is not None:
-            done(complete or self._body.isclosed())
-        else:
-            self._body.close()
+        if done is None:
+            return
+        done(complete or self._body.isclosed())
 
 
 class Connections:
@@ -109,8 +110,8 @@ class Connections:
         try:
             r = self.opener.open(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:  # a 4xx / 5xx still has a body: the server's one-line refusal
-            return Reply(e.code, e.headers, e)
-        return Reply(r.status, r.headers, r)
+            return Reply(e.code, e.headers, e, lambda complete, body=e: body.close())
+        return Reply(r.status, r.headers, r, lambda complete: r.close())
 
     def netloc(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
