@@ -138,7 +138,9 @@ def test_generated_tables_are_thinned_and_nothing_else_is():
 
 
 def test_distillation_draws_on_training_files_only():
-    from workbench.train.pipeline import Recipe, load_corpus, make_prompts
+    from workbench.train.distill import make_prompts
+    from workbench.train.recipe import Recipe
+    from workbench.train.tokenizer import load_corpus
 
     train, held, train_tests, held_tests = load_corpus(Recipe())
     assert train and held and train_tests and held_tests
@@ -156,7 +158,8 @@ def test_distillation_draws_on_training_files_only():
 
 
 def test_draft_batches_never_mix_lengths():
-    from workbench.train.pipeline import draft_batch, smoke_recipe
+    from workbench.train.drafter import draft_batch
+    from workbench.train.recipe import smoke_recipe
 
     recipe = smoke_recipe()
     seqs = [(list(range(40)), 10)] * 5 + [(list(range(100, 180)), 30)] * 7
@@ -178,7 +181,8 @@ def test_cached_context_features_equal_a_live_forward_over_each_row():
     from dflash.model import extract_context_feature
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from workbench.train.pipeline import context_features, draft_batch, smoke_recipe
+    from workbench.train.drafter import context_features, draft_batch
+    from workbench.train.recipe import smoke_recipe
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -208,7 +212,7 @@ def test_default_recipe_is_the_one_that_trained_the_shipped_target():
     from dataclasses import asdict
 
     from workbench.engine.loading import ASSETS
-    from workbench.train.pipeline import V1, Recipe
+    from workbench.train.recipe import V1, Recipe
 
     shipped = json.loads((ASSETS / "training_report.json").read_text())["recipe"]
     default = asdict(Recipe())
@@ -230,7 +234,7 @@ def _repeats_oracle(row: list[int], start: int, n: int) -> list[bool]:
 def test_repeated_ngrams_are_the_continuations_own_repeats():
     import torch
 
-    from workbench.train.pipeline import repeated_ngram_mask
+    from workbench.train.loops import repeated_ngram_mask
 
     seqs = torch.tensor([[7, 7, 7, 1, 2, 3, 1, 2, 3, 1, 2]])
     # The prompt's 7s never count; "1 2" repeats from position 6 on (n=2), "1 2 3" from 8 (n=3).
@@ -246,7 +250,7 @@ def test_repeated_ngrams_are_the_continuations_own_repeats():
 def test_unlikelihood_loss_pushes_down_only_the_penalised_tokens():
     import torch
 
-    from workbench.train.pipeline import unlikelihood_loss
+    from workbench.train.loops import unlikelihood_loss
 
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 6, 10, generator=gen, requires_grad=True)
@@ -267,7 +271,7 @@ def test_distill_kl_is_zero_exactly_when_the_drafter_matches_the_target():
     import torch
     import torch.nn.functional as F
 
-    from workbench.train.pipeline import distill_kl
+    from workbench.train.drafter import distill_kl
 
     gen = torch.Generator().manual_seed(2)
     T, V = 12, 9
@@ -282,7 +286,7 @@ def test_distill_kl_is_zero_exactly_when_the_drafter_matches_the_target():
 
 
 def test_known_word_share_tells_code_from_glued_subwords():
-    from workbench.train.pipeline import corpus_words, known_word_share
+    from workbench.train.text_quality import corpus_words, known_word_share
 
     known = corpus_words([corpus.SourceFile("box.py", MODULE)])
     assert {"import", "Box", "object", "size", "area"} <= known and "os" not in known  # 3+ characters
@@ -301,7 +305,8 @@ def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path):
 
 
 def test_a_retrained_drafter_keeps_every_replaced_drafter_newest_first():
-    from workbench.train.pipeline import DRAFTER_FIELDS, previous_drafters
+    from workbench.train.recipe import DRAFTER_FIELDS
+    from workbench.train.report import previous_drafters
 
     oldest = {"target_layer_ids": [1, 3, 5], "splits": {"long": {"dflash_tau": 2.4}}}
     middle = {"recipe": {"target_layer_ids": [1, 2, 3, 4], "distill_prompts": 6144, "layers": 6},
@@ -315,3 +320,23 @@ def test_a_retrained_drafter_keeps_every_replaced_drafter_newest_first():
     newest = {"recipe": {"target_layer_ids": [1, 2, 3, 4], "distill_prompts": 12288},
               "splits": {"long": {"dflash_tau": 2.77}}, "previous_drafters": history}
     assert [d["splits"]["long"]["dflash_tau"] for d in previous_drafters(newest)] == [2.77, 2.66, 2.4]
+
+
+def test_each_stage_value_walks_its_part_of_the_stage_list_in_order():
+    """main is the walk over STAGES: each --stage value runs exactly these stages, in this order (the order the
+    training made its pairs in; a stage moved or dropped from a value changes what a rerun does)."""
+    from workbench.train.options import RUNS
+    from workbench.train.pipeline import STAGES
+
+    walk = {value: [s.name for s in STAGES if value in s.runs_in] for value in RUNS}
+    target = ["corpus", "tokenizer and target", "evaluation prompts", "loops phase"]
+    reuse = ["corpus", "the target in --out", "the evaluation prompts in --out"]
+    assert walk == {
+        "all": [*target, "distillation and drafter", "report"],
+        "target": target,
+        "loops": [*reuse, "loops phase"],
+        "draft": [*reuse, "distillation and drafter", "report"],
+        "report": [*reuse, "the drafter in --out", "report"],
+        "eval": ["corpus", "engine figures"],
+        "prompts": ["corpus", "evaluation prompts"],
+    }

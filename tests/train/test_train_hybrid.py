@@ -67,7 +67,7 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkey
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from workbench.engine import loading
-    from workbench.train.pipeline import greedy_continue
+    from workbench.train.distill import greedy_continue
 
     r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--arch", "hybrid", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=600)
@@ -133,7 +133,9 @@ def test_hybrid_recipe_fits_the_size_budget():
     from transformers import AutoTokenizer
 
     from workbench.engine.loading import DEFAULT_TARGET
-    from workbench.train.pipeline import HybridRecipe, draft_config, target_class, target_config
+    from workbench.train.drafter import draft_config
+    from workbench.train.recipe import HybridRecipe
+    from workbench.train.target import target_class, target_config
 
     from dflash.model import DFlashDraftModel
 
