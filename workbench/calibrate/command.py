@@ -80,6 +80,14 @@ def compact_json(d: dict) -> str:
                   text) + "\n"
 
 
+def command_line() -> str:
+    """How this run was started, for the file (as ``python -m workbench calibrate`` once the CLI offers it)."""
+    argv = sys.argv[1:]
+    if argv[:1] == ["calibrate"]:
+        return "python -m workbench " + " ".join(argv)
+    return "python -m workbench.calibrate " + " ".join(argv)
+
+
 def run_command(args, out, err) -> int:
     import os
 
@@ -148,7 +156,7 @@ def run_command(args, out, err) -> int:
         "format": FORMAT, "version": VERSION, "pair": pair,
         "made": {
             "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-            "command": "python -m workbench.calibrate " + " ".join(sys.argv[1:]) if sys.argv[1:] else "run_command",
+            "command": command_line(),
             "python": platform.python_version(), "device": str(engine.device),
             "decodes": {"policies": [str(p) for p in POLICIES], "greedy": True, "max_new_tokens": args.max_new_tokens,
                         "recorded_candidates_per_slot": args.width},
