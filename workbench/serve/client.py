@@ -14,7 +14,6 @@ a proxy to a loopback server, and refuses plain http to another machine unless t
 from __future__ import annotations
 
 import http.client
-import operator
 import os
 import tempfile
 import time
@@ -323,20 +322,11 @@ class RemoteEngine(BaseEngine):
 
 
 def _ids(prompt_ids) -> list:
-    """Token ids as JSON can carry them (a tensor or numpy array as a list of ints)."""
+    """Token ids as JSON can carry them (a tensor or numpy array as a list of ints), refused in the local
+    engine's line (``validate.token_ids``: 1.5 is not truncated to 1) before anything is sent."""
     if hasattr(prompt_ids, "tolist") and not isinstance(prompt_ids, list):
         prompt_ids = prompt_ids.tolist()
-    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
-        raise ValueError(f"prompt_ids={prompt_ids!r:.80} must be a list of token ids")
-    out = []
-    for n, i in enumerate(prompt_ids):
-        try:
-            if isinstance(i, bool):
-                raise TypeError
-            out.append(operator.index(i))
-        except TypeError:  # the local engine's line (1.5 is not truncated to 1)
-            raise ValueError(f"prompt_ids[{n}]={i!r:.40} is not a token id; give integers") from None
-    return out
+    return validate.token_ids(prompt_ids)
 
 
 def _sid(session_id) -> str:
@@ -433,19 +423,23 @@ class RemoteSession(SessionState, BaseSession):
         self._apply(st)
         return st
 
-    def _complete(self, index: int) -> None:
-        """Fetch the whole records of cycles ``index``.. (a page) and fill the view records held for them."""
-        held = self._trace.cycles
+    def _complete(self, cycle: LazyCycle) -> None:
+        """Fetch the whole records of cycles ``cycle.index``.. (a page) and fill ``cycle`` and the view records
+        held for them."""
+        held, index = self._trace.cycles, cycle.index
         try:
-            st = self.engine._http("GET", f"/sessions/{self.id}?since={index}&until={len(held)}&records=full")
+            st = self.engine._http("GET", f"/sessions/{self.id}?since={index}&until={max(len(held), index + 1)}"
+                                   "&records=full")
         except UnknownSession as e:
             raise UnknownSession(f"{e}: cycle {index} arrived as a view record and the rest of it can no longer be "
                                  "fetched; read what you need while the session lives, or start sessions with "
                                  "records='full'", e.status, e.code, e.field) from None
         for k, d in enumerate(st["cycles"]):
             at = int(st["since"]) + k
-            if at < len(held) and isinstance(held[at], LazyCycle):
-                held[at].fill(wire.cycle_from_wire(d))
+            full = wire.cycle_from_wire(d)
+            for c in {id(x): x for x in (held[at] if at < len(held) else None, cycle if at == index else None)
+                      if isinstance(x, LazyCycle)}.values():
+                c.fill(full)
         self._apply(st, cycles=False)
 
     def refresh(self) -> "RemoteSession":
@@ -627,7 +621,7 @@ class RemoteSession(SessionState, BaseSession):
         unreadable), so the trace held here stays whole."""
         if fetch:
             held = self._trace.cycles
-            for i, c in enumerate(held):
+            for c in held:
                 if isinstance(c, LazyCycle) and c.missing():
-                    self._complete(i)
+                    self._complete(c)
         self.engine._http("DELETE", f"/sessions/{self.id}")

@@ -4,7 +4,7 @@ A served step's reply carries what a view of the cycle reads (the tree, the targ
 accepted path, the timings: ``wire.VIEW_LEAVES_OUT`` names what it leaves out), so a notebook stepping
 a remote session does not pay, every cycle, for the drafter's top-k, the target's top-2 logits and the
 forward records it may never look at. Reading one of those fields fetches the full records from the
-server (``fetch(index)``, a page of cycles from this one on) and fills them in place, so a
+server (``fetch(cycle)``, a page of cycles from this one on) and fills them in place, so a
 ``LazyCycle`` reads as the full record every time: ``to_dict()``, ``dataclasses.replace``, the views and
 the analyses see no difference. A copy or a pickle is a plain ``Cycle`` (fetched first).
 """
@@ -33,7 +33,7 @@ class LazyCycle(Cycle):
 
     @classmethod
     def from_view(cls, decoded: dict, fetch) -> "LazyCycle":
-        """``decoded``: a view record's fields (tensors already unpacked); ``fetch(index)``: fills the rest in
+        """``decoded``: a view record's fields (tensors already unpacked); ``fetch(cycle)``: fills the rest in
         place (None: reading them raises NotFetched). The fields it lacks are made by ``Cycle.from_dict``
         from placeholders, then removed, so that a read reaches ``__getattr__``."""
         absent = [f.name for f in FIELDS if f.name not in decoded]
@@ -63,7 +63,7 @@ class LazyCycle(Cycle):
         if fetch is None:
             raise NotFetched(f"cycle {self.__dict__.get('index')}'s {name} did not travel (a view record) and no "
                              "session can send it: ask the server with records='full'")
-        fetch(self.__dict__["index"])
+        fetch(self)
         if name not in self.__dict__:
             raise NotFetched(f"the server sent no {name} for cycle {self.__dict__['index']}")
         return self.__dict__[name]
