@@ -11,7 +11,6 @@ Three forms, one of them per session:
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 
 from workbench.engine import validate
@@ -81,16 +80,7 @@ def encode_prompt(tokenizer, prompt: str | None = None, *, messages=None, prompt
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template writes its own BOS
         out = Prompt(ids, text, "chat", {"messages": msgs, "chat_template_kwargs": kwargs})
     else:
-        if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
-            raise ValueError(f"prompt_ids={prompt_ids!r:.80} must be a list of token ids")
-        ids = []
-        for n, i in enumerate(prompt_ids):
-            try:
-                if isinstance(i, bool):
-                    raise TypeError
-                ids.append(operator.index(i))  # an int, a numpy or 0-d tensor integer; 1.7 must not become 1
-            except TypeError:
-                raise ValueError(f"prompt_ids[{n}]={i!r:.40} is not a token id; give integers") from None
+        ids = validate.token_ids(prompt_ids)
         vocab = len(tokenizer)
         bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
         if bad:

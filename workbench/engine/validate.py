@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import operator
 
 from workbench.models.config_facts import RUN_DTYPES, run_dtype
 from workbench.records.files import output_dir, output_path  # noqa: F401  (validation of outputs)
@@ -51,6 +52,23 @@ def prompt_list(prompts, name: str = "prompts") -> list[str] | None:
     if not items:
         raise ValueError(f"{name}=[] holds no prompt; give at least one text, or leave {name} out for the defaults")
     return [text(p, f"{name}[{i}]") for i, p in enumerate(items)]
+
+
+def token_ids(values, name: str = "prompt_ids") -> list[int]:
+    """Token ids as a list of ints, from any iterable of integers that is not text (a list, a numpy array, an
+    integer tensor). The engine and the served engine's client both check ids here, so either refuses the same
+    value in the same line; the vocabulary's range is the engine's to check (the client does not know it)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name}={values!r:.80} must be a list of token ids")
+    out = []
+    for n, i in enumerate(values):
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            out.append(operator.index(i))  # an int, a numpy or 0-d tensor integer; 1.7 must not become 1
+        except TypeError:
+            raise ValueError(f"{name}[{n}]={i!r:.40} is not a token id; give integers") from None
+    return out
 
 
 def temperature(value) -> float:
