@@ -66,6 +66,7 @@ class RunStream(Response):
         self.last_frame: bytes | None = None  # the producer's final frame (built while it holds the session)
         self.timings: dict[int, dict] = {}  # cycle index -> where its time went (with timing asked for)
         self.started = time.monotonic()
+        self.stepped = 0  # cycles this stream's run made (the backlog was made before it)
         self._release, self._released = release, False
 
     # -------------------------------------------------------------- the session's side (the producer thread)
@@ -83,7 +84,7 @@ class RunStream(Response):
         self._release()
 
     def produce(self, wake, done: threading.Event) -> None:
-        s, lim, stepped = self.s, self.limits, 0
+        s, lim = self.s, self.limits
         try:
             while True:
                 with self.cond:
@@ -95,7 +96,7 @@ class RunStream(Response):
                     self.stop("finished")
                 elif len(s.cycles) - self.first >= lim.max_stream_cycles:
                     self.stop("max_stream_cycles")
-                elif stepped and time.monotonic() - self.started >= lim.max_stream_seconds:
+                elif self.stepped and time.monotonic() - self.started >= lim.max_stream_seconds:
                     self.stop("max_stream_seconds")  # (after one cycle at least: every stream makes progress)
                 if self.reason is not None:
                     break
@@ -103,7 +104,7 @@ class RunStream(Response):
                 c = s.step()
                 if self.timing:
                     self.timings[c.index] = step_timing(time.perf_counter() - t0, c, t0)
-                self.made, stepped = len(s.cycles), stepped + 1
+                self.made, self.stepped = len(s.cycles), self.stepped + 1
                 wake()
         except BaseException as ex:  # noqa: BLE001 - it ends the stream, in its last frame
             err = as_serve_error(ex, self.stopping.is_set())
@@ -127,12 +128,11 @@ class RunStream(Response):
         n = len(s.cycles)
         state = wire.loads(session_state(self.e, n, n, records=self.records))  # no cycles: they went as frames
         if self.reason == "client_gone":
-            log.info("session %s: the client went away; its run stopped after %d cycles", self.e.id, n)
+            log.info("session %s: the client went away; its run stopped after %d cycles", self.e.id, self.stepped)
         if self.error is not None:
-            ran = n - self.first
             msg = self.error.message
             if self.error.code == "stopping":
-                msg = (f"the server is shutting down: this run stopped after {ran} cycle(s), which came back "
+                msg = (f"the server is shutting down: this run stopped after {self.stepped} cycle(s), which came back "
                        "before this line (they are in the session's trace)")
             return wire.dumps({**ServeError(self.error.status, self.error.code, msg, self.error.field,
                                             self.error.limit).to_dict(), "status": self.error.status,
