@@ -7,14 +7,17 @@
     wb.analysis.order_verdict(bench_result.summary)    # an order only where a paired test separates it
     wb.analysis.paired_ratio(a_tok_s, b_tok_s, "A", "B")  # per-prompt ratios, Wilcoxon and sign test
     wb.analysis.branching(trace)                         # target token ranks per depth; continuation rates
+    wb.analysis.acceptance(trace)                        # per request in AIPerf's record shape; vllm bench serve's keys
 
 Pure data (numpy); no model runs, no plotting.
 """
+from workbench.analysis.acceptance import Acceptance, RequestAcceptance, acceptance, from_vllm_counters
 from workbench.analysis.branching import Branching, branching
 from workbench.analysis.budget import BudgetNeeded, budget_needed
 from workbench.analysis.calibration import Calibration, calibration
 from workbench.analysis.paired import PairedRatio, paired_ratio
 from workbench.analysis.spread import OrderVerdict, order_values, order_verdict
 
-__all__ = ["Branching", "BudgetNeeded", "Calibration", "OrderVerdict", "PairedRatio", "branching", "budget_needed",
-           "calibration", "order_values", "order_verdict", "paired_ratio"]
+__all__ = ["Acceptance", "Branching", "BudgetNeeded", "Calibration", "OrderVerdict", "PairedRatio", "RequestAcceptance",
+           "acceptance", "branching", "budget_needed", "calibration", "from_vllm_counters", "order_values",
+           "order_verdict", "paired_ratio"]

@@ -1,0 +1,55 @@
+"""``python -m workbench acceptance FILE [FILE ...]``: per-request acceptance of saved runs, in AIPerf's record
+shape and as ``vllm bench serve`` and SGLang report it (``workbench.analysis.acceptance``).
+
+A FILE is a saved trace (``trace.save(...)``, ``run --trace``) or a cycle dump (``session(..., dump=...)``, vLLM's
+adapter, the SGLang converters). Text by default: one row per request (steps, mean acceptance length, draft
+acceptance rate, SGLang's spec_accept_length, the histogram), then the run pooled under vllm bench serve's names;
+``--json``: one object (``records``: AIPerf's fields per request with its id, ``pooled``, ``bench_serve``).
+A file that is neither, or a dump whose records lack the accepted path, exits 2 with one line on stderr.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("acceptance", help="per-request acceptance of a saved trace or cycle dump, in AIPerf's record "
+                                          "shape and vllm bench serve's / SGLang's names")
+    p.add_argument("files", nargs="+", metavar="FILE", help="a saved trace (.trace.jsonl) or a cycle dump")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def read_source(path: str):
+    """A file as ``acceptance`` takes it: a cycle dump as ``read_dump`` returns it, or a loaded trace. Neither:
+    one line naming the file and both readers' reasons."""
+    from workbench.analysis.acceptance import AcceptanceError
+    from workbench.conform.dump import DumpFileError, read_dump
+    from workbench.records.cycle import Trace, TraceFileError
+
+    if not Path(path).exists():
+        raise AcceptanceError(f"{path}: no such file: give a saved trace or a cycle dump")
+    try:
+        return read_dump(path)
+    except DumpFileError as as_dump:
+        try:
+            return Trace.load(path)
+        except TraceFileError as as_trace:
+            if "not a ddtree-workbench trace" not in str(as_trace):  # a trace, damaged: its own words
+                raise
+            raise AcceptanceError(f"{path} is neither a cycle dump ({' '.join(str(as_dump).split())[:120]}) nor a "
+                                  "saved trace: give a file written by session(..., dump=...) or trace.save(...)") from None
+
+
+def run(args, out, err) -> int:
+    from workbench.analysis.acceptance import Acceptance, RequestAcceptance, acceptance
+
+    merged = Acceptance()
+    for path in args.files:
+        for r in acceptance(read_source(path)).records:
+            # several files: each request named by its file, so two runs' "0" stay apart
+            name = f"{path}:{r.request}" if len(args.files) > 1 else r.request
+            merged.records.append(RequestAcceptance(name, r.engine, r.per_step_accepted, r.per_step_drafted,
+                                                    r.num_spec_tokens, r.completion_tokens))
+    print(json.dumps(merged.to_dict()) if args.json else str(merged), file=out)
+    return 0
