@@ -78,3 +78,23 @@ def test_the_private_name_finder_names_each_planted_reach_in(tmp_path, monkeypat
                          "workbench/c.py:3: a._secret (workbench.a)", "workbench/c.py:3: K._m (workbench.a.K)"]
     assert len(found) == 4 and found[3].startswith("dflash.model._draft_value (a third-party private) used in more "
                                                    "than one module: workbench/d.py:1, workbench/e.py:2")
+
+
+def test_no_import_climbs_a_floor():
+    """Interfaces below what implements them (tools/import_graph.py : FLOORS, drawn in docs/architecture.md):
+    an import from a room to its own floor or a higher one, or a room on no floor, is named."""
+    assert ig.upward_imports(ig.graph()) == []
+
+
+def test_the_floor_check_names_a_planted_climb_and_an_unplaced_room(monkeypatch):
+    g = {"workbench.engine.core": {"workbench.conform.dump"}, "workbench.conform.dump": {"workbench.records.files"},
+         "workbench.records.files": set(), "workbench.newroom.x": set()}
+    found = ig.upward_imports(g)
+    assert found == ["room workbench.newroom is on no floor (add it to FLOORS)",
+                     "workbench.engine.core -> workbench.conform.dump (floor 4 -> 5)"]
+
+
+def test_the_kernels_are_a_room_of_the_graph():
+    g = ig.graph()
+    assert "ddtree_kernels" in {ig.room(m) for m in g}
+    assert any(d.startswith("ddtree_kernels") for deps in g.values() for d in deps)
