@@ -153,7 +153,8 @@ FLOORS = [
     ["workbench.payoff", "workbench.train"],
     ["workbench.calibrate"],          # makes the calibration files the calibrated policies load (as data)
     ["workbench.views"],
-    ["workbench"],                    # the public API: re-exports from every floor below
+    ["workbench", "workbench.report_command"],  # the public API: re-exports from every floor below; the
+                                      # report command, above the views it writes with (their package needs plotly)
     ["workbench.cli"],
     ["workbench.__main__"],
 ]

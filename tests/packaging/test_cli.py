@@ -329,12 +329,12 @@ def test_report_from_trace_and_from_bench(capsys, pair_args, prompts_file, tmp_p
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any model load fails the test: what is checked here must be refused before it."""
-    import workbench.cli as cli
+    from workbench.interface import registry  # every engine loads through registry.load (wb.load too)
 
-    def refuse(_args):
+    def refuse(*args, **kwargs):
         raise AssertionError("the models were loaded before the bad input was refused")
 
-    monkeypatch.setattr(cli, "_load_engine", refuse)
+    monkeypatch.setattr(registry, "load", refuse)
 
 
 @pytest.mark.parametrize("argv, needles", [

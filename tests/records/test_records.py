@@ -412,12 +412,12 @@ def test_cli_every_option_has_help():
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any model load fails the test: bad input must be refused before the weights load."""
-    import workbench.cli as cli
+    from workbench.interface import registry  # every engine loads through registry.load (wb.load too)
 
-    def boom(args):
+    def boom(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was refused")
 
-    monkeypatch.setattr(cli, "_load_engine", boom)
+    monkeypatch.setattr(registry, "load", boom)
 
 
 def test_cli_outputs_checked_before_any_model_loads(capsys, tmp_path, no_model_load):

@@ -265,8 +265,8 @@ def _ours(engine, prompt_ids: list, max_new_tokens: int, policy):
     return list(s.generated), t, time.perf_counter() - t0
 
 
-def _theirs(vengine, prompt_ids: list, max_new_tokens: int):
-    s = vengine.session(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
+def _theirs(vengine, prompt_ids: list, max_new_tokens: int, policy):
+    s = vengine.session(prompt_ids=prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
     t0 = time.perf_counter()
     t = s.run()
     return s, t, time.perf_counter() - t0
@@ -295,7 +295,6 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     if engine not in production:
         raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
                          "for a server use workbench.adapters.served.compare_served(url, ...)")
-    production_engine = registry.engine_class(engine)  # its sessions keep proposals; it takes workarounds
     # every argument checked before either engine loads
     texts = validate.prompt_list(prompts) or default_prompts()
     validate.positive_int(max_new_tokens, "max_new_tokens")
@@ -303,6 +302,8 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     for name, flag in (("workarounds", workarounds), ("vllm_ar", vllm_ar), ("localise", localise)):
         if not isinstance(flag, bool):  # "no" is truthy: it would turn the workarounds on
             raise ValueError(f"{name}={flag!r} must be True or False")
+    if vllm_ar and engine != "vllm":
+        raise ValueError(f"vllm_ar=True runs vLLM without speculation; engine={engine!r} is not vLLM: drop vllm_ar")
     if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
         from workbench.adapters.vllm_hooks import check_version
 
@@ -312,15 +313,20 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     models = load_models(target, draft, dtype="float32")
     ours = Engine(models)
     ids = [list(models.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in texts]
-    say(f"vLLM: loading the pair (workarounds {'on' if workarounds else 'off'})")
-    vengine = production_engine(target, draft, workarounds=workarounds, layers=localise)
+    say(f"{engine}: loading the pair (workarounds {'on' if workarounds else 'off'})")
+    # Through the registry, as wb.load does (an installed package's engine too): the engine's own load refuses
+    # an option it lacks, before loading. vLLM is asked for its workarounds and per-layer capture (the
+    # localisation reads them); another engine only for what the caller asked of it.
+    options = dict(workarounds=workarounds, layers=localise) if engine == "vllm" else (
+        dict(workarounds=True) if workarounds else {})
+    vengine = registry.load(engine, target, draft, **options)
+    label = f"vLLM {vengine.version}" if engine == "vllm" else engine
     try:
-        runs = {n: EngineRun(n, [], [], []) for n in ("workbench AR", "workbench DFlash",
-                                                       f"vLLM {vengine.version} DFlash")}
+        runs = {n: EngineRun(n, [], [], []) for n in ("workbench AR", "workbench DFlash", f"{label} DFlash")}
         ar, df, vl = runs.values()
         sessions = []
         say("warm-up: one short untimed run on each engine")  # first forwards of a process are slower
-        _ours(ours, ids[0], 8, AR()), _ours(ours, ids[0], 8, DFlash()), _theirs(vengine, ids[0], 8)
+        _ours(ours, ids[0], 8, AR()), _ours(ours, ids[0], 8, DFlash()), _theirs(vengine, ids[0], 8, DFlash())
         for r in range(repeats):
             new = {k: 0 for k in runs}
             secs = {k: 0.0 for k in runs}
@@ -336,7 +342,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
                     df.tokens.append(toks)
                     a, c = _accepts(t)
                     df.accepts.append(a); df.committed.append(c)
-                s, t, sec = _theirs(vengine, p, max_new_tokens)
+                s, t, sec = _theirs(vengine, p, max_new_tokens, DFlash())
                 new[vl.name] += len(s.generated); secs[vl.name] += sec
                 if r == 0:
                     vl.tokens.append(list(s.generated))
@@ -348,21 +354,21 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         lossless = {f"{df.name} vs {ar.name}": _equal(df.tokens, ar.tokens),
                     f"{vl.name} vs {ar.name}": _equal(vl.tokens, ar.tokens)}
         same, total, divergence = (0, 0, None)
-        if localise:
+        if localise and all(hasattr(s, "proposals") for s in sessions):  # only vLLM's sessions keep them
             say("comparing vLLM's drafts with the reference's, cycle by cycle")
             same, total, divergence = _localise(Reference(models), sessions, ids)
     finally:
-        patches = tuple(vengine.patches)
+        patches = tuple(getattr(vengine, "patches", ()))
         vengine.close()
     if vllm_ar:
         say("vLLM without speculation")
-        plain = production_engine(target, draft, speculative=False)
+        plain = registry.load(engine, target, draft, speculative=False)
         try:
             vtoks = [plain.generate(prompt_ids=p, max_new_tokens=max_new_tokens) for p in ids]
         finally:
             plain.close()
-        lossless[f"vLLM {vengine.version} AR vs {ar.name}"] = _equal(vtoks, ar.tokens)
-    return ConformanceReport(f"vLLM {vengine.version}", texts, runs, lossless, (same, total), divergence,
+        lossless[f"{label} AR vs {ar.name}"] = _equal(vtoks, ar.tokens)
+    return ConformanceReport(label, texts, runs, lossless, (same, total), divergence,
                              patches, time.perf_counter() - t_start)
 
 

@@ -12,8 +12,13 @@ PAIRS = ("dense", "hybrid")
 
 
 def add_parser(sub) -> None:
+    from workbench.interface.registry import engine_names
+
     p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch, and what decides "
                                         "(acceptance, cost per step, predicted and measured speedup)")
+    p.add_argument("--engine", choices=engine_names(), default="workbench",
+                   help="the engine that decodes: workbench (default) or one built on it, by its registry name "
+                        "(an installed package's engines too)")
     p.add_argument("--target", default="dense",
                    help="dense (default) or hybrid: an embedded pair; or a target model directory with --draft")
     p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with a --target directory)")
@@ -63,8 +68,9 @@ def read_prompts(args) -> list[dict]:
 
 
 def run(args, out, err) -> int:
-    from workbench.engine.core import load
     from workbench.engine import validate
+    from workbench.engine.cli_models import require_own_engine
+    from workbench.engine.core import load
     from workbench.payoff import pays_off
     from workbench.payoff.inputs import PaysOffInputError, check_inputs
 
@@ -77,11 +83,12 @@ def run(args, out, err) -> int:
     if args.target not in PAIRS and not args.draft:
         raise PaysOffInputError(f"--target {args.target!r}: use dense or hybrid, or give a target directory with "
                                 "--draft DIR")
+    require_own_engine(args.engine, "pays-off")  # it decodes batches of the engine's own rows
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     target = None if args.target == "dense" else args.target
-    engine = load(target=target, draft=args.draft, device=args.device, threads=args.threads)
+    engine = load(target=target, draft=args.draft, device=args.device, threads=args.threads, engine=args.engine)
     temps = [0.0] + ([args.temperature] if args.temperature > 0 else [])
     results = [pays_off(engine, prompts, batch=args.batch, policies=args.policies,
                         max_new_tokens=args.max_new_tokens, temperature=t, seed=args.seed, repeats=args.repeats,

@@ -1,0 +1,80 @@
+"""``python -m workbench bench-serve``: the served engine under load beside the same engine in process
+(``workbench.bench.serve_load``): N clients at once, what the server adds per step and where it goes.
+
+``--engine`` names the engine both sides run (the servers get it too); as for ``serve``, it is the workbench's
+engine or one built on it, said before any server starts.
+"""
+from __future__ import annotations
+
+import json
+
+from workbench.engine.cli_models import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
+from workbench.engine.cli_values import UsageError, check_output, positive_int
+from workbench.serve.command import SERVED_MAX_NEW_TOKENS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench-serve", help="the served engine under load beside the same engine in process: N "
+                       "clients at once, what the server adds per step and where it goes")
+    p.add_argument("--clients", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
+    p.add_argument("--modes", default="inproc,run,step,serial",
+                   help="comma-separated, interleaved: inproc (one batch in this process), run (each client one "
+                        "streamed request), step (one request per cycle), serial (run, one client after another), "
+                        "unbatched (run on a --no-batching server) (default inproc,run,step,serial)")
+    p.add_argument("--policy", default="ddtree:16", help="every client's policy (default ddtree:16)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=48, help="per session (default 48)")
+    p.add_argument("--repeats", type=positive_int, default=1, help="rounds per (mode, clients), order alternating (default 1)")
+    p.add_argument("--split", choices=["long", "short"], default="long", help="which held-out prompts (default long)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    add_model_args(p, engine_help="the engine both sides run: workbench (default) or one built on it, by its "
+                                  "registry name (an installed package's engines too)")
+
+
+def run(args, out, err) -> int:
+    import importlib.util
+
+    for name in ("fastapi", "uvicorn"):  # its servers would fail to start, one by one: said before any starts
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)  # main() names the extra
+    if args.max_new_tokens > SERVED_MAX_NEW_TOKENS:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: bench-serve's servers allow "
+                         f"{SERVED_MAX_NEW_TOKENS} new tokens per session (serve's default limit); give "
+                         f"{SERVED_MAX_NEW_TOKENS} or fewer")
+    from workbench.shipped import eval_prompts
+    from workbench.bench.serve_load import bench_serve, table
+    from workbench.engine.policies import parse_policy
+    from workbench.serve import wire
+
+    try:
+        clients = [int(x) for x in args.clients.split(",")]
+    except ValueError:
+        raise UsageError(f"--clients {args.clients!r} must be comma-separated whole numbers, e.g. 1,4,8,16") from None
+    if any(n < 1 for n in clients) or len(set(clients)) != len(clients):
+        raise UsageError(f"--clients {args.clients!r}: each count must be 1 or more, and each only once")
+    from workbench.bench.serve_load import MODES
+
+    modes = [m.strip() for m in args.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise UsageError(f"--modes {args.modes!r}: give each of {', '.join(MODES)} at most once, comma-separated"
+                         + (f" ({unknown[0]!r} is none of them)" if unknown else ""))
+    try:
+        policy = wire.policy_to_wire(parse_policy(args.policy))
+    except ValueError as e:
+        raise UsageError(f"--policy {args.policy!r}: {e}") from None
+    dest = check_output(args.json, "--json") if args.json else None
+    require_own_engine(args.engine, "bench-serve")  # its servers batch the engine's own cycle, as serve does
+    model_args = [a for k, v in (("--target", args.target), ("--draft", args.draft), ("--device", args.device),
+                                 ("--dtype", args.dtype), ("--kernel-backend", args.kernel_backend),
+                                 ("--engine", None if args.engine == DEFAULT_ENGINE else args.engine))
+                  if v is not None for a in (k, str(v))]
+    prompts = [p["prompt"] for p in eval_prompts(args.split)]
+    res = bench_serve(model_args, lambda: load_engine(args), prompts, clients, policy, args.max_new_tokens,
+                      args.repeats, args.threads, modes,
+                      progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
+    print(table(res), file=out)
+    if dest is not None:
+        from workbench.records.files import write_text_atomic
+
+        write_text_atomic(dest, json.dumps(res, indent=2) + "\n")
+    return 0
