@@ -97,3 +97,6 @@ def test_the_rounds_count_tokens_steps_and_where_the_time_went(server, pair):
     assert "3 clients at once (run) over one after another (serial): 2.00x" in text
     assert "0.90x [0.90-1.10]" in text and "where a served step goes" in text
     assert all(k in text for k in ("wait", "cycle", "record", "encode", "http", "wire", "decode"))
+    steps = text.split("where a served step goes")[1].splitlines()
+    assert [line.split()[1] for line in steps[2:6]] == ["inproc", "run", "step", "serial"]  # in process beside
+    assert steps[2].split()[-4:] == ["-"] * 4  # in process: nothing is encoded, sent or decoded

@@ -97,16 +97,20 @@ def inproc_round(engine, prompts: list[str], clients: int, policy, max_new_token
     """The ``clients`` prompts as one batch: tokens, seconds of stepping, a step latency per live row."""
     b = engine.batch_session([prompts[i % len(prompts)] for i in range(clients)], policy=policy,
                              max_new_tokens=max_new_tokens)
-    lat = []
+    lat, parts = [], []
     t0 = time.perf_counter()
     while not b.finished:
         live = len(b.live)
         t = time.perf_counter()
-        b.step()
-        lat += [time.perf_counter() - t] * live  # every live row waited this step for its cycle, as a client does
+        bc = b.step()
+        took = time.perf_counter() - t
+        lat += [took] * live  # every live row waited this step for its cycle, as a client does
+        record = float(bc.stage_seconds.get("record", 0.0))
+        parts += [{"wait": 0.0, "cycle": took - record, "record": record, "encode": None, "http": None,
+                   "wire": None, "decode": None}] * live
     wall = time.perf_counter() - t0
     tokens = sum(len(s.generated) for s in b.sessions)
-    return {"tokens": tokens, "seconds": wall, "latencies": [lat], "parts": [], "gather": {}}
+    return {"tokens": tokens, "seconds": wall, "latencies": [lat], "parts": parts, "gather": {}}
 
 
 # ------------------------------------------------------------------------------------------ served
@@ -209,7 +213,7 @@ def summarise(rounds: list[dict]) -> dict:
         mean_step = sum(steps) / len(steps)
         means = {k: (sum(p[k] for p in parts) / len(parts) if all(p[k] is not None for p in parts) else None)
                  for k in PARTS}
-        if means["wire"] is None:  # a stream: what the steps took beyond the server's part
+        if means["wire"] is None and means["decode"] is not None:  # a stream: the steps beyond the server's part
             means["wire"] = max(mean_step - means["wait"] - means["cycle"] - means["record"], 0.0)
         out["parts_ms"] = {k: None if v is None else 1e3 * v for k, v in means.items()}
         out["mean_step_ms"] = 1e3 * mean_step
@@ -309,8 +313,8 @@ def table(res: dict) -> str:
     parts = [(r["clients"], m, r[m]) for r in res["rows"] for m in res.get("modes", MODES)
              if m in r and "parts_ms" in r[m]]
     if parts:
-        lines += ["", "where a served step goes (mean ms per step; run: encode and decode overlap the next cycle, "
-                  "and wire holds what a step took beyond wait + cycle + record)",
+        lines += ["", "where a served step goes, beside the same step in process (mean ms per step; run: encode and "
+                  "decode overlap the next cycle, and wire holds what a step took beyond wait + cycle + record)",
                   f"{'clients':>7}  {'mode':<9} {'step':>7} " + " ".join(f"{k:>7}" for k in PARTS)
                   + "   gather: cycles, rows per cycle; waited (share of cycles), mean ms; window ran out"]
         for n, m, x in parts:
