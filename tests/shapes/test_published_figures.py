@@ -12,6 +12,7 @@ import pytest
 
 import workbench as wb
 from workbench.shapes import published as pub
+from workbench.shapes import published_figures as figs
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "published-figures.md"
 START, END = "<!-- published-figures:start -->\n", "<!-- published-figures:end -->"
@@ -37,34 +38,34 @@ def test_doc_tables_are_what_the_command_prints(preds, capsys):
 
 
 def test_every_row_names_its_source(preds):
-    rows = [line for line in doc_block().splitlines() if re.match(r"\| \d+ \| ", line)][:len(pub.FIGURES)]
-    assert len(rows) == len(pub.FIGURES) == len(preds)
-    for line, fig in zip(rows, pub.FIGURES):
+    rows = [line for line in doc_block().splitlines() if re.match(r"\| \d+ \| ", line)][:len(figs.FIGURES)]
+    assert len(rows) == len(figs.FIGURES) == len(preds)
+    for line, fig in zip(rows, figs.FIGURES):
         assert fig.source.strip()
         if fig.url is None:  # only a report that is not public goes without an address, and says so
             assert "not public" in fig.source and f"| {fig.source} |" in line
         else:
             assert fig.url.startswith("https://") and f"[{fig.source}]({fig.url})" in line
-    assert sum(f.url is None for f in pub.FIGURES) <= 1
-    assert len({f.key for f in pub.FIGURES}) == len(pub.FIGURES)
+    assert sum(f.url is None for f in figs.FIGURES) <= 1
+    assert len({f.key for f in figs.FIGURES}) == len(figs.FIGURES)
 
 
 def test_a_drifted_input_shows_in_the_doc_check(preds):
     """The comparison can fail: one published number changed changes the rendered block."""
-    changed = [dataclasses.replace(pub.FIGURES[0], published=0.5)] + list(pub.FIGURES[1:])
+    changed = [dataclasses.replace(figs.FIGURES[0], published=0.5)] + list(figs.FIGURES[1:])
     assert pub.render_markdown(pub.predictions(changed)) != doc_block()
 
 
 def test_every_figure_uses_a_gpu_the_cost_model_knows():
     known = wb.shapes.cost_gpus()
-    for fig in pub.FIGURES:
+    for fig in figs.FIGURES:
         assert fig.gpu in known, f"{fig.key}: {fig.gpu} is not in workbench/shapes/gpus.json"
         assert known[fig.gpu].source, f"{fig.gpu} has no source"
 
 
 def test_a_prediction_by_hand():
     """rmagur1203's Qwen3.5-4B pair with CUDA graphs, priced here with the cost table's own forwards."""
-    fig = next(f for f in pub.FIGURES if f.key == "rmagur-4b-graphs")
+    fig = next(f for f in figs.FIGURES if f.key == "rmagur-4b-graphs")
     t = wb.shapes.cost(fig.target, gpu=fig.gpu, batch=1, prompt_len=fig.prompt_len, budgets=[15, 16],
                        draft_config=fig.draft)
     draft = t.forward("DRAFT")["seconds"]
@@ -83,7 +84,7 @@ def test_a_prediction_by_hand():
 
 def test_overhead_from_a_speedup_over_ar_reproduces_it(preds):
     """Calibrated on the reference arm's published speedup over AR, the model gives that speedup back."""
-    fig = next(f for f in pub.FIGURES if f.key == "ddtree-paper")
+    fig = next(f for f in figs.FIGURES if f.key == "ddtree-paper")
     p = next(p for p in preds if p.figure is fig)
     t = wb.shapes.cost(fig.target, gpu=fig.gpu, prompt_len=fig.prompt_len, budgets=[15], draft_config=fig.draft)
     dec = t.decode["seconds"]
@@ -109,13 +110,13 @@ def test_summary_counts_only_predicted_rows(preds):
 def test_json_holds_every_figure(preds, capsys):
     assert pub.main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["figure"]["key"] for r in out["figures"]] == [f.key for f in pub.FIGURES]
+    assert [r["figure"]["key"] for r in out["figures"]] == [f.key for f in figs.FIGURES]
     assert all(r["figure"]["url"] is None or r["figure"]["url"].startswith("https://") for r in out["figures"])
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(tree=pub.Arm("t", 4, 6.0)), r"tau 6.0 outside \[1, budget \+ 1 = 5\]"),
-    (dict(ref=pub.Arm("AR", None, 2.0)), r"is AR \(no budget\), so its tau is 1"),
+    (dict(tree=figs.Arm("t", 4, 6.0)), r"tau 6.0 outside \[1, budget \+ 1 = 5\]"),
+    (dict(ref=figs.Arm("AR", None, 2.0)), r"is AR \(no budget\), so its tau is 1"),
     (dict(url="github.com/x"), r"address is https://..., not 'github.com/x'"),
     (dict(url=None), r"without an address says its source is not public"),
     (dict(source=" "), r"every figure names its source"),
@@ -123,10 +124,10 @@ def test_json_holds_every_figure(preds, capsys):
 ])
 def test_bad_figures_are_refused_in_one_line(change, match):
     with pytest.raises(ValueError, match=match):
-        dataclasses.replace(pub.FIGURES[0], **change)
+        dataclasses.replace(figs.FIGURES[0], **change)
 
 
 def test_drafter_layers_follow_the_shipped_rule():
     shipped = wb.shapes.families.load_config("qwen3-8b-dflash-b16")["dflash_config"]["target_layer_ids"]
-    assert pub.evenly_spaced_layers(36, 5) == shipped
-    assert pub.evenly_spaced_layers(40, 1) == [20]
+    assert figs.evenly_spaced_layers(36, 5) == shipped
+    assert figs.evenly_spaced_layers(40, 1) == [20]
