@@ -88,6 +88,50 @@ def test_an_engine_is_one_class_in_the_registry(toy_engine, tiny_pairs):
         e.replay(s.trace)
 
 
+def test_run_and_bench_take_any_registered_engine_and_refuse_what_it_cannot_run(toy_engine, tiny_pairs, tmp_path,
+                                                                                capsys, monkeypatch):
+    """ToyEngine is not built on the workbench's Engine (it wraps one and has no ``models``): ``run`` and the policy
+    bench read only what the interface declares, so they run on it (its choices come from the registry, so
+    ``--engine toy`` is there once registered); what drives the engine's own model states, or needs batched
+    sessions it lacks, is refused in one line before anything loads."""
+    import json
+
+    from workbench.cli import main
+    from workbench.interface import registry as reg
+
+    t, d = tiny_pairs["l4-h32"]
+    pair = ["--target", str(t), "--draft", str(d), "--threads", "1"]
+    assert main(["run", "--engine", "toy", "--prompt", "t1 t2", "--policy", "ddtree:4", "--max-new-tokens", "6",
+                 "--json", *pair]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["engine"], out["policy"], out["new_tokens"], out["kernel_backend"]) == ("toy", "DDTree(4)", 6, "torch")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "t1 t5 t9 t3"}\n{"id": "b", "prompt": "t40 t2 t17"}\n')
+    assert main(["bench", "--engine", "toy", "--policies", "ar,ddtree:4", "--prompts", str(prompts), "--max-new-tokens",
+                 "8", "--repeats", "1", "--no-warmup", "--check-lossless", "--json", "--no-progress", *pair]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["DDTree(4)"]["lossless"] is True and summary["settings"]["dtype"] == "float32"
+
+    loads = []
+    real = reg.load
+    monkeypatch.setattr(reg, "load", lambda *a, **k: loads.append(a) or real(*a, **k))
+    for argv, line in (
+        (["bench", "--batch-size", "2"], "--batch-size runs batched sessions; the toy engine has none: run the "
+                                         "sessions one at a time"),
+        (["bench", "--reference"], "--engine toy: --reference drives the workbench engine's own model states, "
+                                   "which the toy engine does not have: use --engine workbench, or an engine "
+                                   "built on workbench.engine.core.Engine"),
+        (["bench", "--profile", str(tmp_path)], "--engine toy: --profile drives the workbench engine's own"),
+        (["serve", "--port", "0"], "--engine toy: serve drives the workbench engine's own model states"),
+        (["bench-serve"], "--engine toy: bench-serve drives the workbench engine's own model states"),
+        (["pays-off"], "--engine toy: pays-off drives the workbench engine's own model states"),
+    ):
+        assert main([*argv, "--engine", "toy"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"workbench: error: {line}") and "\n" not in err, err
+    assert loads == []  # every refusal came before any engine loaded
+
+
 def test_an_engine_missing_a_declared_operation_cannot_be_made():
     class Half(BaseEngine):
         name = "half"
