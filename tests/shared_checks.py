@@ -1,6 +1,6 @@
 """Helpers shared by test files in different folders (imported by bare name: pytest's ``pythonpath`` in
-pyproject.toml puts tests/ on the path): the sampling-law check, transformers' own greedy generate, random trees
-for the GatedDeltaNet kernels, and the no-host-sync guard."""
+pyproject.toml puts tests/ on the path): the sampling-law check, greedy output against plain decoding,
+transformers' own greedy generate, random trees for the GatedDeltaNet kernels, and the no-host-sync guard."""
 from __future__ import annotations
 
 import importlib.util
@@ -79,6 +79,43 @@ def chi_square_pvalue(stat: float, df: int) -> float:
     """Upper tail of chi-square via the Wilson-Hilferty normal approximation."""
     z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# ----------------------- lossless: tests/engine/test_tree_policies.py, tests/engine/test_new_policies.py
+
+def assert_greedy_equals_ar(engine, prompts, policies, max_new_tokens: int, *, batch: bool = False,
+                            seeded: bool = False, node_cap=None, label: str = "") -> None:
+    """Every policy's greedy output equals plain decoding's (``wb.AR()``) token for token on every prompt: the
+    property every tree policy must have (docs/architecture.md, "Add a tree policy"), checked one way for all.
+
+    ``batch``: each policy runs the prompts as one BatchSession (AR still alone, the reference); ``seeded``:
+    prompt i's sessions take ``seed=i``; ``node_cap(policy)``: the most nodes any cycle of a solo run may verify
+    (beside the root); ``label`` starts each failure's line (e.g. the random model's shape)."""
+    from workbench.bench.policy_bench import first_difference
+    from workbench.engine.policies import AR
+
+    def solo(prompt, policy, i):
+        s = engine.session(prompt, policy=policy, max_new_tokens=max_new_tokens, **({"seed": i} if seeded else {}))
+        s.run()
+        return s
+
+    ref = [solo(p, AR(), i).tokens for i, p in enumerate(prompts)]
+    for policy in policies:
+        if batch:
+            b = engine.batch_session(prompts, policy=policy, max_new_tokens=max_new_tokens)
+            b.run()
+            got = [s.tokens for s in b.sessions]
+        else:
+            got = []
+            for i, p in enumerate(prompts):
+                s = solo(p, policy, i)
+                got.append(s.tokens)
+                if node_cap is not None:
+                    cap = node_cap(policy)
+                    assert all(c.n_nodes <= cap for c in s.cycles), f"{label}{policy} prompt {i}: over {cap} nodes"
+        for i, (r, g) in enumerate(zip(ref, got)):
+            assert g == r, (f"{label}{policy} prompt {i} {prompts[i]!r:.40} (batch={batch}): differs at "
+                            f"{first_difference(r, g)}")
 
 
 # --------------------- greedy oracle: tests/models/test_real_layouts.py, tests/engine/test_static_shapes.py

@@ -7,7 +7,7 @@ import torch
 
 import workbench as wb
 from ddtree_kernels import InvalidTree, Tree, build_tree, chain_tree, validate_tree
-from workbench.bench.policy_bench import first_difference
+from shared_checks import assert_greedy_equals_ar
 
 
 def odd_build(lp, roots, budget):
@@ -52,29 +52,33 @@ BUILTIN = [wb.DDTree(8, width=2), wb.EagleTree(1, 6, 7), wb.EagleTree(2, 4, 9), 
 @pytest.mark.parametrize("shape", ["l4-h32", "l3-h48-b5", "l6-h32-d2"])
 def test_greedy_equals_ar_for_every_policy_on_random_models(tiny_engines, shape):
     engine = tiny_engines[shape]
-    for i, prompt in enumerate(["t1 t2 t3", "t4 t9 t4 t9 t1"]):
-        ref = engine.session(prompt, policy=wb.AR(), max_new_tokens=24, seed=i)
-        ref.run()
-        slots = engine.models.block_size - 1  # an EagleTree deeper than the drafter's slots is refused at start
-        def fit(p, steps):  # as many nodes as that many steps can draft
-            return wb.EagleTree(p.topk, steps, min(p.num_draft_tokens, 1 + p.topk + (steps - 1) * p.topk ** 2))
+    slots = engine.models.block_size - 1  # an EagleTree deeper than the drafter's slots is refused at start
 
-        fitted = [fit(p, min(p.steps, slots)) if isinstance(p, wb.EagleTree) else p for p in BUILTIN]
-        for policy in fitted + CUSTOM:
-            s = engine.session(prompt, policy=policy, max_new_tokens=24, seed=i)
-            s.run()
-            assert s.tokens == ref.tokens, f"{shape} {policy} {prompt!r}: differs at {first_difference(ref.tokens, s.tokens)}"
+    def fit(p, steps):  # as many nodes as that many steps can draft
+        return wb.EagleTree(p.topk, steps, min(p.num_draft_tokens, 1 + p.topk + (steps - 1) * p.topk ** 2))
+
+    fitted = [fit(p, min(p.steps, slots)) if isinstance(p, wb.EagleTree) else p for p in BUILTIN]
+    assert_greedy_equals_ar(engine, ["t1 t2 t3", "t4 t9 t4 t9 t1"], fitted + CUSTOM, 24, seeded=True,
+                            label=f"{shape} ")
 
 
 def test_greedy_equals_ar_for_every_policy_on_embedded_default(engine, eval_prompts):
-    for item in eval_prompts[2:4]:
-        ref = engine.session(item["prompt"], policy=wb.AR(), max_new_tokens=32)
-        ref.run()
-        for policy in [wb.EagleTree(4, 5, 16), wb.EagleTree(2, 8, 16)] + CUSTOM:
-            s = engine.session(item["prompt"], policy=policy, max_new_tokens=32)
-            s.run()
-            assert s.tokens == ref.tokens, f"{policy} on {item['id']}: differs at {first_difference(ref.tokens, s.tokens)}"
-            assert all(c.n_nodes <= policy.budget for c in s.cycles)
+    assert_greedy_equals_ar(engine, [it["prompt"] for it in eval_prompts[2:4]],
+                            [wb.EagleTree(4, 5, 16), wb.EagleTree(2, 8, 16)] + CUSTOM, 32,
+                            node_cap=lambda policy: policy.budget)
+
+
+def test_the_lossless_check_names_a_policy_whose_output_differs(tiny_engines, monkeypatch):
+    """The shared check can fail: a policy's sessions sampled hot (not greedy) are named with where they differ."""
+    engine = tiny_engines["l4-h32"]
+    session = engine.session
+
+    def hot_unless_ar(prompt, policy, **kw):
+        return session(prompt, policy=policy, **kw, **({} if policy == wb.AR() else {"temperature": 5.0}))
+
+    monkeypatch.setattr(engine, "session", hot_unless_ar)
+    with pytest.raises(AssertionError, match=r"^DDTree\(8\) prompt 0 't1 t2 t3' \(batch=False\): differs at \d+"):
+        assert_greedy_equals_ar(engine, ["t1 t2 t3"], [wb.DDTree(8)], 16)
 
 
 def test_odd_tree_really_is_odd(engine):
