@@ -22,7 +22,9 @@ CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.
 
 
 def test_every_servable_policy_round_trips_text_and_wire():
-    assert {p.kind for p in EVERY + CALIBRATED} == set(policies.registered()) - {"tree"}  # every built-in is listed
+    # every built-in is listed; a policy an installed package registers (entry points) is not ours to list
+    built_in = {k for k, cls in policies.registered().items() if cls.__module__.startswith("workbench.")}
+    assert {p.kind for p in EVERY + CALIBRATED} == built_in - {"tree"}
     for p in EVERY + CALIBRATED:
         assert wb.parse_policy(str(p)) == p and wb.parse_policy(repr(p)) == p
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
