@@ -81,6 +81,46 @@ def test_the_stepper_and_trace_views_show_a_vllm_session(vllm_engine):
     assert st.session is not s and st.session.prompt == s.prompt
 
 
+def test_acceptance_from_the_records_and_from_vllms_own_counters_agree(vllm_engine):
+    """AIPerf's record of each request (``wb.analysis.acceptance``) from the session's cycles, and from vLLM's own
+    counters over that request: equal, but for a last step the token limit cut inside its block (vLLM counts what
+    its sampler accepted there, the record what the request kept)."""
+    from collections import Counter
+
+    from workbench.adapters.spec_metrics import delta
+    from workbench.analysis.acceptance import from_trace, from_vllm_counters
+
+    k = vllm_engine.num_speculative_tokens
+    exact = 0
+    for p in PROMPTS:
+        before = vllm_engine.spec_counters()
+        s = vllm_engine.session(p, max_new_tokens=NEW)
+        t = s.run()
+        ours = from_trace(t, p)
+        theirs = from_vllm_counters(delta(before, vllm_engine.spec_counters()), request=p, num_spec_tokens=k,
+                                    completion_tokens=len(s.tokens))
+        assert (ours.engine, ours.num_spec_tokens, ours.completion_tokens) == ("vllm", k, theirs.completion_tokens)
+        last = t.cycles[-1]
+        if last.tokens.shape[0] == k + 1:  # not cut by the limit: every figure equal
+            exact += 1
+            assert ours.num_spec_steps == theirs.num_spec_steps == len(t.cycles), p
+            mine, vllms = ours.to_dict(), theirs.to_dict()
+            for name in ("engine", "per_step_accepted", "per_step_drafted"):  # the counters keep no step order
+                mine.pop(name), vllms.pop(name)
+            assert mine == vllms, p
+            assert ours.per_position() == theirs.per_position() and ours.sglang() == theirs.sglang()
+        else:  # the last step, cut: a step in vLLM's counters even when the record kept none of its drafts
+            kept = last.n_nodes > 0
+            assert theirs.num_spec_steps == ours.num_spec_steps + (0 if kept else 1) == len(t.cycles), p
+            head = ours.per_step_accepted[:-1] if kept else ours.per_step_accepted
+            extra = theirs.num_accepted_draft_tokens - sum(head) - last.accepted  # accepted past the limit
+            assert 0 <= extra <= k, p
+            rest = Counter(theirs.per_step_accepted)
+            rest[last.accepted + extra] -= 1
+            assert +rest == Counter(head), p
+    assert exact, "no request ended on a whole block: nothing compared exactly"
+
+
 def test_vllm_refuses_what_it_does_not_run(vllm_engine):
     with pytest.raises(ValueError, match=r"policy=DDTree\(16.*wb.DFlash\(\)"):
         vllm_engine.session("x", policy=wb.DDTree(16))

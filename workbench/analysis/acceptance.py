@@ -38,8 +38,9 @@ chain's for the same accepted lengths. k is the drafter's drafted slots per bloc
 tree can reach.
 
 The workbench's records keep what the target accepted; vLLM's adapter keeps what the request kept (its last step,
-cut by ``max_new_tokens`` inside a block, records the drafts it kept, while vLLM's counters count what its sampler
-accepted past the limit): on vLLM, the two agree on every step but a request's last, when that one was cut.
+cut by ``max_new_tokens`` inside a block, records the drafts it kept, none at times, while vLLM's counters count
+that step and what its sampler accepted past the limit): on vLLM, the two agree on every step but a request's
+last, when that one was cut.
 """
 from __future__ import annotations
 
