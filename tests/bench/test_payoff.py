@@ -376,3 +376,130 @@ def test_notebook_11_states_the_rules_its_verdicts_use():
                    .replace("#", " ").split())
     assert "no order is claimed where p >= 0.05" not in src  # its verdicts use p < 0.025 (two budgets)
     assert "Bonferroni" in src and "p < 0.025" in src
+
+
+# ------------------------------------------------------------- issue 47 item 5: the calibrated policies side by side
+CALIBRATED_LABELS = ["PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)"]
+
+
+def test_the_default_set_holds_one_size_of_each_calibrated_policy_in_its_own_family():
+    import argparse
+
+    from workbench.payoff.command import add_parser
+    from workbench.payoff.tree_shapes import CALIBRATED_FAMILIES, SHAPE_FAMILIES
+
+    shapes = default_shapes(15, 4096)
+    fams = {s.label: s.family for s in shapes}
+    assert [s.label for s in shapes][-5:] == CALIBRATED_LABELS  # one size each: five decodes more per unit, not 25
+    assert [fams[x] for x in CALIBRATED_LABELS] == list(CALIBRATED_FAMILIES)
+    assert "other" not in fams.values() and set(fams.values()) <= set(SHAPE_FAMILIES)
+    assert family(wb.CutTree(8, width=1)) == "cut-tree" and family(wb.PathTree(64)) == "path-tree"
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    said = " ".join(sub.choices["pays-off"].format_help().split())
+    assert "path:16,costed:64,cut:16,pairtree:16,pairchain:8, to keep the run's cost down" in said
+
+
+def test_a_calibration_made_on_another_pair_is_refused_before_any_decode(tiny_engines, engine, guarded):
+    eng = tiny_engines["l4-h32"]  # a pair nobody calibrated
+    made = "make one with python -m workbench.calibrate --target DIR --draft DIR --out FILE"
+    with pytest.raises(PaysOffInputError, match=rf"^PathTree\(8\): no shipped calibration was made on this pair "
+                                                rf"\(vocabulary 64, block size 8\); {made} and pass calibration=FILE$"):
+        pays_off(eng, PROMPTS, policies="dflash,path:8", progress=False)
+    with pytest.raises(PaysOffInputError, match=r"^calibration \S+calibration.json was made on another pair: its "
+                                                r"vocabulary size is 4096, this pair's 64; make one for this pair"):
+        pays_off(eng, PROMPTS, policies="PairChain(4, calibration=dense)", progress=False)
+    with pytest.raises(PaysOffInputError, match=r"^calibration \S+hybrid/calibration.json was made on another pair"):
+        pays_off(engine, PROMPTS, policies="PathTree(16, calibration=hybrid)", progress=False)  # the other embedded pair
+    # the default set runs on any pair: there the calibrated policies are left out, in one note saying why
+    inp = check_inputs(PROMPTS, batch=1, max_new_tokens=4)
+    labels = [s.label for s in fit_to_engine(inp, eng)]
+    assert not set(CALIBRATED_LABELS) & set(labels) and "DDTree(8)" in labels
+    assert inp.notes == [f"{', '.join(CALIBRATED_LABELS)} left out of the default set: no shipped calibration was made "
+                         f"on this pair (vocabulary 64, block size 8); {made} and pass calibration=FILE"]
+    with pytest.raises(Reached):
+        pays_off(eng, PROMPTS, max_new_tokens=4, progress=False)
+
+
+def test_both_embedded_pairs_run_every_calibrated_policy_by_default(engine, guarded):
+    for eng in (engine, wb.load("hybrid")):
+        inp = check_inputs(PROMPTS, batch=(1, 8), max_new_tokens=4)
+        shapes = {s.label: s.policy for s in fit_to_engine(inp, eng)}
+        assert set(CALIBRATED_LABELS) <= set(shapes) and inp.notes == []
+        for label in CALIBRATED_LABELS:  # bound to the pair's own calibration, and still equal to the unbound policy
+            p = shapes[label]
+            assert p == wb.parse_policy(label) and p.calibration_data().pair["vocab"] == eng.models.target.config.vocab_size
+
+
+def stand_in_run(tokens_per_forward: float, tokens_per_s: float, verify_ms: float, rest_ms: float) -> measure.UnitRun:
+    """A unit's decode with the counts and times given: 10 forwards, 3 steps of the given stage times."""
+    tokens = round(10 * tokens_per_forward)
+    step = {**dict.fromkeys(("tree_build", "tree_compile", "accept", "record", "other"), 0.0),
+            "draft": rest_ms / 2e3, "verify": verify_ms / 1e3, "commit": rest_ms / 2e3}
+    return measure.UnitRun(tokens, 10, 10, tokens, tokens / tokens_per_s, 1.0, [step] * 3, [[1]])
+
+
+# label -> tokens per forward, tokens/s on unit 0, verify ms, the rest of the step in ms; unit i runs (1 + i / 10)x
+# as fast for every shape, so each ratio is the same on every unit
+SPEC = {"AR": (1.0, 90.0, 6.0, 4.0), "DFlash": (3.0, 100.0, 10.0, 10.0), "DDTree(8)": (3.3, 110.0, 10.0, 10.0),
+        "DDTree(16)": (3.6, 120.0, 11.0, 10.0),
+        "PathTree(16)": (4.0, 156.0, 11.0, 10.0),  # 1.30x the best budget, by acceptance at the same step
+        "PairChain(8)": (3.8, 96.0, 16.0, 10.0),  # 0.80x: more tokens per forward, but a verify 5 ms wider
+        "CutTree(16)": (3.6, 120.0, 11.0, 14.0)}  # 1.05x and 0.95x on alternate units: not separated
+
+
+def stand_in(engine, policy, prompts, max_new_tokens, temperature, seed, record_topk=1):
+    """decode_unit's stand-in at batch 1: the unit's figures from ``SPEC`` (the unit is the prompt's index)."""
+    tpf, tps, verify, rest = SPEC[str(policy)]
+    i = PROMPTS.index(prompts[0])
+    wobble = (1.05 if i % 2 else 0.95) if str(policy) == "CutTree(16)" else 1.0
+    return stand_in_run(tpf, tps * (1 + i / 10) * wobble, verify, rest), []
+
+
+def test_each_calibrated_policy_is_compared_with_the_best_ddtree_budget(engine, monkeypatch):
+    from workbench.payoff.strict_json import strict_json
+
+    seen = []
+
+    def decode(engine, policy, prompts, *a, **k):
+        seen.append(policy)
+        return stand_in(engine, policy, prompts, *a, **k)
+
+    monkeypatch.setattr(measure, "decode_unit", decode)
+    # sampled: no greedy branching pass, so every decode is the stand-in's; units in order, shapes rotated per unit
+    res = pays_off(engine, PROMPTS, batch=1, policies=list(SPEC), max_new_tokens=8, temperature=0.5, warmup=False,
+                   progress=False)
+    assert all("_bound" in p.__dict__ for p in seen if str(p) in ("PathTree(16)", "PairChain(8)", "CutTree(16)"))
+    v = res.batches[1]
+    assert v.best_budget == "DDTree(16)"
+    got = {c.label: c for c in v.versus_best}
+    assert list(got) == ["PathTree(16)", "PairChain(8)", "CutTree(16)"]  # the calibrated ones, no other shape
+    path, chain, cut = got["PathTree(16)"], got["PairChain(8)"], got["CutTree(16)"]
+    assert path.line == ("PathTree(16) 1.30x DDTree(16) (IQR 1.30-1.30, worst 1.30, Wilcoxon p=0.002, sign p=0.002, "
+                         "10 paired units; Bonferroni over 3 calibrated policies: p<0.0167): faster than DDTree(16)")
+    assert path.decision.factor == "acceptance" and path.decision.gain == pytest.approx(4.0 / 3.6)
+    assert chain.outcome == "slower" and chain.measured.median == pytest.approx(0.8)
+    assert chain.decision.factor == "verify width" and chain.decision.verify_share == pytest.approx(5 / 21)
+    assert cut.outcome == "not separated" and cut.line.endswith(": not separated from DDTree(16)")
+    assert cut.decision.factor == "acceptance"  # no tokens-per-forward gain: nothing could pay for its longer step
+    text = str(res)
+    assert "calibrated policies against the best DDTree budget, DDTree(16) (paired per unit):\n  PathTree(16) 1.30x" \
+        in text
+    assert ("    verify width decides: PairChain(8) commits 1.06x the tokens per forward of DDTree(16) while its "
+            "verify costs +24% and the rest of its step +0% of DDTree(16)'s step time (predicted 0.85x)") in text
+    d = json.loads(json.dumps(strict_json(res.to_dict()), allow_nan=False))["batches"]["1"]["versus_best"]
+    assert [(c["label"], c["outcome"], c["decides"]) for c in d] == [
+        ("PathTree(16)", "faster", "acceptance"), ("PairChain(8)", "slower", "verify width"),
+        ("CutTree(16)", "not separated", "acceptance")]
+    assert d[0]["measured"]["wilcoxon_p"] < 0.0167 and d[0]["rule"] == "Bonferroni over 3 calibrated policies: p<0.0167"
+
+
+def test_without_a_ddtree_budget_the_calibrated_policies_say_why(engine, monkeypatch):
+    monkeypatch.setattr(measure, "decode_unit", stand_in)
+    res = pays_off(engine, PROMPTS, batch=1, policies="path:16", max_new_tokens=8, temperature=0.5, warmup=False,
+                   progress=False)
+    v = res.batches[1]
+    assert v.versus_best == [] and v.versus_best_note == (
+        "at batch 1 no calibrated policy is compared with DDTree: no DDTree budget among the policies (they are "
+        "compared with the best one); add ddtree:N, e.g. ddtree:8")
+    assert v.versus_best_note in str(res)

@@ -4,6 +4,7 @@
     print(res)                                            # acceptance, cost, predicted vs measured, verdicts
     res.batches[8].verdict, res.batches[8].decides        # DDTree's budgets against DFlash, and what decides
     res.batches[8].fastest                                # the fastest policy measured, AR included
+    res.batches[8].versus_best                            # each calibrated policy against the best DDTree budget
 
 Three things are measured apart: acceptance (target forwards counted from the cycles, per shape, each shape
 its own decode), per-step cost (the engine's stage times, medians over steps) and the speedup (paired per
@@ -48,7 +49,8 @@ class PaysOff:
             "batches": {str(b): {"units": v.units, "verdict": v.verdict, "decides": v.decides, "fastest": v.fastest,
                                  "best_budget": v.best_budget, "predicted_best": v.predicted_best,
                                  "best_vs_runner_up": v.best_vs_runner_up.to_dict() if v.best_vs_runner_up
-                                 else None, "lossless_failures": v.lossless,
+                                 else None, "versus_best": [c.to_dict() for c in v.versus_best],
+                                 "versus_best_note": v.versus_best_note or None, "lossless_failures": v.lossless,
                                  "shapes": [r.to_dict() for r in v.rows]}
                         for b, v in self.batches.items()},
             "branching": self.branching.to_dict() if self.branching is not None else None,
@@ -121,9 +123,11 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
     or a split name 'long' / 'short' (default 'long'), at least 10 distinct (copies are left out, with a note);
     batch: a size or sizes, e.g. 8, (1, 8) or '1,8', each at most the number of prompts; policies: the shapes,
     as policies or their spellings ('ddtree:8', 'dflash,ddtree:8', ['spine:2', wb.DDTree(16)]) (default: AR,
-    DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the drafter's block allows; AR and
-    DFlash are always added); max_new_tokens: at least 3; repeats: timed decodes per unit and shape (medians
-    kept)."""
+    DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) as the drafter's block allows, and one
+    size of each calibrated policy, PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8), where
+    a calibration was made on the pair (else left out, with a note); AR and DFlash are always added; a named
+    calibrated policy whose calibration was made on another pair is refused before any decode);
+    max_new_tokens: at least 3; repeats: timed decodes per unit and shape (medians kept)."""
     from workbench.engine.core import load
     from workbench.engine.policies import DFlash
 

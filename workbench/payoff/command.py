@@ -3,7 +3,8 @@
 Every bad input is one line on stderr and exit code 2, before any model loads where it can be (too few
 distinct prompts, a --limit past them, a .txt file of JSON lines, a batch list, policy list or token count
 that cannot be used: ``workbench.payoff.inputs.check_inputs``) and before any decode otherwise (a batch the
-memory cannot hold, a budget the drafter's block cannot fill: ``fit_to_engine``)."""
+memory cannot hold, a budget the drafter's block cannot fill, a calibrated policy named whose calibration was
+made on another pair: ``fit_to_engine``)."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ PAIRS = ("dense", "hybrid")
 def add_parser(sub) -> None:
     from workbench.interface.registry import engine_names
 
-    p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch, and what decides "
-                                        "(acceptance, cost per step, predicted and measured speedup)")
+    p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch, what decides (acceptance, "
+                                        "cost per step, predicted and measured speedup), the fastest policy (AR "
+                                        "included), and each calibrated policy against the best DDTree budget")
     p.add_argument("--engine", choices=engine_names(), default="workbench",
                    help="the engine that decodes: workbench (default) or one built on it, by its registry name "
                         "(an installed package's engines too)")
@@ -31,9 +33,12 @@ def add_parser(sub) -> None:
                    help="comma-separated batch sizes, each at most the number of distinct prompts (default 1,8)")
     p.add_argument("--policies", default=None,
                    help="comma-separated shapes in any spelling the policy registry takes, e.g. "
-                        "dflash,ddtree:16,ddtree:8:2,spine:2,eagle:4:5:16,'DDTree(16, width=1)' (default: AR, "
-                        "DFlash, the chain cut to 4 and 8, Spine(1,2,4), DDTree(4..64); AR and DFlash are always "
-                        "added)")
+                        "dflash,ddtree:16,ddtree:8:2,spine:2,eagle:4:5:16,path:32,'DDTree(16, width=1)' (default: "
+                        "AR, DFlash, the chain cut to 4 and 8, Spine(1,2,4), DDTree(4..64) and one size of each "
+                        "calibrated policy, path:16,costed:64,cut:16,pairtree:16,pairchain:8, to keep the run's "
+                        "cost down (other sizes: name them here); a calibrated policy runs only on a pair its "
+                        "calibration was made on: left out of the default set otherwise, refused when named; AR "
+                        "and DFlash are always added)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, >= 3 (default 64)")
     p.add_argument("--repeats", type=int, default=1, help="timed decodes per unit and shape, medians kept (default 1)")
     p.add_argument("--temperature", type=float, default=0.0,

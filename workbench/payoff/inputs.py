@@ -157,11 +157,36 @@ def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int 
                   float(temperature), seed, repeats, notes)
 
 
+def bind_to_pair(shapes: list, pair: dict, asked: bool) -> tuple[list, list[str]]:
+    """Each shape's policy ready for ``pair`` (``Policy.for_pair``: a calibrated policy loads its calibration
+    and refuses one made on another pair), before any decode. -> (the shapes, bound; notes).
+
+    ``asked``: the user named the policies, so a refusal is theirs to fix: PaysOffInputError with its line.
+    Otherwise (the default set) a policy that cannot run here is left out, and a note says which and why:
+    the default set must run on any pair, and a pair nobody calibrated has no calibrated policy to measure."""
+    from dataclasses import replace
+
+    kept, left = [], {}
+    for s in shapes:
+        try:
+            kept.append(replace(s, policy=s.policy.for_pair(pair)))  # the bound copy equals the policy
+        except ValueError as e:
+            if asked:
+                raise PaysOffInputError(str(e)) from None
+            # one note per reason: the five calibrated policies of a pair nobody calibrated share one
+            left.setdefault(str(e).removeprefix(f"{s.label}: "), []).append(s.label)
+    notes = [f"{', '.join(labels)} left out of the default set: {why}" for why, labels in left.items()]
+    return kept, notes
+
+
 def fit_to_engine(inp: Inputs, engine) -> list:
     """The shapes to decode on ``engine``'s pair (``workbench.payoff.tree_shapes``), after every check that
     needs the loaded models: a shape the drafter's block cannot fill or needs more slots than it drafts,
-    a prompt that runs past the target's positions, a batch the device's memory cannot hold."""
+    a calibrated policy whose calibration was made on another pair (``bind_to_pair``; from the default set it
+    is left out, with a note in ``inp.notes``), a prompt that runs past the target's positions, a batch the
+    device's memory cannot hold."""
     from workbench.engine.runner import static_nodes
+    from workbench.models.identity import pair_identity
     from workbench.payoff.tree_shapes import check_batch_fits, default_shapes, shapes_of
 
     m = engine.models
@@ -170,6 +195,8 @@ def fit_to_engine(inp: Inputs, engine) -> list:
         shapes = default_shapes(slots, vocab) if inp.policies is None else shapes_of(inp.policies, slots, vocab)
         for s in shapes:
             s.policy.check_slots(slots)
+        shapes, notes = bind_to_pair(shapes, pair_identity(m), asked=inp.policies is not None)
+        inp.notes += [n for n in notes if n not in inp.notes]
         longest = max(len(engine.encode(t).ids) for t in inp.texts)
         if longest + inp.max_new_tokens >= m.max_positions:
             raise PaysOffInputError(f"the longest prompt is {longest} tokens; with max_new_tokens="

@@ -53,6 +53,15 @@ def batch_tables(v) -> str:
         lines.append(f"  {best}")
     if v.fastest:
         lines.append(f"fastest: {v.fastest}")
+    if v.versus_best:
+        baseline = v.versus_best[0].baseline
+        lines.append(f"calibrated policies against the best DDTree budget, {baseline} (paired per unit):")
+        for c in v.versus_best:
+            lines.append(f"  {c.line}")
+            if c.decision is not None:
+                lines.append(f"    {c.decision.sentence(c.label, c.baseline)}")
+    elif v.versus_best_note:
+        lines.append(v.versus_best_note)
     for f in v.lossless:
         lines.append(f"  LOSSLESS CHECK FAILED: {f}")
     return "\n".join(lines)

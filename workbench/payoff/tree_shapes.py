@@ -3,18 +3,29 @@ the rest of the input is checked in ``workbench.payoff.inputs``).
 
 Shapes, all over the same drafter: AR (no drafter), DFlash's chain (the argmax of every slot), the chain cut
 to N nodes (``DDTree(N, width=1)``), the spine with k siblings (``Spine(k)``: the chain plus the k best
-rank-1+ candidates over all slots, each a leaf), and DDTree(N), the N best prefixes.
+rank-1+ candidates over all slots, each a leaf), DDTree(N), the N best prefixes, and the calibrated policies
+(``docs/calibrated-policies.md``), one budget each in the default set: PathTree(16), CostTree(64),
+CutTree(16), PairTree(16), PairChain(8).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.engine.policies import AR, DDTree, DFlash, Spine, as_policy
+from workbench.engine.policies import (AR, CostTree, CutTree, DDTree, DFlash, PairChain, PairTree, PathTree, Spine,
+                                       as_policy)
 
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
 SPINE_SIBLINGS = (1, 2, 4)
 BUDGETS = (4, 8, 16, 32, 64)
-SHAPE_FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", "other")  # what family() returns: how tables group shapes
+# One budget per calibrated policy: five more shapes add 5/12 to a default run that already decodes 12 per unit.
+# PathTree and PairTree at 16 nodes and PairChain at width 8 are the sizes the calibration replays compared with
+# DDTree(16) (docs/calibrated-policies.md); CostTree's 64 is the most it may choose per cycle; CutTree(16) cuts
+# at its calibrated threshold. Other sizes: --policies.
+CALIBRATED = (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8))
+# The calibrated policies' families: the verdict compares each of them with the best DDTree budget.
+CALIBRATED_FAMILIES = ("path-tree", "cost-tree", "cut-tree", "pair-tree", "pair-chain")
+# what family() returns: how the tables group shapes
+SHAPE_FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", *CALIBRATED_FAMILIES, "other")
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,8 @@ class Shape:
 
 
 # A policy's family by its registered kind (the DDTree chain cut: width 1); any other kind is "other".
-KIND_FAMILY = {"ar": "ar", "dflash": "chain", "spine": "spine", "ddtree": "tree"}
+KIND_FAMILY = {"ar": "ar", "dflash": "chain", "spine": "spine", "ddtree": "tree", "path": "path-tree",
+               "costed": "cost-tree", "cut": "cut-tree", "pairtree": "pair-tree", "pairchain": "pair-chain"}
 
 
 def family(policy) -> str:
@@ -48,11 +60,12 @@ def check_fills(policy, slots: int, vocab: int) -> None:
 
 
 def default_shapes(slots: int, vocab: int) -> list[Shape]:
-    """AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64): the
-    budgets the drafter can fill."""
+    """AR, DFlash, the chain cut to 4 and 8, Spine(1, 2, 4), DDTree(4 ... 64) and the calibrated policies
+    (``CALIBRATED``): the budgets the drafter can fill. Whether the calibrated ones can run on the pair is
+    ``workbench.payoff.inputs.fit_to_engine``'s to say (it needs the loaded pair)."""
     pols = [AR(), DFlash(), *(DDTree(n, width=1) for n in CHAIN_CUTS if n < slots)]
     pols += [Spine(k) for k in SPINE_SIBLINGS]
-    pols += [p for p in (DDTree(n) for n in BUDGETS) if p.capacity(slots, vocab) is None]
+    pols += [p for p in (*(DDTree(n) for n in BUDGETS), *CALIBRATED) if p.capacity(slots, vocab) is None]
     return [Shape(p, family(p)) for p in pols]
 
 

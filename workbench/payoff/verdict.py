@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from workbench.analysis.paired import ALPHA, PairedRatio, paired_ratio
+from workbench.payoff.tree_shapes import CALIBRATED_FAMILIES
 from workbench.records.cycle import STAGES
 
 NO_GAIN = 0.02  # an acceptance gain under 2% is no gain: losing then is acceptance's doing
@@ -143,6 +144,8 @@ class BatchVerdict:
     verdict: str = ""  # DDTree's budgets against the chain (or why there is no verdict)
     decides: str = ""
     fastest: str = ""  # the fastest policy measured, AR included
+    versus_best: list = field(default_factory=list)  # Challenge per calibrated policy, against best_budget
+    versus_best_note: str = ""  # why there is no such comparison, when there is none
     lossless: list = field(default_factory=list)  # failure lines (greedy only)
 
     def row(self, label: str) -> ShapeRow:
@@ -193,14 +196,15 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
         if len(ranked) > 1:
             out.best_vs_runner_up = paired_ratio(tps[best.label], tps[ranked[1].label], best.label, ranked[1].label,
                                                  min_pairs=1, what="units")
+    out.versus_best, out.versus_best_note = versus_best(sw.batch, rows, out.best_budget, tps, meds)
     return out
 
 
-def bonferroni(alpha: float, k: int, what: str) -> tuple[float, str]:
+def bonferroni(alpha: float, k: int, what: str, plural: str | None = None) -> tuple[float, str]:
     """The per-comparison threshold when ``k`` comparisons are tried at once, and the rule as the lines print
     it ('Bonferroni over 4 budgets: p<0.0125'), so no line leaves its rule to be guessed."""
     each = alpha / k
-    return each, f"Bonferroni over {k} {what}{'s' if k != 1 else ''}: p<{each:.3g}"
+    return each, f"Bonferroni over {k} {what if k == 1 else plural or what + 's'}: p<{each:.3g}"
 
 
 def figure(row, m: PairedRatio, baseline: str, rule: str) -> str:
@@ -253,3 +257,62 @@ def fastest_line(batch: int, rows: list, ar: str = "AR", alpha: float = ALPHA) -
         return f"at batch {batch} no speculative shape beats {ar} here: {ar} is the fastest measured; the best of the rest, {fig}"
     return (f"at batch {batch} no speculative shape is shown faster than {ar} (the fastest is not separated from "
             f"{ar}): the best median, {fig}")
+
+
+@dataclass
+class Challenge:
+    """One calibrated policy against the best DDTree budget at one batch size: the paired ratio of tokens per
+    second, the outcome under the rule, and the term of log(predicted) that decides."""
+
+    label: str
+    baseline: str  # the best DDTree budget (the highest measured median against the chain)
+    measured: PairedRatio
+    rule: str  # 'Bonferroni over 5 policies: p<0.01'
+    outcome: str  # "faster", "slower" or "not separated"
+    decision: Decision | None
+
+    @property
+    def line(self) -> str:
+        said = {"faster": "faster than", "slower": "slower than", "not separated": "not separated from"}
+        return f"{figure(self, self.measured, self.baseline, self.rule)}: {said[self.outcome]} {self.baseline}"
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "baseline": self.baseline, "measured": self.measured.to_dict(),
+                "rule": self.rule, "outcome": self.outcome,
+                "decides": self.decision.factor if self.decision else None,
+                "gain": self.decision.gain if self.decision else None,
+                "verify_share": self.decision.verify_share if self.decision else None,
+                "overhead_share": self.decision.overhead_share if self.decision else None,
+                "predicted": self.decision.predicted if self.decision else None}
+
+
+def versus_best(batch: int, rows: list, best: str | None, tps: dict, meds: dict,
+                alpha: float = ALPHA) -> tuple[list, str]:
+    """Each calibrated policy (``CALIBRATED_FAMILIES``) against the best DDTree budget, paired per unit (issue 47:
+    the goal is a policy that beats the best budget, not only the chain). Faster or slower only where the
+    Wilcoxon p is below ``alpha`` / the number of calibrated policies (several are tried at once); what decides
+    splits log(predicted) against the best budget into acceptance, verify width and per-step overhead, as
+    the verdict does against the chain. -> (Challenges, '' or a line saying why there are none).
+
+    tps: label -> tokens per second per unit; meds: label -> stage medians (``stage_medians``)."""
+    mine = [r for r in rows if r.family in CALIBRATED_FAMILIES]
+    if not mine:
+        return [], ""
+    if best is None:
+        return [], (f"at batch {batch} no calibrated policy is compared with DDTree: no DDTree budget among the "
+                    "policies (they are compared with the best one); add ddtree:N, e.g. ddtree:8")
+    n = len(tps[best])
+    if n < 2:
+        return [], f"at batch {batch} no calibrated policy is compared with {best}: {n} unit(s), nothing to pair"
+    each, rule = bonferroni(alpha, len(mine), "calibrated policy", "calibrated policies")
+    base = next(r for r in rows if r.label == best)
+    out = []
+    for r in mine:
+        m = paired_ratio(tps[r.label], tps[best], r.label, best, min_pairs=1, what="units")
+        outcome = "not separated" if m.wilcoxon_p >= each else ("faster" if m.median > 1 else "slower")
+        decision = None
+        if base.tokens_per_forward and r.tokens_per_forward and meds[best]["total"]:
+            decision = what_decides(r.tokens_per_forward / base.tokens_per_forward, scaled_to_total(meds[best]),
+                                    scaled_to_total(meds[r.label]))
+        out.append(Challenge(r.label, best, m, rule, outcome, decision))
+    return out, ""
