@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from workbench.conform import contracts as C
+from workbench.conform.calibrated_trees import calibrated_tree, is_calibrated
 from workbench.conform.dump import read_dump
 from workbench.conform.integrity import RecordOrder
 
@@ -584,8 +585,16 @@ class _Replay:
 
     def _tree(self, rec, rq, tokens, parents, shape, kind, cost) -> None:
         policy = rq.policy
+        if is_calibrated(policy):  # rebuilt from the pair's calibration, or not checked, saying what it would need
+            want, why = calibrated_tree(policy, rec, kind, self.models) if shape is None else (None, "")
+            if shape is None and want is None:
+                self._skip("tree", why)
+            else:  # a malformed tree is broken whatever the policy's rule
+                self._verdict("tree", rec, shape or C.tree_problem(tokens, parents, want), cost)
+            return
         if not C.rebuilds(policy):
-            self._skip("tree", f"policy {policy} (the checker rebuilds DFlash and DDTree trees)")
+            self._skip("tree", f"policy {policy} (the checker rebuilds DFlash, DDTree, PathTree, PairTree and "
+                               "PairChain trees)")
             return
         if shape is not None:
             self._verdict("tree", rec, shape, lambda: (None, None))
