@@ -23,13 +23,15 @@ def command_modules() -> dict:
     from workbench import report_command
     from workbench.bench import bench_command, kernels_command, run_command, serve_command as bench_serve_command
     from workbench.bench import acceptance_command, sweep_command
+    from workbench.calibrate import command as calibrate_command
     from workbench.conform import command as conform_command
     from workbench.payoff import command as pays_off_command
     from workbench.serve import command as serve_command
 
     return {"run": run_command, "bench": bench_command, "report": report_command, "kernels": kernels_command,
             "serve": serve_command, "bench-serve": bench_serve_command, "pays-off": pays_off_command,
-            "sweep": sweep_command, "conform": conform_command, "acceptance": acceptance_command}
+            "sweep": sweep_command, "conform": conform_command, "acceptance": acceptance_command,
+            "calibrate": calibrate_command}
 
 
 class OneLineParser(argparse.ArgumentParser):

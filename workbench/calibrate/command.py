@@ -7,7 +7,7 @@
 Bad input is one line on stderr and exit code 2, before any model loads where it can be (a count that is not
 positive, an output folder that does not exist, a cost source that cannot be read) and before anything is
 written otherwise (too few cycles or too few hits per path state for the estimate). ``add_parser`` and
-``run_command`` let ``python -m workbench calibrate`` offer the same command.
+``run`` let ``python -m workbench calibrate`` offer the same command.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def command_line() -> str:
     return "python -m workbench.calibrate " + " ".join(argv)
 
 
-def run_command(args, out, err) -> int:
+def run(args, out, err) -> int:
     import os
 
     from workbench.calibrate.choose import choose_beta, choose_thresholds, summary
@@ -199,4 +199,4 @@ def run_command(args, out, err) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command(args, sys.stdout, sys.stderr)
+    return run(args, sys.stdout, sys.stderr)
