@@ -726,7 +726,7 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
                                 "fields the contracts read (docs/dump-format.md)")
     return ConformReport(str(dump), head, replay.results, total, kept.requests if kept is not None else scan.requests,
                          tol, time.perf_counter() - t0, notes, scan.policies, used,
-                         sel.to_dict() if sel is not None else None)
+                         selection=sel.to_dict() if sel is not None else None)
 
 
 def check_arguments(dump, target, draft, models, device, progress):
