@@ -118,6 +118,7 @@ def test_requests_select_their_cycles_and_both_together_meet(engine, batch_dump,
     assert (kept.cycles, kept.requests) == (2, 1)
     kept = check_against(selection("4:", None), ext, batch_dump)
     assert kept.cycles == sum(s >= 4 for s in steps_of(batch_dump))
+    assert selection((None, 3), None) == selection(":3", None) == selection((0, 3), None)
     over = max(steps_of(batch_dump)) + 50
     kept = check_against(selection((2, over), None), ext, batch_dump)
     assert f"(the dump's records end at step {max(steps_of(batch_dump))})" in kept.note

@@ -66,7 +66,7 @@ def selection(cycles=None, requests=None) -> Selection | None:
 
 
 def _cycles(cycles) -> tuple[int, int | None]:
-    how = ("give engine steps A to B - 1 as (A, B) or 'A:B' (an end left open: (A, None), 'A:' or ':B'), "
+    how = ("give engine steps A to B - 1 as (A, B) or 'A:B' (an end left open: None, 'A:' or ':B'), "
            "e.g. --cycles 100:200")
     if isinstance(cycles, str):
         parts = cycles.split(":")
@@ -76,8 +76,9 @@ def _cycles(cycles) -> tuple[int, int | None]:
         a = 0 if a is None else a
     elif isinstance(cycles, (tuple, list)) and len(cycles) == 2:
         a, b = cycles
-        if not _count(a) or not (b is None or _count(b)):
+        if not (a is None or _count(a)) or not (b is None or _count(b)):
             raise SelectionError(f"cycles={cycles!r:.40}: steps are whole numbers from 0; {how}")
+        a = 0 if a is None else a
     else:
         raise SelectionError(f"cycles={cycles!r:.40}: {how}")
     if b is not None and b <= a:
