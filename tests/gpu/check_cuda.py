@@ -1,6 +1,9 @@
-"""GPU check of the workbench on one CUDA device, in under 5 minutes; prints a one-screen JSON report.
+"""GPU check of the workbench on one CUDA device, in 5-8 minutes; prints a one-screen JSON report.
 
-    python tests/gpu/check_cuda.py [--out REPORT.json] [--target DIR --draft DIR]
+    python tests/gpu/check_cuda.py [--out REPORT.json] [--target DIR --draft DIR] [--sections a,b]
+
+(5-8 minutes is an estimate: cuda_graphs, cost_sweep and payoff_calibrated have not run on a GPU yet; the
+last alone is about 2 minutes by the engine's eager step on a GPU, 210 decodes of 8 tokens per mode.)
 
 Sections (each catches its own failure and reports it; the others still run):
   fp32_cuda_vs_cpu   float32 DDTree(32) on CUDA == float32 AR on the CPU, token for token
@@ -16,7 +19,17 @@ Sections (each catches its own failure and reports it; the others still run):
                      nodes 1..64 x rows 1/4/16 and the draft forward, eager and graphed (workbench.bench.sweep),
                      beside the cost model's prediction: per-point error, median and max (written without a
                      GPU: its CPU path runs in tests/bench/test_sweep.py on a tiny config; not yet run on a GPU)
-The report goes to --out, else $OUT/check_cuda.json when $OUT is set (and always to stdout).
+  payoff_calibrated  pays-off's measurement (wb.pays_off) of AR, DFlash, DDTree(8, 16) and the calibrated policies
+                     (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8)) at batch 1 and 8 on
+                     the random-weight Qwen3-8B layout, eager and with cuda_graphs=True, 10 prompts x 8 tokens;
+                     prints pays-off's tables. A random pair cannot be calibrated (no path state gets the target
+                     hits an estimate needs), so it runs under a stand-in calibration: the embedded dense
+                     pair's acceptance model, cost table and thresholds, and a head of the real head's shape,
+                     under this pair's identity. Per-step costs are real; acceptance on random weights is not
+                     (written without a GPU: its CPU path runs in tests/gpu/test_cuda.py on a tiny config; not
+                     yet run on a GPU)
+Run some sections only with --sections a,b. The report goes to --out, else $OUT/check_cuda.json when $OUT is set
+(and always to stdout).
 Exit 0 when every section passed, 1 otherwise; without CUDA it prints why and exits 0.
 Needs only torch, transformers, tokenizers, safetensors, dflash, numpy (+ sglang's kernels and
 apache-tvm-ffi + nvcc for the JIT kernel); not collected by pytest (CI has no GPU).
@@ -297,6 +310,119 @@ def cost_sweep(device: str = "cuda", config="qwen3-8b", draft_config="qwen3-8b-d
                              for r in err.rows}}
 
 
+PAYOFF_BATCHES = (1, 8)
+EMBEDDED_CALIBRATION = "dense"  # the stand-in's acceptance model, cost table and thresholds
+
+
+def stand_in_calibration(models, folder: Path, embedded: str = EMBEDDED_CALIBRATION, seed: int = 0) -> Path:
+    """A calibration file the calibrated policies accept on ``models``, a random-weight pair that no calibration
+    can be made on (a random drafter's candidates are almost never the random target's token, so no path state
+    gets the hits an estimate needs): the embedded pair's acceptance model, cost table and thresholds under this
+    pair's identity, and a pair head of the shipped head's shape (successors per token) over this pair's
+    vocabulary, built by the head's own builder from random token pairs. The policies then run their whole
+    machinery at full size (path estimates, head lookups, cuts), which is what their per-step cost needs; their
+    acceptance on random weights means nothing. -> the file's path."""
+    import numpy as np
+
+    from workbench.engine.policies.calibration import FORMAT as CAL_FORMAT, SHIPPED, VERSION as CAL_VERSION, file_sha256
+    from workbench.engine.policies.pair_head import FORMAT as HEAD_FORMAT, VERSION as HEAD_VERSION, load_head
+    from workbench.models.identity import pair_identity
+    from workbench.train.pair_head import build
+
+    pair = pair_identity(models)
+    source = json.loads(SHIPPED[embedded].read_text())
+    shipped_head = load_head(SHIPPED[embedded].parent / source["pair_head"]["file"])
+    vocab = pair["vocab"]
+    rng = np.random.default_rng(seed)
+    arrays = build([rng.integers(0, vocab, 200_000)], vocab, successors=shipped_head.succ_ids.shape[1])
+    meta = {"format": HEAD_FORMAT, "version": HEAD_VERSION, "vocab": vocab, "tokenizer": pair["tokenizer"],
+            "made": {"by": "tests/gpu/check_cuda.py stand_in_calibration: random token pairs (timing only)"}}
+    head = folder / "stand_in_head.npz"
+    np.savez_compressed(head, meta=np.array(json.dumps(meta)), succ_ids=arrays["succ_ids"],
+                        succ_logp=arrays["succ_logp"], backoff_logp=arrays["backoff_logp"])
+    doc = {"format": CAL_FORMAT, "version": CAL_VERSION, "pair": pair,
+           "made": {**source["made"], "stand_in": f"the {embedded} pair's calibration under a random-weight pair's "
+                                                  "identity (tests/gpu/check_cuda.py): per-step cost only"},
+           "acceptance": source["acceptance"], "cost": source["cost"], "thresholds": source["thresholds"],
+           "pair_head": {"file": head.name, "sha256": file_sha256(head), "beta": source["pair_head"]["beta"]}}
+    path = folder / "stand_in_calibration.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def short_label(label: str) -> str:
+    """'PathTree(16, calibration=/tmp/x/c.json)' -> 'PathTree(16)': the report's keys name the policy, not the
+    stand-in file every calibrated label carries."""
+    import re
+
+    return re.sub(r", calibration=[^,)]*", "", label)
+
+
+def payoff_summary(res) -> dict:
+    """Per batch size: tokens per forward and the median step (ms) per shape, the fastest line, each calibrated
+    policy against the best DDTree budget and what decides, and how many greedy outputs differ from AR's."""
+    out = {}
+    for b, v in res.batches.items():
+        out[str(b)] = {
+            "tok/fwd": {short_label(r.label): round(r.tokens_per_forward, 3) for r in v.rows},
+            "step_ms": {short_label(r.label): round(r.step_ms["total"], 3) for r in v.rows},
+            "best_budget": v.best_budget, "fastest": short_label(v.fastest),
+            "versus_best": [short_label(c.line) + (f"; {c.decision.factor} decides" if c.decision else "")
+                            for c in v.versus_best],
+            "outputs_differing_from_ar": len(v.lossless)}
+    return out
+
+
+def payoff_calibrated(device: str = "cuda", config="qwen3-8b", draft_config="qwen3-8b-dflash-b16", layers=None,
+                      draft_layers=None, prompts: int = 10, max_new_tokens: int = 8, batches=PAYOFF_BATCHES,
+                      dtype: str = "bfloat16", graphs: bool | None = None, say=print) -> dict:
+    """pays-off's measurement of the calibrated policies beside AR, DFlash and DDTree(8, 16) on a random-weight
+    layout (``workbench.bench.random_models``), under a stand-in calibration (``stand_in_calibration``), eager
+    and, on CUDA, with cuda_graphs=True; prints pays-off's tables through ``say``. ``ok``: every mode measured
+    every calibrated policy against the best DDTree budget at every batch size. Greedy outputs that differ
+    from AR's are counted, not failed: random bf16 logits are full of near-ties (bf16_vs_ar checks losslessness)."""
+    import dataclasses
+    import tempfile
+
+    import workbench as wb
+    from workbench.bench.random_models import random_models
+    from workbench.engine.core import Engine
+    from workbench.payoff import pays_off
+    from workbench.shipped import eval_prompts
+
+    t0 = time.perf_counter()
+    graphs = torch.device(device).type == "cuda" if graphs is None else graphs
+    models = random_models(config, draft_config, device, dtype, layers, draft_layers, rows=max(batches), nodes=65,
+                           context=256)
+    # the embedded pair's tokenizer: a random layout ships none, and its ids fit any larger vocabulary
+    models = dataclasses.replace(models, tokenizer=wb.load().models.tokenizer)
+    build_s = time.perf_counter() - t0
+    cal = str(stand_in_calibration(models, Path(tempfile.mkdtemp(prefix="check_cuda_"))))
+    policies = [wb.DDTree(8), wb.DDTree(16), wb.PathTree(16, calibration=cal), wb.CostTree(64, calibration=cal),
+                wb.CutTree(16, calibration=cal), wb.PairTree(16, calibration=cal), wb.PairChain(8, calibration=cal)]
+    texts = eval_prompts("short")[:prompts]
+    report = {"model": models.notes[0] if models.notes else config, "dtype": dtype, "prompts": len(texts),
+              "max_new_tokens": max_new_tokens, "build_s": round(build_s, 1),
+              "calibration": f"stand-in ({EMBEDDED_CALIBRATION} pair's model, costs and thresholds; random head): "
+                             "per-step cost is real, acceptance on random weights is not"}
+    modes = [("eager", False)] + ([("graphs", True)] if graphs else [])
+    for mode, cuda_graphs in modes:
+        t1 = time.perf_counter()
+        engine = Engine(models, cuda_graphs=cuda_graphs)
+        res = pays_off(engine, texts, batch=batches, policies=policies, max_new_tokens=max_new_tokens,
+                       progress=False)
+        say(f"== payoff_calibrated, {mode} ==\n{short_label(str(res))}")
+        report[mode] = {**payoff_summary(res), "seconds": round(time.perf_counter() - t1, 1)}
+        if cuda_graphs:
+            report[mode]["captures"] = engine.graphs.captures
+        del engine
+    report["ok"] = all(len(report[m][str(b)]["versus_best"]) == 5 for m, _ in modes for b in batches)
+    del models
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return report
+
+
 def one_screen(report: dict) -> str:
     """JSON with one line per top-level key and per section entry: fits a screen, still valid JSON."""
     def block(v):
@@ -316,14 +442,34 @@ def run_section(report: dict, name: str, fn, *args) -> None:
     report[name]["seconds"] = round(time.perf_counter() - t0, 1)
 
 
-def main(argv=None) -> int:
+SECTIONS = ("accept_backends", "sync_free_build", "own_forwards", "fp32_cuda_vs_cpu", "bf16_vs_ar", "stages",
+            "cuda_graphs", "cost_sweep", "payoff_calibrated")
+
+
+def sections_arg(text: str) -> tuple[str, ...]:
+    """'a,b' -> the sections to run, in the check's own order; an unknown name is refused in one line."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in SECTIONS]
+    if unknown or not names:
+        what = "unknown section " + ", ".join(unknown) if unknown else "no section"
+        raise argparse.ArgumentTypeError(f"{text!r}: {what}; give some of {','.join(SECTIONS)}")
+    return tuple(x for x in SECTIONS if x in names)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON report here (default: $OUT/check_cuda.json when $OUT is set)")
     ap.add_argument("--target", help="target model directory (default: the embedded pair)")
     ap.add_argument("--draft", help="DFlash drafter directory (with --target)")
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts per section (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    args = ap.parse_args(argv)
+    ap.add_argument("--sections", type=sections_arg, default=SECTIONS,
+                    help=f"comma-separated sections to run (default: all, {','.join(SECTIONS)})")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("skipped: no CUDA device on this machine (torch.cuda.is_available() is False); "
               "run this on a GPU host")
@@ -343,14 +489,14 @@ def main(argv=None) -> int:
             report[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             report[mod] = None
-    run_section(report, "accept_backends", accept_backends)
-    run_section(report, "sync_free_build", sync_free_build)
-    run_section(report, "own_forwards", own_forwards, wb, models, prompts)
-    run_section(report, "fp32_cuda_vs_cpu", fp32_cuda_vs_cpu, wb, models, prompts, n)
-    run_section(report, "bf16_vs_ar", bf16_vs_ar, wb, models, prompts, n)
-    run_section(report, "stages", stages, wb, models, prompts, 2 * n)
-    run_section(report, "cuda_graphs", cuda_graphs, wb, models, prompts, 2 * n)
-    run_section(report, "cost_sweep", cost_sweep)
+    calls = {"accept_backends": (accept_backends,), "sync_free_build": (sync_free_build,),
+             "own_forwards": (own_forwards, wb, models, prompts),
+             "fp32_cuda_vs_cpu": (fp32_cuda_vs_cpu, wb, models, prompts, n),
+             "bf16_vs_ar": (bf16_vs_ar, wb, models, prompts, n), "stages": (stages, wb, models, prompts, 2 * n),
+             "cuda_graphs": (cuda_graphs, wb, models, prompts, 2 * n), "cost_sweep": (cost_sweep,),
+             "payoff_calibrated": (payoff_calibrated,)}  # its own 10 prompts x 8 tokens: pays-off needs 10
+    for name in args.sections:
+        run_section(report, name, *calls[name])
     sections = [k for k, v in report.items() if isinstance(v, dict) and "ok" in v]
     report["passed"] = [k for k in sections if report[k]["ok"]]
     report["failed"] = [k for k in sections if not report[k]["ok"]]

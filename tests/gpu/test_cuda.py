@@ -1,18 +1,23 @@
 """GPU parity tests: SGLang's CUDA JIT tree kernel, its Triton kernel and the torch walk agree; the engine
-on CUDA equals the engine on the CPU in float32. They skip (never pass) without CUDA: CI has no GPU.
+on CUDA equals the engine on the CPU in float32. They skip (never pass) without CUDA: CI has no GPU. The GPU
+check's own script (check_cuda.py) is exercised without one: it imports, parses its arguments, skips without
+CUDA, and its payoff_calibrated section runs on the CPU on a tiny random layout.
 
     python -m pytest tests/gpu -p no:nbval -q      # on the GPU host
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from check_cuda import random_batch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU host)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU host)")
 
 
+@needs_cuda
 def test_three_accept_backends_agree_with_the_python_walk():
     """40 random batches, bs 1-4, budgets 8-128: every backend's path and bonus equal the Python walk."""
     pytest.importorskip("tvm_ffi", reason="SGLang's JIT kernel needs apache-tvm-ffi")
@@ -33,6 +38,7 @@ def test_three_accept_backends_agree_with_the_python_walk():
     assert len(lengths) >= 3  # the batches exercise short and long accepted paths
 
 
+@needs_cuda
 def test_sglang_backend_runs_the_jit_kernel_on_cuda():
     pytest.importorskip("tvm_ffi", reason="SGLang's JIT kernel needs apache-tvm-ffi")
     import ddtree_kernels.sglang_backend as sb
@@ -49,6 +55,7 @@ def test_sglang_backend_runs_the_jit_kernel_on_cuda():
         assert a.tokens == b.tokens and [c.accepted for c in a.cycles] == [c.accepted for c in b.cycles]
 
 
+@needs_cuda
 def test_float32_cuda_equals_cpu():
     import workbench as wb
     from workbench.shipped import eval_prompts
@@ -62,8 +69,74 @@ def test_float32_cuda_equals_cpu():
         assert a.tokens == b.tokens, wb.first_divergence(b, a)
 
 
+@needs_cuda
 def test_sync_free_tree_build():
     from check_cuda import sync_free_build
 
     res = sync_free_build()
     assert res["ok"], res
+
+
+# ------------------------------------------------------------------ the check's own script, without a GPU
+def test_the_check_parses_its_sections_and_refuses_an_unknown_one(capsys):
+    import check_cuda as cc
+
+    assert cc.parse_args([]).sections == cc.SECTIONS and cc.SECTIONS[-1] == "payoff_calibrated"
+    args = cc.parse_args(["--sections", "payoff_calibrated,accept_backends", "--prompts", "10"])
+    assert args.sections == ("accept_backends", "payoff_calibrated") and args.prompts == 10  # the check's own order
+    with pytest.raises(SystemExit) as e:
+        cc.parse_args(["--sections", "payoff,stages"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("error: argument --sections: 'payoff,stages': unknown section payoff; give some of "
+                        f"{','.join(cc.SECTIONS)}"), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the skip is what is tested; a GPU host runs the check")
+def test_without_cuda_the_check_says_why_and_exits_0(capsys):
+    import check_cuda as cc
+
+    assert cc.main(["--sections", "payoff_calibrated"]) == 0
+    assert capsys.readouterr().out.startswith("skipped: no CUDA device on this machine")
+
+
+# A Qwen3 layout small enough for the CPU (the random-weight path, no checkpoint), its vocabulary the embedded
+# tokenizer's 4096 ids
+TINY = dict(model_type="qwen3", vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+            tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, _name="tiny-qwen3")
+TINY_DRAFT = dict(TINY, num_hidden_layers=2, num_target_layers=3, block_size=8,
+                  dflash_config={"block_size": 8, "target_layer_ids": [0, 1]}, architectures=["DFlashDraftModel"],
+                  _name="tiny-dflash")
+
+
+@pytest.mark.slow  # 180 tiny decodes and the branching pass: a minute or two on a shared 2-core machine
+def test_the_payoff_section_runs_on_a_tiny_random_layout_on_the_cpu(tmp_path):
+    """payoff_calibrated's CPU path: the stand-in calibration binds to the random pair, pays-off measures the five
+    calibrated policies against the best DDTree budget at batch 1 and 8 (eager: CUDA graphs need a GPU)."""
+    import check_cuda as cc
+    from workbench.engine.policies import PathTree
+    from workbench.models.identity import pair_identity
+
+    printed = []
+    r = cc.payoff_calibrated("cpu", TINY, TINY_DRAFT, prompts=10, max_new_tokens=4, dtype="float32",
+                             say=printed.append)
+    assert r["ok"] and set(r) >= {"eager", "calibration"} and "graphs" not in r, r
+    for b in ("1", "8"):
+        got = r["eager"][b]
+        assert {"PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)", "DDTree(8)", "AR",
+                "DFlash"} <= set(got["tok/fwd"]) and len(got["versus_best"]) == 5
+        assert all(line.startswith(("PathTree(16) ", "CostTree(64) ", "CutTree(16) ", "PairTree(16) ",
+                                    "PairChain(8) ")) for line in got["versus_best"]), got["versus_best"]
+    assert "calibrated policies against the best DDTree budget" in printed[0] and "calibration=" not in printed[0]
+    json.dumps(r)
+    # the stand-in refuses another pair as any calibration does
+    from workbench.bench.random_models import random_models
+
+    other = random_models(dict(TINY, num_hidden_layers=2), dict(TINY_DRAFT, num_target_layers=2), "cpu", "float32",
+                          rows=1, nodes=8, context=16)
+    mine = random_models(TINY, TINY_DRAFT, "cpu", "float32", rows=1, nodes=8, context=16)
+    cal = cc.stand_in_calibration(mine, tmp_path)
+    assert PathTree(16, calibration=str(cal)).for_pair(pair_identity(mine)) == PathTree(16, calibration=str(cal))
+    with pytest.raises(ValueError, match="was made on another pair"):
+        PathTree(16, calibration=str(cal)).for_pair(pair_identity(other))
