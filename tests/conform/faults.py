@@ -132,5 +132,187 @@ def vllm_block_positions_shifted(monkeypatch) -> str:
     return "drafter context"
 
 
+# ------------------------------------------------------------------------------------------ integrators' bugs
+# The bugs integrators report publicly (issue 48; shared/reference/field-2026-12-05.md, section 2), planted the way
+# each happens in an engine. CAUSE names the catalogue entry (workbench.conform.causes) its evidence must match.
+
+
+def bonus_missing_from_block(monkeypatch) -> str:
+    """The block's slot 0 filled with the mask token instead of the bonus token (warpfront/hipfire #483)."""
+    from workbench.models import DraftKV
+
+    original = DraftKV.draft
+
+    def draft(self, roots, starts, observe=None):
+        return original(self, [self.models.mask_token_id] * len(roots), starts, observe)
+
+    monkeypatch.setattr(DraftKV, "draft", draft)
+    return "drafter context"
+
+
+def target_layer_off_by_one(monkeypatch) -> str:
+    """The target's features read one layer early: transformers' ``hidden_states[k]`` where the drafter's layer k
+    is ``hidden_states[k + 1]`` (vllm-project/vllm #42704). The target's own logits are untouched."""
+    from workbench.models import dense_target, hybrid
+    from workbench.models.run import run_target
+
+    def shifted(target, ids, positions, cache, mode, layer_ids, *args, **kwargs):
+        return run_target(target, ids, positions, cache, mode, None if layer_ids is None else
+                          [i - 1 for i in layer_ids], *args, **kwargs)
+
+    for module in (dense_target, hybrid):
+        monkeypatch.setattr(module, "run_target", shifted)
+    return "drafter features"
+
+
+def features_off_by_a_row(monkeypatch) -> str:
+    """Every committed row hands the drafter the features of the row before it (a host mirror indexed one
+    off): position p carries p - 1's features. One state's rows as they start (a session's; a batch that retires
+    rows would misalign the tails, and the tests run it solo)."""
+    from workbench.models import DraftKV
+
+    start, add = DraftKV.start, DraftKV.add_context
+    tails: dict = {}  # id(state) -> per row, the last feature row handed over [1, 1, F]
+
+    def begin(self, features):
+        tails[id(self)] = [f[:, -1:] for f in features]
+        return start(self, features)
+
+    def add_context(self, features):
+        lagged = []
+        for b, f in enumerate(features):
+            if f is None:
+                lagged.append(None)
+                continue
+            joined = torch.cat([tails[id(self)][b], f], dim=1)  # [1, 1 + k, F]
+            tails[id(self)][b] = f[:, -1:]
+            lagged.append(joined[:, :-1])
+        return add(self, lagged)
+
+    monkeypatch.setattr(DraftKV, "start", begin)
+    monkeypatch.setattr(DraftKV, "add_context", add_context)
+    return "drafter features"
+
+
+def features_not_compacted(monkeypatch) -> str:
+    """After accept, the drafter gets the features of the verified tree's first L + 1 nodes in tree order, not of
+    the accepted path (a host mirror of hidden states not compacted: warpfront/hipfire #272)."""
+    from workbench.engine import stages
+
+    original = stages.commit
+
+    def commit(state, layout, accepted, features):
+        out = original(state, layout, accepted, features)
+        if features is None:
+            return out
+        return [dataclasses.replace(c, context=features[b : b + 1, : c.nodes.shape[0]]) for b, c in enumerate(out)]
+
+    monkeypatch.setattr(stages, "commit", commit)
+    return "drafter features"
+
+
+def positions_off_by_one(monkeypatch) -> str:
+    """Every verified node one position past its own (start + depth + 1): a flat position / tree node off by one
+    (patrickbdevaney docs/DDTREE.md)."""
+    stage = importlib.import_module("workbench.engine.stages.tree_compile")
+    original = stage.compile_tree
+
+    def compile_tree(tree, start, max_depth=None):
+        c = original(tree, start, max_depth)
+        return dataclasses.replace(c, positions=c.positions + 1)
+
+    monkeypatch.setattr(stage, "compile_tree", compile_tree)
+    return "verify positions"
+
+
+def drafter_head_not_shared(monkeypatch) -> str:
+    """The drafter projects with an LM head of its own (random, as an unloaded one is) instead of the target's
+    (local-inference-lab/vllm #54: acceptance length 1.00)."""
+    from workbench.models import drafter
+
+    original = drafter.run_draft
+    heads: dict = {}
+
+    class OwnHead:
+        """The target as the drafter's forward sees it, but for its LM head."""
+
+        def __init__(self, target):
+            w = target.lm_head.weight
+            self.target, self.lm_head = target, torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            g = torch.Generator().manual_seed(0)
+            self.lm_head.weight.data = (torch.randn(w.shape, generator=g) * float(w.float().std())).to(w.dtype)
+
+        def __getattr__(self, name):
+            return getattr(self.target, name)
+
+    def run_draft(draft, target, *args, **kwargs):
+        return original(draft, heads.setdefault(id(target), OwnHead(target)), *args, **kwargs)
+
+    monkeypatch.setattr(drafter, "run_draft", run_draft)
+    return "drafter output"
+
+
+def recurrent_state_from_wrong_node(monkeypatch) -> str:
+    """Hybrid targets: after accept, the linear layers keep the recurrent state of the accepted path's
+    second-to-last node (one token short), while the attention layers keep the right K/V rows (an approximate
+    rollback: Luce-Org/lucebox #414)."""
+    from workbench.models import HybridGDN, hybrid
+
+    commit, commit_nodes = HybridGDN.commit, hybrid.commit_nodes
+    short: dict = {}
+
+    def nodes_short(conv, ssm, last):
+        return commit_nodes(conv, ssm, short.get("last", last))
+
+    def wrong(self, layout, nodes):
+        short["last"] = torch.stack([x[-2] if x.shape[0] > 1 else x[-1] for x in nodes])
+        try:
+            return commit(self, layout, nodes)
+        finally:
+            short.clear()
+
+    monkeypatch.setattr(hybrid, "commit_nodes", nodes_short)
+    monkeypatch.setattr(HybridGDN, "commit", wrong)
+    return "committed tokens"
+
+
+def features_before_final_norm(monkeypatch) -> str:
+    """For a drafter that reads the target's last layer: that layer's features taken before the final norm (as
+    vLLM 0.32 does). Only a pair whose drafter reads the last layer shows it (tests/vllm_pairs.last_layer_pair)."""
+    from workbench.models import dense_target
+    from workbench.models.run import run_target
+
+    def prenorm(target, ids, positions, cache, mode, layer_ids, *args, **kwargs):
+        seen = []  # a pre-hook on the final norm reads its input (the engine's own forward steps aside for it)
+        handle = target.model.norm.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+        try:
+            out = run_target(target, ids, positions, cache, mode, layer_ids, *args, **kwargs)
+        finally:
+            handle.remove()
+        if out.features is not None and layer_ids and layer_ids[-1] == target.config.num_hidden_layers - 1:
+            H = seen[-1].shape[-1]
+            out.features[..., -H:] = seen[-1]  # the last chunk is the last layer's: now before the norm
+        return out
+
+    monkeypatch.setattr(dense_target, "run_target", prenorm)
+    return "drafter features"
+
+
 FAULTS = {f.__name__: f for f in (positions_by_index, ancestor_dropped, siblings_dropped, drafter_context_shifted,
-                                  kv_out_of_path_order)}
+                                  kv_out_of_path_order, bonus_missing_from_block, target_layer_off_by_one,
+                                  features_off_by_a_row, features_not_compacted, positions_off_by_one,
+                                  drafter_head_not_shared)}
+# The catalogue's cause (workbench.conform.causes) each planted fault's evidence must match; None: no entry does
+# (the report says "no known cause matches").
+CAUSE = {"positions_by_index": "tree positions by flat node index, not depth", "ancestor_dropped": None,
+         "siblings_dropped": None, "drafter_context_shifted": None,
+         "kv_out_of_path_order": "K/V rows not compacted to the accepted path",
+         "bonus_missing_from_block": "the bonus token missing from the block's slot 0 (the mask token instead)",
+         "target_layer_off_by_one": "the target-layer index off by one",
+         "features_off_by_a_row": "the drafter's features handed over a row (or more) off",
+         "features_not_compacted": "hidden states not compacted to the accepted path",
+         "positions_off_by_one": "a flat position / tree node off by one",
+         "drafter_head_not_shared": "a drafter that does not share the target's lm_head / embeddings",
+         "stale_state_parent": "stale parent indices on a hybrid target",
+         "recurrent_state_from_wrong_node": "the recurrent state committed from the wrong node",
+         "features_before_final_norm": "the drafter's features read before the target's final norm"}

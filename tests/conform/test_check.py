@@ -146,7 +146,7 @@ def test_a_clean_run_breaks_no_contract(pair, policy, batch, engine, hybrid_engi
     e = engine if pair == "dense" else hybrid_engine
     path = write_dump(e, tmp_path / "run.dump", wb.parse_policy(policy), batch, new=NEW if pair == "dense" else 10)
     r = conform(path, models=e.models)
-    assert r.broken == [], str(r)
+    assert r.broken == [] and r.causes == {} and "likely causes" not in str(r), str(r)
     assert r.requests == batch and r.cycles >= batch
     for name, res in r.results.items():
         if name == "recurrent-state parents" and pair == "dense":
@@ -156,6 +156,16 @@ def test_a_clean_run_breaks_no_contract(pair, policy, batch, engine, hybrid_engi
 
 
 # ------------------------------------------------------------------------------------------ planted faults
+def assert_cause(r, fault: str) -> None:
+    """The planted fault's first contract matched to its known cause (faults.CAUSE), or to none, said so."""
+    first, cause = r.broken[0], faults.CAUSE[fault]
+    found = [c.name for c in r.causes[first]]
+    if cause is None:
+        assert found == [] and f"  {first}: no known cause matches" in str(r), str(r)
+    else:
+        assert found == [cause] and f"  {first}: {cause} -- " in str(r), str(r)
+
+
 @pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_a_planted_fault_is_named_by_its_own_contract_first(fault, engine, tmp_path, monkeypatch):
     want = faults.FAULTS[fault](monkeypatch)
@@ -166,6 +176,47 @@ def test_a_planted_fault_is_named_by_its_own_contract_first(fault, engine, tmp_p
     first = r.results[want].first
     assert isinstance(first["reference_accept"], int) and isinstance(first["engine_accept"], int)
     assert f"1. {want}: request 0, cycle {first['cycle']}" in str(r)
+    assert_cause(r, fault)
+
+
+@pytest.mark.parametrize("fault", ["target_layer_off_by_one", "features_off_by_a_row"])
+def test_a_features_digest_names_the_same_fault_as_whole_rows(fault, engine, tmp_path, monkeypatch):
+    """A large model's dump holds a digest of each row (workbench.conform.features): clean, it breaks nothing;
+    with a features fault, the same contract and cause are named as from whole rows."""
+    from workbench.conform import features
+
+    monkeypatch.setattr(features, "ROWS_MAX_WIDTH", 0)  # the embedded pair's rows as a large model's: digested
+    clean = write_dump(engine, tmp_path / "clean.dump", wb.DDTree(16), new=10)
+    want = faults.FAULTS[fault](monkeypatch)
+    path = write_dump(engine, tmp_path / "run.dump", wb.DDTree(16), new=10)
+    monkeypatch.undo()
+    head = json.loads(path.read_text().splitlines()[0])
+    assert head["features"]["form"] == "digest" and head["features"]["seed"] == features.DIGEST_SEED
+    assert '"draft_context_features"' not in path.read_text() and '"draft_context_features_proj"' in path.read_text()
+    assert conform(clean, models=engine.models).broken == []
+    r = conform(path, models=engine.models)
+    assert r.broken[0] == want, str(r)
+    assert_cause(r, fault)
+
+
+def test_features_read_before_the_final_norm_are_named_on_a_pair_that_reads_the_last_layer(tmp_path, monkeypatch):
+    """vLLM 0.32's loss, planted in the workbench's engine: only a drafter that reads the target's last layer
+    (tests/vllm_pairs.last_layer_pair) can show it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from vllm_pairs import last_layer_pair
+
+    t, d = last_layer_pair(tmp_path / "pair")
+    e = wb.load(str(t), str(d))
+    clean = e.session(PROMPTS[0], policy=wb.DDTree(8), max_new_tokens=6, record_topk=8, dump=tmp_path / "c.dump")
+    clean.run()
+    fault = "features_before_final_norm"
+    want = getattr(faults, fault)(monkeypatch)
+    e.session(PROMPTS[0], policy=wb.DDTree(8), max_new_tokens=6, record_topk=8, dump=tmp_path / "f.dump").run()
+    monkeypatch.undo()
+    assert conform(tmp_path / "c.dump", models=e.models).broken == []
+    r = conform(tmp_path / "f.dump", models=e.models)
+    assert r.broken[0] == want and "before the final norm" in r.results[want].first["evidence"], str(r)
+    assert_cause(r, fault)
 
 
 @pytest.mark.slow
@@ -176,6 +227,19 @@ def test_a_stale_recurrent_state_parent_is_named_on_the_hybrid_pair(hybrid_engin
     r = conform(path, models=hybrid_engine.models)
     assert r.broken[0] == want, str(r)
     assert "continued the recurrent state of node" in r.results[want].first["evidence"]
+    assert_cause(r, "stale_state_parent")
+
+
+@pytest.mark.slow
+def test_a_recurrent_state_committed_from_the_wrong_node_is_named_on_the_hybrid_pair(hybrid_engine, tmp_path,
+                                                                                     monkeypatch):
+    want = faults.recurrent_state_from_wrong_node(monkeypatch)
+    path = write_dump(hybrid_engine, tmp_path / "run.dump", wb.DDTree(16), new=12)
+    monkeypatch.undo()
+    r = conform(path, models=hybrid_engine.models)
+    assert r.broken[0] == want, str(r)
+    assert "the state this step committed" in r.results[want].first["evidence"]
+    assert_cause(r, "recurrent_state_from_wrong_node")
 
 
 # ------------------------------------------------------------------------------------------ missing fields
@@ -268,6 +332,61 @@ def test_foreign_truncated_unknown_version_and_unreadable_layouts_are_one_line_e
         assert "\n" not in str(e.value) and words in str(e.value), (path.name, str(e.value))
 
 
+def test_features_of_another_digest_or_width_are_refused_in_one_line_before_loading(small_dump, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 48 item 8: a digest made with another projection seed or size, whole rows of another width than the
+    drafter's target layers, a digest under a header without its projection: one line each, before any model
+    loads (ConformInputError, a ValueError; the CLI's exit 2)."""
+    from workbench.conform import features
+
+    no_models(monkeypatch)
+    lines = small_dump.read_text().splitlines()
+    head = json.loads(lines[0])
+
+    def variant(name: str, header: dict | None, edit=None) -> Path:
+        body = [json.dumps(header if header is not None else head)]
+        for line in lines[1:]:
+            obj = json.loads(line)
+            if edit is not None and obj.get("kind") == "cycle" and "draft_context_features" in obj:
+                edit(obj)
+            body.append(json.dumps(obj))
+        out = tmp_path / name
+        out.write_text("\n".join(body) + "\n")
+        return out
+
+    def as_digest(seed, dims):
+        def edit(o):
+            from workbench.records.tensor_codec import unpack_tensor
+
+            rows = unpack_tensor(o.pop("draft_context_features"))
+            x = rows.reshape(rows.shape[0], 4, -1) @ torch.randn(256, dims, generator=torch.Generator().manual_seed(seed))
+            o.update(draft_context_features_rms=pack_tensor(rows.reshape(rows.shape[0], 4, -1).pow(2).mean(-1).sqrt()),
+                     draft_context_features_proj=pack_tensor(x))
+        return edit
+
+    digest = {**head, "features": {"form": "digest", "layers": 4, "hidden": 256, "seed": 7, "dims": 8}}
+    small = {**head, "features": {"form": "digest", "layers": 4, "hidden": 256, "seed": features.DIGEST_SEED,
+                                  "dims": 4}}
+    cases = (
+        (variant("seed.dump", digest, as_digest(7, 8)), "the features digest was made with projection seed 7 and 8 "
+         f"dims; this checker's digest is seed {features.DIGEST_SEED} with 8 dims"),
+        (variant("dims.dump", small, as_digest(features.DIGEST_SEED, 4)), "made with projection seed "
+         f"{features.DIGEST_SEED} and 4 dims"),
+        (variant("width.dump", None, lambda o: o.update(draft_context_features=pack_tensor(torch.zeros(2, 1280)))),
+         "draft_context_features [2, 1280] are 1280 values a row, but the drafter reads 4 target layers of hidden "
+         "size 256 = 1024"),
+        (variant("nohead.dump", {k: v for k, v in head.items() if k != "features"}),
+         "the record holds drafter features but the header has no 'features'"),
+        (variant("layers.dump", {**head, "features": {"form": "rows", "layers": 3, "hidden": 256}}),
+         "the header's features hold 3 target layers a row but the pair's drafter reads 4"),
+    )
+    for path, words in cases:
+        with pytest.raises(ConformInputError) as e:
+            conform(path)
+        assert "\n" not in str(e.value) and words in str(e.value), (path.name, str(e.value))
+    assert main(["conform", str(cases[0][0])]) == 2
+
+
 def test_a_dump_cut_short_mid_record_is_checked_up_to_its_last_whole_record(engine, small_dump, tmp_path):
     data = small_dump.read_bytes()
     cut = tmp_path / "cut.dump"
@@ -312,8 +431,10 @@ def test_checking_64_cycles_of_the_embedded_pair_takes_under_a_minute(engine, tm
 # ------------------------------------------------------------------------------------------ vLLM
 @pytest.mark.slow
 def test_vllm_cpu_dflash_shows_each_known_loss_under_the_drafter_contracts(tmp_path):
-    """vLLM 0.32 CPU's two silent losses (workbench.adapters.vllm_workarounds), each left in alone, break the
-    drafter's output and nothing else the dump holds; with both worked around no contract breaks."""
+    """vLLM 0.32 CPU's two silent losses (workbench.adapters.vllm_workarounds), each left in alone: the shared
+    k_norm breaks the drafter's output and nothing else the dump holds; the last layer's feature read before the
+    final norm is named by the drafter features first (what its proposer was handed), matched to its cause; with
+    both worked around no contract breaks."""
     from workbench.adapters import vllm_workarounds
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -333,12 +454,16 @@ def test_vllm_cpu_dflash_shows_each_known_loss_under_the_drafter_contracts(tmp_p
         finally:
             vllm_workarounds.undo()
         reports[left_in] = conform(path)
-    for left_in in ("per_layer_k_norm", "last_layer_feature"):
+    for left_in, want in (("per_layer_k_norm", ["drafter output"]),
+                          ("last_layer_feature", ["drafter features", "drafter output"])):
         r = reports[left_in]
-        assert r.broken == ["drafter output"], (left_in, str(r))
+        assert r.broken == want, (left_in, str(r))
         for name in ("drafter context", "tree", "target logits", "accept walk", "committed tokens"):
             assert r.results[name].status == "passed", (left_in, name, str(r))
         assert r.results["verify positions"].status == "not checked"  # vLLM's tap reads no verify positions
+    assert reports["per_layer_k_norm"].results["drafter features"].status == "passed"
+    assert [c.name for c in reports["last_layer_feature"].causes["drafter features"]] == [
+        faults.CAUSE["features_before_final_norm"]], str(reports["last_layer_feature"])
     assert reports[None].broken == [], str(reports[None])
 
 

@@ -20,6 +20,7 @@ def cycle_fields(g: torch.Generator, n: int = 4) -> dict:
         cycle=0, row=0, rows=1, policy="DDTree(3)", context_len=7, root_token=5,
         draft_context_tokens=torch.randint(0, 50, (7,), generator=g), draft_context_positions=torch.arange(7),
         draft_block_tokens=torch.tensor([5, 49, 49, 49]), draft_block_positions=torch.arange(7, 11),
+        draft_context_features=torch.randn(7, 2 * 6, generator=g).to(torch.bfloat16),  # 2 layers of 6, side by side
         draft_topk_ids=torch.randint(0, 50, (3, 2), generator=g), draft_topk_values=torch.randn(3, 2, generator=g),
         draft_values="logprobs", tree_tokens=torch.randint(0, 50, (n,), generator=g), tree_parents=parents,
         tree_depths=torch.tensor([0, 1, 1, 2][:n]), verify_ids=torch.randint(0, 50, (n,), generator=g),

@@ -54,6 +54,8 @@ def check_request(req, cycles, session, block_size):
             assert rec["draft_context_tokens"].tolist() == seq[drafted_to: cyc.start]
             assert rec["draft_block_positions"].tolist() == list(range(cyc.start, cyc.start + block_size))
             assert rec["draft_block_tokens"][0] == cyc.root_token
+            # the features the drafter's forward was handed for those rows, one per row (whole: a small pair)
+            assert rec["draft_context_features"].shape[0] == cyc.start - drafted_to
             drafted_to = cyc.start
         else:  # no draft forward ran this step (the request's last token: nothing to draft)
             assert cyc.draft_topk_tokens.numel() == 0 and i == len(cycles) - 1
@@ -72,6 +74,7 @@ def test_session_dump_matches_its_trace(engine, tmp_path, policy):
     assert head["engine"]["name"] == "workbench" and head["policy"] == str(policy)
     assert head["pair"]["vocab_size"] == 4096 and head["pair"]["block_size"] == engine.models.block_size
     assert head["pair"]["hybrid"] is False
+    assert head["features"] == {"form": "rows", "layers": 4, "hidden": 256}  # the drafter reads 4 layers of 256
     assert list(reqs) == ["0"] and [c["step"] for c in cycles["0"]] == list(range(len(s.trace.cycles)))
     check_request(reqs["0"], cycles["0"], s, engine.models.block_size)
     assert all("state_from" not in c for c in cycles["0"])
@@ -177,6 +180,7 @@ def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
     head, reqs, cycles = cycles_by_request(tmp_path / "v.dump")
     (rid,) = reqs
     assert head["engine"]["name"] == "vllm" and head["pair"]["vocab_size"] == 4096
+    assert head["features"] == {"form": "rows", "layers": 4, "hidden": 256}
     seq = s.prompt_ids + s.generated
     committed, drafted_to = [], 0
     for rec, cyc in zip(cycles[rid], s.trace.cycles):
@@ -189,6 +193,8 @@ def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
         drafted_to = cyc.start
         assert rec["draft_block_positions"][0] == cyc.start and rec["draft_block_tokens"][0] == cyc.root_token
         assert rec["draft_values"] == "logits"
+        # what vLLM's proposer was handed for those rows: the target's layers 1-4 side by side, 4 x 256 wide
+        assert list(rec["draft_context_features"].shape) == [len(rec["draft_context_positions"]), 1024]
         assert rec["draft_topk_ids"][: n - 1, 0].tolist() == cyc.tokens[1:].tolist()  # greedy drafts: the top-1
         assert rec["target_topk_ids"][:, 0].tolist() == cyc.target_choice.tolist()
         assert rec["accepted_nodes"].tolist() == cyc.accepted_nodes.tolist() and rec["bonus"] == cyc.bonus

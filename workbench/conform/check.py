@@ -41,9 +41,12 @@ from workbench.conform import contracts as C
 from workbench.conform.calibrated_trees import calibrated_tree, is_calibrated
 from workbench.conform.dump import read_dump
 from workbench.conform.integrity import RecordOrder
+from workbench.conform import features as F
+from workbench.conform.feature_contract import features_problem
 
 NEEDS = {  # the fields each contract reads (besides the committed context); a cycle without them is not checked
     "drafter context": ("draft_context_tokens", "draft_context_positions"),
+    "drafter features": ("draft_context_positions",),  # and the features, whole or their digest (F.has_features)
     "drafter output": ("draft_topk_ids", "draft_topk_values"),
     "tree": ("tree_tokens", "tree_parents"),
     "verify positions": ("verify_positions", "tree_parents"),
@@ -53,7 +56,8 @@ NEEDS = {  # the fields each contract reads (besides the committed context); a c
     "accept walk": ("tree_tokens", "tree_parents", "accepted_nodes"),
     "committed tokens": ("accepted_nodes", "tree_tokens"),
 }
-CONTEXT_CONTRACTS = ("drafter context", "drafter output", "target logits")  # these read the committed context too
+DIAGNOSED_CYCLES = 8  # broken features cycles whose rows are also held against the previous tree's nodes
+CONTEXT_CONTRACTS = ("drafter context", "drafter features", "drafter output", "target logits")  # these read the committed context too
 TOKEN_FIELDS = ("draft_context_tokens", "draft_block_tokens", "draft_topk_ids", "tree_tokens", "verify_ids",
                 "target_topk_ids", "target_choice", "committed_tokens")
 
@@ -73,6 +77,7 @@ class ContractResult:
     not_checked: dict = field(default_factory=dict)  # why -> cycles
     first: dict | None = None  # the first broken cycle: request, cycle, step, row, evidence, accept lengths
     accept: list = field(default_factory=lambda: [0, 0])  # over the broken cycles: tokens committed, reference / engine
+    facts: list = field(default_factory=list)  # per broken cycle, its evidence as data (workbench.conform.causes reads it)
 
     @property
     def status(self) -> str:
@@ -99,6 +104,7 @@ class ConformReport:
     policies: list = field(default_factory=list)  # every policy label the records name, in the order first used
     pair_used: dict = field(default_factory=dict)  # the pair the replay ran on: target, draft, dtype
     selection: dict | None = None  # the slice checked (workbench.conform.selection), None: the whole dump
+    causes: dict = field(default_factory=dict)  # broken contract -> the known causes its evidence matches
 
     @property
     def title_policy(self) -> str:
@@ -126,6 +132,7 @@ class ConformReport:
                 "pair_used": dict(self.pair_used), "cycles": self.cycles, "requests": self.requests,
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
                 "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()],
+                "causes": {name: [c.to_dict() for c in found] for name, found in self.causes.items()},
                 "selection": self.selection}
 
     def __str__(self) -> str:
@@ -160,6 +167,9 @@ class ConformReport:
                         f"{_tokens(ref)}, the engine's {eng}." if self.results[name].broken > 1 and ref else "")
                 lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
                              f"{f['evidence']}{cost}.{over}")
+            from workbench.conform.causes import report_lines
+
+            lines += report_lines(self.broken, self.causes)
         else:
             lines.append("no contract broken" + (" (see the contracts not checked)" if any(
                 r.status == "not checked" for r in self.results.values()) else ""))
@@ -257,10 +267,12 @@ class Scan:
     policies: list  # policy labels in the order the records first name them
 
 
-def prescan(path, pair: dict) -> Scan:
+def prescan(path, pair: dict, features: tuple | None = None) -> Scan:
     """One pass over the records before any model loads: every field decodes, the layouts are ones the checker
     reads, token ids and drafted slots fit the pair, the records are whole and in order (``RecordOrder``), and
-    there is something to check: at least one cycle, and one that holds some contract's fields."""
+    there is something to check: at least one cycle, and one that holds some contract's fields. ``features``:
+    (the header's FeatureSpec, the drafter's target layers, the target's hidden size): each record's features
+    have that form and width (``workbench.conform.features.check_record``)."""
     from workbench.conform.dump import VISIBILITY_FORMS
 
     vocab, block = pair.get("vocab_size"), pair.get("block_size")
@@ -290,6 +302,11 @@ def prescan(path, pair: dict) -> Scan:
                 with_context.add(rec.request)
             continue
         cycles += 1
+        if features is not None:
+            try:
+                F.check_record(rec, *features)
+            except F.FeatureInputError as e:
+                raise ConformInputError(str(e)) from None
         checkable.update(name for name, need in NEEDS.items() if all(f in rec for f in need)
                          and (name not in CONTEXT_CONTRACTS or rec.request in with_context))
         form = rec.get("visibility_form")
@@ -407,10 +424,13 @@ def _list(rec, name: str) -> list | None:
 class _Replay:
     """The reference's side of every cycle, for one loaded pair."""
 
-    def __init__(self, models, tol: C.Tolerance, hybrid: bool):
+    def __init__(self, models, tol: C.Tolerance, hybrid: bool, features: "F.FeatureSpec | None" = None):
         from workbench.models.drafter_reference import Reference
 
         self.models, self.tol, self.hybrid = models, tol, hybrid
+        self.features = features  # the header's features form (None: the dump holds none)
+        self.feature_tol = F.tolerance(str(models.dtype).replace("torch.", ""))
+        self.diagnosed = 0  # broken features cycles whose rejected-node explanation was tried (a forward each)
         self.ref = Reference(models)
         self.results = {name: ContractResult(name) for name in C.CONTRACTS}
         self._commit_broken: set = set()  # (request, step) of the commits counted broken
@@ -427,12 +447,14 @@ class _Replay:
             return False
         return True
 
-    def _verdict(self, name: str, rec, problem: str | None, cost) -> None:
+    def _verdict(self, name: str, rec, problem: str | None, cost, facts: dict | None = None) -> None:
         r = self.results[name]
         r.checked += 1
         if problem is None:
             return
         r.broken += 1
+        if facts is not None:
+            r.facts.append(facts)
         if name == "committed tokens":
             self._commit_broken.add((rec.request, rec["step"]))
         ref_acc, eng_acc = cost()
@@ -455,9 +477,14 @@ class _Replay:
             tokens, parents, rec["tree_depths"].tolist() if "tree_depths" in rec else None)
         cache: dict = {}
 
+        def states():  # the target's every layer over the committed context: the features contract's reference,
+            if "states" not in cache:  # and the reference drafter's input (one target forward serves both)
+                cache["states"] = self.ref.states(ctx[:-1])
+            return cache["states"]
+
         def ref_logits(D: int) -> Tensor:  # [D, V]: the reference drafter on the committed context
             if "draft" not in cache:  # the whole block always: its slots attend to each other
-                cache["draft"] = self.ref.draft_logits(ctx, m.block_size - 1).float()
+                cache["draft"] = self.ref.draft_logits(ctx, m.block_size - 1, states().drafter_features()).float()
             return cache["draft"][:D]
 
         def ref_logprobs(D: int) -> Tensor:
@@ -489,7 +516,12 @@ class _Replay:
             if problem is None and ("draft_block_tokens" in rec or "draft_block_positions" in rec):
                 problem = C.block_problem(_list(rec, "draft_block_tokens"), _list(rec, "draft_block_positions"),
                                           ctx[-1], m.mask_token_id, start)
-            self._verdict("drafter context", rec, problem, cost)
+            self._verdict("drafter context", rec, problem, cost, C.context_facts(
+                _list(rec, "draft_block_tokens"), _list(rec, "draft_block_positions"), ctx[-1], m.mask_token_id,
+                start) if problem is not None else None)
+        # drafter features: every context row against the target's own at its position and the drafter's layers
+        if ctx is not None:
+            self._features(rec, rq, ctx, states, cost)
         # drafter output: the engine's top-k per slot against the reference drafter on the same context
         kind = rec.get("draft_values", "logprobs")
         if ctx is not None and self._needs("drafter output", rec):
@@ -498,23 +530,26 @@ class _Replay:
             problem, near = C.topk_problem(ids, vals, ref, self.tol, "slot", "log-prob" if kind == "logprobs"
                                            else "logit")
             self.results["drafter output"].near_ties += near
-            self._verdict("drafter output", rec, problem, cost)
+            self._verdict("drafter output", rec, problem, cost,
+                          C.top1_facts(ids, ref) if problem is not None else None)
         # tree: the exact best-N tree for the engine's own drafter output
         if shape is not None and not all(f in rec for f in ("draft_topk_ids", "draft_topk_values")):
             self._verdict("tree", rec, shape, lambda: (None, None))  # malformed: no drafter output needed to say so
         elif self._needs("tree", rec, ("draft_topk_ids", "draft_topk_values")):
             self._tree(rec, rq, tokens, parents, shape, kind, cost)
         if shape is not None:  # the other contracts cannot read a malformed tree: the tree contract names it
-            for name in C.CONTRACTS[3:]:
+            for name in C.CONTRACTS[C.CONTRACTS.index("verify positions"):]:
                 self._skip(name, "the tree is malformed")
             return
         # verify positions: the root's position plus depth; the tree's tokens as input ids
         if start is None:
             self._skip("verify positions", "no context_len and no request record")
         elif self._needs("verify positions", rec):
-            self._verdict("verify positions", rec, C.positions_problem(
-                rec["verify_positions"].tolist(), parents, start,
-                rec["verify_ids"].tolist() if "verify_ids" in rec else None, tokens), cost)
+            pos = rec["verify_positions"].tolist()
+            problem = C.positions_problem(pos, parents, start, rec["verify_ids"].tolist() if "verify_ids" in rec
+                                          else None, tokens)
+            self._verdict("verify positions", rec, problem, cost,
+                          C.positions_facts(pos, parents, start) if problem is not None else None)
         # visibility: the ancestor closure, from whichever form the engine held
         if start is not None and self._needs("visibility", rec):
             self._verdict("visibility", rec, self._visibility(rec, parents, start), cost)
@@ -522,8 +557,9 @@ class _Replay:
         if not self.hybrid:
             self._skip("recurrent-state parents", "an attention-only target has none")
         elif self._needs("recurrent-state parents", rec):
-            self._verdict("recurrent-state parents", rec,
-                          C.state_parents_problem(rec["state_from"].tolist(), parents), cost)
+            problem = C.state_parents_problem(rec["state_from"].tolist(), parents)
+            self._verdict("recurrent-state parents", rec, problem, cost,
+                          C.state_parents_facts(rec["state_from"].tolist(), parents) if problem is not None else None)
         # target logits: every node against the path oracle on the committed context
         if ctx is not None and self._needs("target logits", rec):
             oracle = chain_logits(m.target, ctx[:-1], tokens, parents)
@@ -559,7 +595,8 @@ class _Replay:
                 problem = C.commit_problem(committed, [tokens[a] for a in acc], rec.get("bonus"),
                                            _list(rec, "kv_kept_nodes"), acc, rec.get("next_context_len"),
                                            start if start is not None else 0, last=rq.ends_with(committed))
-            self._verdict("committed tokens", rec, problem, cost)
+            self._verdict("committed tokens", rec, problem, cost, {"state": False, "hybrid": self.hybrid}
+                          if problem is not None else None)
         rq.previous = (rec, cost)
 
     def _committed_state(self, previous, root_problem: str) -> None:
@@ -573,6 +610,8 @@ class _Replay:
         self._commit_broken.add(key)
         r = self.results["committed tokens"]
         r.broken += 1
+        r.facts.append({"state": True, "hybrid": self.hybrid,  # kept rows named right: the state itself is wrong
+                        "kept_as_accepted": _list(rec, "kv_kept_nodes") == _list(rec, "accepted_nodes")})
         ref_acc, eng_acc = cost()
         if ref_acc is not None and eng_acc is not None:
             r.accept[0] += ref_acc
@@ -582,6 +621,36 @@ class _Replay:
                        "row": rec.get("row") or 0, "reference_accept": ref_acc, "engine_accept": eng_acc,
                        "evidence": "the state this step committed (its kept K/V rows or recurrent state) gives the "
                                    f"next step's root the wrong logits, its position being right: {root_problem}"}
+
+    def _features(self, rec, rq, ctx: list, states, cost) -> None:
+        """The drafter-features contract (``workbench.conform.feature_contract``): each context row the drafter
+        was handed against the target's own features at its position, and what a differing row equals instead
+        (the previous step's tree nodes only for the first few broken cycles: a forward of its paths each)."""
+        if not F.has_features(rec) or "draft_context_positions" not in rec:
+            self._skip("drafter features", "no draft_context_features (nor its digest)" if "draft_context_positions"
+                       in rec else "no draft_context_positions")
+            return
+        if self.features is None:  # prescan refused features without a header form
+            return
+        previous = None
+        if rq.previous is not None and self.diagnosed < DIAGNOSED_CYCLES:
+            prev = rq.previous[0]
+
+            def previous():
+                need = ("tree_tokens", "tree_parents", "accepted_nodes", "context_len")
+                if not all(f in prev for f in need):
+                    return None
+                self.diagnosed += 1
+                nodes = self.ref.node_states(ctx[: prev["context_len"]], prev["tree_tokens"].tolist(),
+                                             prev["tree_parents"].tolist())
+                return nodes, set(prev["accepted_nodes"].tolist())
+        engine = F.EngineRows(rec, self.features, self.feature_tol)
+        v = features_problem(engine, rec["draft_context_positions"].tolist(), states(),
+                             list(self.models.target_layer_ids), previous)
+        if not v.checked:
+            self._skip("drafter features", "no context row at a committed position")
+            return
+        self._verdict("drafter features", rec, v.problem, cost, v.facts if v.problem else None)
 
     def _tree(self, rec, rq, tokens, parents, shape, kind, cost) -> None:
         policy = rq.policy
@@ -675,11 +744,16 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     else:
         tdir, ddir = models.target_dir, models.draft_dir
     check_pair(pair, tdir, ddir)
+    try:  # the features' form against this checker's digest and the pair's width, before any model loads
+        layers, hidden = F.pair_shape(tdir, ddir)
+        fspec = F.check_header(head, dump, layers, hidden)
+    except F.FeatureInputError as e:
+        raise ConformInputError(str(e)) from None
     try:  # a slice outside the dump is refused before the whole file is scanned, and before any model loads
         kept = check_against(sel, extent(dump), dump) if sel is not None else None
     except SelectionError as e:
         raise ConformInputError(str(e)) from None
-    scan = prescan(dump, pair)
+    scan = prescan(dump, pair, features=(fspec, layers, hidden))
     notes = list(scan.notes) + ([kept.note] if kept is not None and kept.note else [])
     total = kept.cycles if kept is not None else scan.cycles  # the cycles this check judges
     dtype = pair.get("dtype") or "float32"
@@ -695,7 +769,7 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
         notes.insert(0, note)
     used = {"target": model_ref(models.target_dir), "draft": model_ref(models.draft_dir),
             "dtype": str(models.dtype).replace("torch.", "")}
-    replay = _Replay(models, tol, target_is_hybrid(models.target.config))
+    replay = _Replay(models, tol, target_is_hybrid(models.target.config), fspec)
     reqs: dict = {}
     default_policy = head.get("policy")
     _, records = read_dump(dump)
@@ -724,9 +798,13 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
         raise ConformInputError(f"{dump}: no contract could be checked on its {total} cycle(s) "
                                 f"({'; '.join(why)[:240]}): a check that judged nothing is no verdict; dump the "
                                 "fields the contracts read (docs/dump-format.md)")
-    return ConformReport(str(dump), head, replay.results, total, kept.requests if kept is not None else scan.requests,
-                         tol, time.perf_counter() - t0, notes, scan.policies, used,
-                         selection=sel.to_dict() if sel is not None else None)
+    report = ConformReport(str(dump), head, replay.results, total,
+                           kept.requests if kept is not None else scan.requests, tol, time.perf_counter() - t0, notes,
+                           scan.policies, used, selection=sel.to_dict() if sel is not None else None)
+    from workbench.conform.causes import match_causes
+
+    report.causes = match_causes(report)  # from the evidence to the known bug classes it matches
+    return report
 
 
 def check_arguments(dump, target, draft, models, device, progress):

@@ -7,8 +7,12 @@ records and the reference's replay; nothing here loads a model or reads a file.
 
 The contracts, in the order data flows through a step (the checker reports broken ones in this order
 within a cycle: an input's fault explains what follows it):
-drafter context, drafter output, tree, verify positions, visibility, recurrent-state parents, target
-logits, accept walk, committed tokens.
+drafter context, drafter features, drafter output, tree, verify positions, visibility, recurrent-state
+parents, target logits, accept walk, committed tokens (the drafter features' contract and its diagnosis:
+``workbench.conform.feature_contract``).
+
+Beside the evidence line, ``*_facts`` give a broken cycle's evidence as data (a constant offset, slot 0 holding
+the mask token, ...): ``workbench.conform.causes`` matches known bug classes against them.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from torch import Tensor
 
 from ddtree_kernels.oracles import accept_walk_python, ancestors_python, build_tree_greedy_exact
 
-CONTRACTS = ("drafter context", "drafter output", "tree", "verify positions", "visibility",
+CONTRACTS = ("drafter context", "drafter features", "drafter output", "tree", "verify positions", "visibility",
              "recurrent-state parents", "target logits", "accept walk", "committed tokens")
 
 
@@ -191,6 +195,23 @@ def block_problem(tokens: list[int] | None, positions: list[int] | None, root: i
     return None
 
 
+def context_facts(tokens: list[int] | None, positions: list[int] | None, root: int, mask_token_id: int,
+                  start: int) -> dict:
+    """A broken drafter context as data: whether the block's slot 0 holds the mask token instead of the root
+    (the bonus token missing), and the block positions' constant offset from start, start + 1, ... (None: none)."""
+    slot0_mask = bool(tokens) and tokens[0] == mask_token_id and root != mask_token_id
+    offsets = {p - (start + j) for j, p in enumerate(positions or [])}
+    return {"slot0_mask": slot0_mask, "block_offset": offsets.pop() if len(offsets) == 1 else None}
+
+
+def top1_facts(ids: Tensor, reference: Tensor) -> dict:
+    """A broken drafter output as data: the share of slots whose top-1 is the reference's (a drafter that shares
+    nothing with the reference agrees by chance only)."""
+    R = min(ids.shape[0], reference.shape[0])
+    agree = sum(int(ids[r, 0]) == int(reference[r].argmax()) for r in range(R))
+    return {"top1_agree": agree / R if R else None, "slots": R}
+
+
 def as_logprobs(values: Tensor, kind: str) -> Tensor | None:
     """Full-vocabulary values [D, V] as log-probs (None when ``kind`` is unknown)."""
     if kind == "logprobs":
@@ -254,6 +275,16 @@ def positions_problem(positions: list[int], parents: list[int], start: int, ids:
     return None
 
 
+def positions_facts(positions: list[int], parents: list[int], start: int) -> dict:
+    """Broken verify positions as data: their constant offset from the reference's (None: none), and whether they
+    are the root's position plus each node's flat index (the node's place in the tree's order, not its depth)."""
+    depth = depths_from(parents)
+    offsets = {p - (start + d) for p, d in zip(positions, depth)}
+    by_index = len(positions) > 1 and positions == [positions[0] + i for i in range(len(positions))] and \
+        positions[0] == start and depth != list(range(len(depth)))
+    return {"offset": offsets.pop() if len(offsets) == 1 else None, "by_index": by_index}
+
+
 def ancestor_closure(parents: list[int]) -> Tensor:
     """bool [n, n]: node j is an ancestor of node i, or i itself (the plain walk of ``oracles``, not the
     engine's kernel: a fault planted in the kernel must not reach the checker)."""
@@ -301,6 +332,13 @@ def state_parents_problem(state_from: list[int], parents: list[int]) -> str | No
 
 
 # ------------------------------------------------------------------------------------------ accept, commit
+def state_parents_facts(state_from: list[int], parents: list[int]) -> dict:
+    """Broken recurrent-state parents as data: whether each node continued the node before it in the flattened
+    order (a scan that reads the tree as a chain: stale parent indices)."""
+    return {"flattened": len(state_from) > 1 and state_from == list(range(-1, len(state_from) - 1)),
+            "wrong": sum(s != p for s, p in zip(state_from, parents))}
+
+
 def accept_problem(tokens: list[int], parents: list[int], choice: list[int], accepted: list[int],
                    bonus: int | None, last: bool = False) -> str | None:
     """The accepted path and bonus = the walk down the tree along the engine's own per-node choices (on the

@@ -56,7 +56,8 @@ class Field:
 
 
 # n = tree nodes (root included, root at 0); D = drafted slots; k = top-k; V = vocabulary; c = context rows;
-# B = drafter block; L = accepted drafts; m = visibility columns (n, or context_len + n).
+# B = drafter block; L = accepted drafts (the features: the drafter's target layers); H = the target's hidden
+# size; P = the features digest's dims; m = visibility columns (n, or context_len + n).
 SEQ_DOC = ("the record's number in the file (0, 1, ... over request and cycle records, as the writer wrote "
            "them): a checker names a record missing, repeated or out of order by it")
 CYCLE_FIELDS = (
@@ -78,6 +79,14 @@ CYCLE_FIELDS = (
     Field("draft_block_tokens", "tensor", "int", "[B]", "drafter context",
           "the drafter's block input: the root, then the mask token in every slot"),
     Field("draft_block_positions", "tensor", "int", "[B]", "drafter context", "the block's positions"),
+    Field("draft_context_features", "tensor", "float", "[c, L * H]", "drafter features",
+          "the features the drafter's forward was handed for those context rows: the target's hidden states at "
+          "the drafter's L target layers, side by side (the header's features.form 'rows')", "features"),
+    Field("draft_context_features_rms", "tensor", "float", "[c, L]", "drafter features",
+          "digest (features.form 'digest', for large models): each context row's RMS per target layer", "features"),
+    Field("draft_context_features_proj", "tensor", "float", "[c, L, P]", "drafter features",
+          "digest: each context row's target layers times the fixed seeded projection [H, P] (the header's "
+          "features.seed, features.dims; workbench.conform.features)", "features"),
     Field("draft_topk_ids", "tensor", "int", "[D, k]", "drafter output",
           "the k best tokens of every drafted slot (slot d predicts depth d + 1), best first", "draft"),
     Field("draft_topk_values", "tensor", "float", "[D, k]", "drafter output",

@@ -8,7 +8,8 @@ registers the session keyword ``dump`` (``workbench.engine.observers``) when it 
 - ``cycle.hook_begin``: a new engine step (row 0 opens it);
 - ``cycle.hook_draft_input``: what the drafter's forward was handed for the row (``models.base.DraftInput``:
   its new context rows' features and positions, its block's tokens and positions), copied from the very
-  tensors the forward got;
+  tensors the forward got; the features are dumped whole for a small pair and as a digest for a large one
+  (``workbench.conform.features``; the header's ``features`` says which);
 - ``cycle.hook_committed``: the nodes handed to the target state's compaction and the tokens committed;
 - ``cycle.hook_record``: the request's ``Cycle`` (the tree the verify ran, the compiled positions and
   visibility it got, the target's top-2 and choice, the accepted path) and the target state's own length.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.conform import features
 from workbench.conform.dump import DumpWriter, check_dump_path, make_header
 from workbench.conform.fingerprint import pair_fingerprint
 from workbench.engine.loading import model_ref
@@ -70,13 +72,17 @@ class EngineDump:
         self.ids = {id(r): str(i) for i, r in enumerate(self.requests)}
         labels = {str(r.policy) for r in self.requests}
         first = self.requests[0]
+        # whole rows for a small pair, a digest for a large one (workbench.conform.features)
+        self.features = features.spec_for(len(m.target_layer_ids),
+                                          int(m.target.config.get_text_config(decoder=True).hidden_size))
         header = make_header(
             {"name": "workbench", "version": __version__, "static_shapes": bool(rows.static_shapes),
              "kernel_backend": first.kernel_backend},
             pair_identity(m), labels.pop() if len(labels) == 1 else None,
             {"temperature": first.sampling.temperature, "top_p": first.sampling.top_p,
              "top_k": first.sampling.top_k, "seed": first.seed},
-            topk={"draft": first.record_topk, "target": 2}, batch=len(self.requests))
+            topk={"draft": first.record_topk, "target": 2}, batch=len(self.requests),
+            features=self.features.to_header())
         self.writer = DumpWriter(path, header, replace)
         self.step = -1
         self._new_step = False  # a cycle began: its first record opens a new step (a cycle that raised writes none)
@@ -133,7 +139,7 @@ class EngineDump:
             seq = request.prompt_ids + request.generated
             f.update(draft_context_tokens=torch.tensor(seq[c.start - ctx : c.start], dtype=torch.long),
                      draft_context_positions=seen.context_positions, draft_block_tokens=seen.block_tokens,
-                     draft_block_positions=seen.block_positions)
+                     draft_block_positions=seen.block_positions, **self.features.fields(seen.context_features))
         committed = self._committed[row]
         f.update(committed_tokens=torch.tensor(committed.tokens[: c.committed], dtype=torch.long),
                  kv_kept_nodes=committed.nodes)

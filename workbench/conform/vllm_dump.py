@@ -7,6 +7,9 @@ from what ``workbench.adapters.vllm_hooks.Tap`` captured on vLLM's proposer and 
   ``target_positions``: every row of the verify before, of which the rows before this step's root are the
   committed ones the drafter keeps; the rejected rows after them are left out), the block's ids and positions
   its drafter model ran;
+- drafter features: the target's hidden states ``propose`` was handed for those rows (``target_hidden_states``,
+  the drafter's target layers side by side, as captured by ``vllm_hooks.Tap``), whole or as the digest
+  (``workbench.conform.features``: the header's ``features`` says which);
 - drafter output: the top-k of the drafter's logits for every proposed slot (``draft_values = "logits"``);
 - tree: the root and the verified drafts as a chain; target logits: the top-k of the rejection sampler's
   target logits at every verified slot; accept: what it sampled; commit: the tokens the request received.
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.conform import features
 from workbench.conform.dump import DumpWriter, make_header
 from workbench.conform.engine_dump import cycle_fields
 
@@ -43,10 +47,11 @@ class VllmDump:
     def __init__(self, engine, session, path, replace: bool = False):
         pair = {"target": str(engine.target_dir), "draft": str(engine.draft_dir), "vocab_size": _vocab(engine.target_dir),
                 "block_size": engine.block_size, "dtype": engine.dtype, "device": str(engine.device), "hybrid": False}
+        self.features = features.spec_for(*features.pair_shape(engine.target_dir, engine.draft_dir))
         head = make_header({"name": "vllm", "version": engine.version, "workarounds": list(engine.patches),
                             "num_speculative_tokens": engine.num_speculative_tokens},
                            pair, str(session.policy), {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0},
-                           topk={"draft": TOPK, "target": TOPK}, batch=1)
+                           topk={"draft": TOPK, "target": TOPK}, batch=1, features=self.features.to_header())
         self.writer = DumpWriter(path, head, replace)
         self.request = session.request_id
         self.writer.request(self.request, prompt_ids=torch.tensor(session.prompt_ids), first_token=session.generated[0],
@@ -72,6 +77,12 @@ class VllmDump:
                 # drafter keeps the rows before this step's root (the committed ones)
                 keep = p.context_positions < c.start
                 f.update(draft_context_tokens=p.context_tokens[keep], draft_context_positions=p.context_positions[keep])
+                if p.context_features is not None and p.context_features.shape[-1] == self.features.width:
+                    f.update(self.features.fields(p.context_features[keep]))
+                else:  # a proposer handed something else than the target layers side by side: said, not guessed
+                    notes.append("draft_context_features: vLLM's target_hidden_states are "
+                                 f"{None if p.context_features is None else list(p.context_features.shape)}, not "
+                                 f"[rows, {self.features.width}]")
             else:
                 notes.append(f"draft_context_tokens: a proposal over {len(p.req_ids)} requests; the tap keeps no "
                              "split of its context rows")

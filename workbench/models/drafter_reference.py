@@ -4,6 +4,9 @@ Everything here is what z-lab's dflash and the workbench's engine compute, witho
 production engine's tensors for the same context can be held against it:
 - ``features``: the target's hidden state after each of the drafter's layers, transformers'
   ``hidden_states[k + 1]`` for layer k, one chunk per target layer id (what the drafter's ``fc`` reads);
+- ``states``: every layer's hidden state and the last layer's output before the final norm, over a context
+  (the checker's features contract reads the drafter's layers and, for a mismatch, the others);
+- ``node_states``: the same for every node of a tree, each from its own root-to-node path;
 - ``draft_logits``: the drafter's logits for the block [last token, mask x K] after a context;
 - ``attention`` / ``mlp``: one drafter layer's attention or MLP on given inputs (the production engine's
   own inputs, so that a difference is that layer's and not its inputs').
@@ -34,9 +37,54 @@ class Reference:
         return [out.hidden_states[k + 1][0].float().cpu() for k in self.layer_ids]
 
     @torch.inference_mode()
-    def draft_logits(self, ids: list[int], k: int) -> Tensor:
-        """[k, V]: the drafter's logits for slots 1..k of the block [ids[-1], mask x k] after ids[:-1]."""
-        ctx = torch.cat(self.features(ids[:-1]), dim=-1)[None].to(self.models.device, self.models.dtype)  # [1, P, L*H]
+    def states(self, ids: list[int]) -> "TargetStates":
+        """Every layer's hidden state over ``ids`` and the last layer's output before the final norm (one
+        uncached forward; a forward pre-hook on the final norm reads its input)."""
+        x = torch.tensor([ids], device=self.models.device)
+        norm = self.target.model.norm
+        seen = []
+        handle = norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        try:
+            out = self.target(input_ids=x, output_hidden_states=True, use_cache=False)
+        finally:
+            handle.remove()
+        hidden = torch.stack([h[0].float().cpu() for h in out.hidden_states])  # [layers + 1, P, H]
+        return TargetStates(hidden, seen[-1][0].float().cpu(), self.layer_ids)
+
+    @torch.inference_mode()
+    def node_states(self, context: list[int], tokens: list[int], parents: list[int]) -> "TargetStates":
+        """Every layer's hidden state at every node of a tree (root first), each from its own root-to-node path
+        after ``context`` (the root excluded): one uncached forward of context + path per node, batched and
+        right-padded (causal: the padding reaches no real position). -> states over the nodes [layers + 1, n, H]."""
+        n = len(tokens)
+        paths = []
+        for i in range(n):
+            path, j = [], i
+            while j >= 0:
+                path.append(tokens[j])
+                j = parents[j]
+            paths.append(list(context) + path[::-1])
+        width = max(map(len, paths))
+        batch = torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths], device=self.models.device)  # [n, W]
+        norm = self.target.model.norm
+        seen = []
+        handle = norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        try:
+            out = self.target(input_ids=batch, output_hidden_states=True, use_cache=False)
+        finally:
+            handle.remove()
+        last = torch.tensor([len(p) - 1 for p in paths], device=self.models.device)
+        rows = torch.arange(n, device=self.models.device)
+        hidden = torch.stack([h[rows, last].float().cpu() for h in out.hidden_states])  # [layers + 1, n, H]
+        return TargetStates(hidden, seen[-1][rows, last].float().cpu(), self.layer_ids)
+
+    @torch.inference_mode()
+    def draft_logits(self, ids: list[int], k: int, features: Tensor | None = None) -> Tensor:
+        """[k, V]: the drafter's logits for slots 1..k of the block [ids[-1], mask x k] after ids[:-1].
+        ``features``: the context's drafter features [P, L*H] when already computed (``states(ids[:-1])``)."""
+        if features is None:
+            features = torch.cat(self.features(ids[:-1]), dim=-1)
+        ctx = features[None].to(self.models.device, self.models.dtype)  # [1, P, L*H]
         p = len(ids) - 1
         block = torch.tensor([[ids[-1]] + [self.models.mask_token_id] * k], device=self.models.device)
         emb = self.target.get_input_embeddings()
@@ -72,6 +120,24 @@ class Reference:
     def fc(self, features: Tensor) -> Tensor:
         """The drafter's ``fc`` over raw features [n, L * H] -> [n, H] (before its hidden_norm)."""
         return self.draft.fc(features.to(self.models.device, self.models.dtype)).float().cpu()
+
+
+class TargetStates:
+    """The target's hidden states over some positions (a context, or a tree's nodes), every layer's.
+
+    ``hidden`` [layers + 1, P, H] float32: transformers' ``hidden_states`` (0: the embeddings; k + 1: after
+    layer k, the last one after the final norm); ``prenorm`` [P, H]: the last layer's output before that norm."""
+
+    def __init__(self, hidden: Tensor, prenorm: Tensor, layer_ids: list[int]):
+        self.hidden, self.prenorm, self.layer_ids = hidden, prenorm, list(layer_ids)
+
+    def drafter_features(self) -> Tensor:
+        """[P, L*H]: what the drafter reads, its target layers side by side (``Reference.features``, joined)."""
+        return torch.cat([self.hidden[k + 1] for k in self.layer_ids], dim=-1)
+
+    def layers(self, which: list[int]) -> Tensor:
+        """[P, len(which), H]: the output of each layer in ``which`` (-1: the embeddings) at every position."""
+        return self.hidden[[k + 1 for k in which]].transpose(0, 1)
 
 
 def rel_diff(a: Tensor, b: Tensor) -> float:
