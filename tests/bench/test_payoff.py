@@ -503,3 +503,21 @@ def test_without_a_ddtree_budget_the_calibrated_policies_say_why(engine, monkeyp
         "at batch 1 no calibrated policy is compared with DDTree: no DDTree budget among the policies (they are "
         "compared with the best one); add ddtree:N, e.g. ddtree:8")
     assert v.versus_best_note in str(res)
+
+
+def test_notebook_12_counts_tokens_and_leaves_speed_to_pays_off():
+    """Notebook 12 draws no timing conclusion: its code reads no time, and it points to pays-off for speed."""
+    from pathlib import Path
+
+    from shared_checks import load_script
+
+    root = Path(__file__).parents[2]
+    build = load_script(root / "notebooks" / "build.py", "nb_build_12")
+    cells = build.source_cells(root / "notebooks" / "12_trees_for_branch_agnostic_drafters.py")
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    said = " ".join(" ".join(c.source for c in cells if c.cell_type == "markdown").replace("#", " ").split())
+    for timing in (".seconds", "tokens_per_s", "stage_seconds", ".wall", "perf_counter", "step_ms"):
+        assert timing not in code, timing
+    assert "python -m workbench pays-off" in said and "tokens per target forward" in said
+    for label in CALIBRATED_LABELS + ["DDTree(16)", "DFlash()"]:  # each fix beside DDTree and DFlash
+        assert f"wb.{label}" in code, label

@@ -7,7 +7,9 @@ A forward step is one target forward over every row (the cycle: draft, tree buil
 accept, commit, record); the measured speedup is the paired per-unit ratio of tokens per second of cycle
 time (prefill left out: it is the same forward for every shape). What decides is the largest term of
 log(predicted) in the direction of the outcome: the acceptance gain, the verify's extra width, or the
-rest of the step (per-step overhead).
+rest of the step (per-step overhead). Beside the verdict on DDTree against the chain: the fastest policy
+measured, AR included (``fastest_line``), and each calibrated policy against the best DDTree budget, with
+the term that decides it (``versus_best``).
 """
 from __future__ import annotations
 
