@@ -54,6 +54,15 @@ def test_a_pays_off_result_becomes_a_cost_table():
     # other = the median over drafted shapes of draft + tree + accept + commit + host (6.1 at both batches)
     assert c.ms(1, 5) == pytest.approx(8.0 + 6.1) and c.ms(8, 33) == pytest.approx(40.0 + 6.1)
     assert c.ms(8, 9) > c.ms(1, 9) and c.ms(4, 5) == pytest.approx((14.1 * 4 + 21.1 * 3) / 7)
+    # pays-off's default set holds CostTree(64) and CutTree(16), which verify fewer nodes than their cap per cycle:
+    # their verify is no measurement of 65 or 17 nodes, so they add no point (PathTree(16)'s 17 nodes are real)
+    for b, extra in (("1", [row("CostTree(64)", "cost-tree", 8.5), row("CutTree(16)", "cut-tree", 8.2),
+                            row("PathTree(16)", "path-tree", 10.0)]),
+                     ("8", [row("CostTree(64)", "cost-tree", 14.0), row("CutTree(16)", "cut-tree", 20.0),
+                            row("PathTree(16)", "path-tree", 30.0)])):
+        res["batches"][b]["shapes"] += extra
+    c = from_pays_off(res, "r.json")
+    assert c.nodes == (1, 5, 16, 17, 33) and c.ms(8, 17) == pytest.approx(30.0 + 6.1)
 
 
 def test_bad_cost_sources_are_one_line(tmp_path):

@@ -4,8 +4,8 @@ measurement the workbench already makes.
 Two sources are read:
 
 - a ``pays-off --json`` result (``workbench.payoff``): per batch size, every shape's median ms per stage.
-  A shape's node count is its static node count (DDTree(N): N + 1, DFlash: the block, AR: 1); the verify
-  median is kept per node count, and the rest of a drafted step (draft, tree, accept, commit, host) is the
+  A shape's node count is its static node count (DDTree(N): N + 1, DFlash: the block, AR: 1; CostTree and
+  CutTree, which choose theirs per cycle, are left out); the verify median is kept per node count, and the rest of a drafted step (draft, tree, accept, commit, host) is the
   median over the drafted shapes of that batch (it barely moves with the tree up to 32 nodes);
 - a cost table written by hand or by a script, ``{"rows": [...], "nodes": [...], "step_ms": [[...]],
   "source": "..."}``, e.g. the shipped ``workbench/assets/costs/*.json``, each transcribed from a measurement
@@ -23,6 +23,9 @@ from workbench.engine.policies.step_cost import StepCost
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "costs"
 SHIPPED = {"dense": ASSETS / "dense-cpu.json", "hybrid": ASSETS / "hybrid-cpu.json"}
 DRAFTED_FAMILIES = ("chain", "chain-cut", "spine", "tree")  # pays-off's families that draft
+# pays-off's families whose node count is chosen per cycle (CostTree, CutTree): their static node count is only a
+# cap, so their verify median is not the verify of that many nodes
+PER_CYCLE_FAMILIES = ("cost-tree", "cut-tree")
 OTHER_STAGES = ("draft", "tree", "accept", "commit", "host")
 
 
@@ -41,7 +44,7 @@ def from_pays_off(d: dict, where: str) -> StepCost:
         by_nodes, rest = {}, []
         for r in batches[b].get("shapes", []):
             ms = r.get("step_ms") or {}
-            if "verify" not in ms:
+            if "verify" not in ms or r.get("family") in PER_CYCLE_FAMILIES:
                 continue
             n = parse_policy(r["label"]).static_nodes(block) if r.get("family") != "ar" else 1
             by_nodes.setdefault(n, []).append(float(ms["verify"]))
