@@ -60,6 +60,8 @@ def test_a_tree_built_by_the_wrong_rule_is_named_under_the_tree_contract(engine,
                    "were static (its node count is chosen per cycle"),
     (CutTree(16), "CutTree(16) rebuilds need the rows that drafted together in each cycle and whether shapes were "
                   "static (its cut is read at a threshold chosen per batch size"),
+    (CutTree(16, threshold=0.25), "CutTree(16, threshold=0.25) rebuilds need whether shapes were static (static "
+                                  "shapes verify the whole tree, dynamic ones cut it at the threshold)"),
 ])
 def test_cost_and_cut_trees_are_not_checked_and_say_what_a_rebuild_needs(policy, why, engine, tmp_path):
     r = conform(dump(engine, tmp_path / "run.dump", policy, new=12), models=engine.models)

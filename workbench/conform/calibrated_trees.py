@@ -27,6 +27,9 @@ NOT_REBUILT = {
     "cut": "the rows that drafted together in each cycle and whether shapes were static (its cut is read at a "
            "threshold chosen per batch size, and static shapes verify the whole tree)",
 }
+# CutTree with its threshold given: the cut no longer depends on the rows, only on static shapes
+CUT_AT_GIVEN_THRESHOLD = ("whether shapes were static (static shapes verify the whole tree, dynamic ones cut it at "
+                          "the threshold)")
 REBUILT = ("path", "pairtree", "pairchain")
 
 
@@ -48,7 +51,8 @@ def calibrated_tree(policy, rec, kind: str, models) -> tuple[dict | None, str]:
     from workbench.engine.policies.pair_head import conditioned_increments
 
     if policy.kind in NOT_REBUILT:
-        return None, f"{policy} rebuilds need {NOT_REBUILT[policy.kind]}"
+        given = policy.kind == "cut" and policy.threshold is not None
+        return None, f"{policy} rebuilds need {CUT_AT_GIVEN_THRESHOLD if given else NOT_REBUILT[policy.kind]}"
     if kind != "logprobs":
         return None, f"{policy} rebuilds need the drafter's log-probs (the dump holds its logits' top-k)"
     pair = pair_identity(models)
