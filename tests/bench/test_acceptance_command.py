@@ -27,7 +27,8 @@ def test_a_trace_and_a_dump_give_their_records(engine, tmp_path):
     s = engine.session("def parse(line):", policy=wb.DDTree(16), max_new_tokens=24, dump=dump)
     t = s.run()
     trace = t.save(tmp_path / "run.trace.jsonl")
-    want = json.loads(json.dumps(acceptance(t).records[0].to_dict()))  # histogram keys are strings in JSON, as AIPerf reads them
+    # the histogram's keys are strings in JSON, as AIPerf reads them
+    want = json.loads(json.dumps(acceptance(t).records[0].to_dict()))
     out = json.loads(run(str(trace), "--json"))
     assert out["records"] == [{"request": "0", **want}]
     assert out["bench_serve"]["spec_decode_num_drafts"] == len(t.cycles)

@@ -5,9 +5,9 @@ without converting by hand.
     acc = wb.analysis.acceptance(trace)              # a Trace, several (a list, {id: trace}), or read_dump(path)
     acc.records[0].to_dict()                         # AIPerf's SpecDecodeAcceptanceRecord, field for field
     acc.pooled()                                     # the same record over every request (AIPerf's pooled histogram)
-    acc.bench_serve()                                # `vllm bench serve`'s result keys: spec_decode_acceptance_length, ...
+    acc.bench_serve()                                # `vllm bench serve`'s result keys (spec_decode_...)
     acc.records[0].vllm(), acc.records[0].sglang()   # vLLM's metrics.speculative_decoding; SGLang's meta_info names
-    wb.analysis.from_vllm_counters(delta)            # the same record from vLLM's own counters (its /metrics, get_metrics)
+    wb.analysis.from_vllm_counters(delta)            # the same record from vLLM's own counters
 
 The names and their meaning, from their sources:
 - AIPerf's ``SpecDecodeAcceptanceRecord`` (ai-dynamo/aiperf, ``src/aiperf/common/models/spec_decode_models.py``;
@@ -201,8 +201,8 @@ def acceptance(source) -> Acceptance:
     if isinstance(source, (list, tuple)) and source and all(isinstance(t, Trace) for t in source):
         return Acceptance([from_trace(t, str(i)) for i, t in enumerate(source)])
     raise AcceptanceError(f"acceptance({type(source).__name__}{'' if source else ' (empty)'}): pass a wb.Trace, a "
-                          "list or {id: trace} of them, or a cycle dump as read_dump(path) returns it (the command line "
-                          "takes the files: python -m workbench acceptance RUN.dump)")
+                          "list or {id: trace} of them, or a cycle dump as read_dump(path) returns it (the command "
+                          "line takes the files: python -m workbench acceptance RUN.dump)")
 
 
 def from_trace(trace, request: str) -> RequestAcceptance:
@@ -263,8 +263,8 @@ def from_vllm_counters(counters: dict, request: str = "all", engine: str = "vllm
         raise AcceptanceError(f"counters {str(counters)[:80]}: need drafts, draft_tokens, accepted and per_pos as "
                               f"workbench.adapters.spec_metrics reads them ({type(e).__name__}: {e})") from None
     if accepted and not per_pos:
-        raise AcceptanceError("the counters hold no per-position counts (vllm:spec_decode_num_accepted_tokens_per_pos): "
-                              "the histogram of accepted drafts cannot be derived")
+        raise AcceptanceError("the counters hold no per-position counts (vllm:spec_decode_num_accepted_tokens_per_pos):"
+                              " the histogram of accepted drafts cannot be derived")
     k = num_spec_tokens if num_spec_tokens is not None else len(per_pos)
     bounds = [drafts] + per_pos + [0]
     hist = {j: bounds[j] - bounds[j + 1] for j in range(len(per_pos) + 1)}

@@ -37,8 +37,9 @@ def read_source(path: str):
         except TraceFileError as as_trace:
             if "not a ddtree-workbench trace" not in str(as_trace):  # a trace, damaged: its own words
                 raise
-            raise AcceptanceError(f"{path} is neither a cycle dump ({' '.join(str(as_dump).split())[:120]}) nor a "
-                                  "saved trace: give a file written by session(..., dump=...) or trace.save(...)") from None
+            why = " ".join(str(as_dump).split())[:120]
+            raise AcceptanceError(f"{path} is neither a cycle dump ({why}) nor a saved trace: give a file written by "
+                                  "session(..., dump=...) or trace.save(...)") from None
 
 
 def run(args, out, err) -> int:
