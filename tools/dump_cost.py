@@ -8,8 +8,8 @@ with dumping off and on (medians over prompts of the per-prompt mean), the paire
 p10/p50/p90 and a Wilcoxon signed-rank p-value (scipy) and the dump's bytes per cycle. Dumping off adds nothing
 to a cycle: the writer hangs on the request's hook points, and a request without hooks runs no hook code. The
 time inside the writer is timed around its hooks (wrappers this tool installs), so it is measured apart from
-the machine's noise; with the drafter's features dumped, the copies the drafter's state makes of its forward's
-inputs for ``cycle.hook_draft_input`` are timed too (``DraftKV._observed`` is not wrapped: they are in "draft").
+the machine's noise. The copies the drafter's state makes of its forward's inputs for ``cycle.hook_draft_input``
+are not inside it: they count in the cycle's time with dumping on.
 """
 from __future__ import annotations
 

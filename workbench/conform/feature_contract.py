@@ -40,14 +40,13 @@ def features_problem(engine, positions: list[int], states, layer_ids: list[int],
     positions the drafter gave its rows; ``states``: the target's states over the committed context
     (``TargetStates``, positions 0..start-1); ``previous``: None, or a callable -> (the previous step's tree
     node states, its accepted nodes) for the ``rejected`` explanation."""
-    P = states.hidden.shape[1]
+    P = states.positions
     keep = [i for i, p in enumerate(positions) if 0 <= p < P]  # rows past the committed context: not judged here
     if not keep:
         return FeatureVerdict(None)
     rows = torch.tensor(keep)
     pos = torch.tensor([positions[i] for i in keep])  # [c]
-    mine = states.layers(layer_ids)  # [P, L, H]
-    off = engine.off(mine[pos], rows)  # [c, L]
+    off = engine.off(states.layers(layer_ids, pos), rows)  # [c, L]
     bad = off > 1
     if not bool(bad.any()):
         return FeatureVerdict(None, len(keep))
@@ -65,8 +64,8 @@ def features_problem(engine, positions: list[int], states, layer_ids: list[int],
 
 def explain(engine, rows: Tensor, pos: Tensor, bad: Tensor, states, layer_ids: list[int], previous) -> dict:
     """Each differing layer-row (row index, layer index) -> the first explanation it matches (module docstring)."""
-    P, L = states.hidden.shape[1], len(layer_ids)
-    n_layers = states.hidden.shape[0] - 1
+    P, L = states.positions, len(layer_ids)
+    n_layers = states.n_layers
     open_ = {(int(r), int(j)) for r, j in bad.nonzero()}
     out: dict = {}
 
@@ -76,22 +75,22 @@ def explain(engine, rows: Tensor, pos: Tensor, bad: Tensor, states, layer_ids: l
                 out[(r, j)] = label
                 open_.discard((r, j))
 
-    mine = states.layers(layer_ids)  # [P, L, H]
     for k in SHIFTS:
         if not open_:
             break
         at = pos + k
         valid = ((at >= 0) & (at < P))[:, None].expand(-1, L)
-        take(f"shift:{k}", valid & (engine.off(mine[at.clamp(0, P - 1)], rows) <= 1))
+        take(f"shift:{k}", valid & (engine.off(states.layers(layer_ids, at.clamp(0, P - 1)), rows) <= 1))
     for d in sorted({b - a for a in layer_ids for b in range(-1, n_layers)} - {0}, key=lambda d: (abs(d), d)):
         if not open_:
             break
         which = [a + d for a in layer_ids]
         valid = torch.tensor([-1 <= b < n_layers for b in which])[None].expand(len(pos), -1)
-        cand = states.layers([min(max(b, -1), n_layers - 1) for b in which])[pos]  # [c, L, H]
+        cand = states.layers([min(max(b, -1), n_layers - 1) for b in which], pos)  # [c, L, H]
         take(f"layer:{d}", valid & (engine.off(cand, rows) <= 1))
-    if open_:  # every drafter layer against the last layer's output before the final norm
-        cand = states.prenorm[pos][:, None].expand(-1, L, -1)
+    prenorm = states.before_norm(pos) if open_ else None  # [c, H]
+    if prenorm is not None:  # every drafter layer against the last layer's output before the final norm
+        cand = prenorm[:, None].expand(-1, L, -1)
         match = engine.off(cand, rows) <= 1
         for r, j in list(open_):
             if bool(match[r, j]):
@@ -101,10 +100,10 @@ def explain(engine, rows: Tensor, pos: Tensor, bad: Tensor, states, layer_ids: l
         got = previous()
         if got is not None:
             nodes, accepted = got
-            for i in range(nodes.hidden.shape[1]):
+            for i in range(nodes.positions):
                 if i in accepted or not open_:
                     continue
-                cand = nodes.layers(layer_ids)[i][None].expand(len(pos), -1, -1)  # [c, L, H]
+                cand = nodes.layers(layer_ids, torch.tensor([i])).expand(len(pos), -1, -1)  # [c, L, H]
                 take("rejected", engine.off(cand, rows) <= 1)
     for key in open_:
         out[key] = "unexplained"

@@ -41,15 +41,21 @@ class Reference:
         """Every layer's hidden state over ``ids`` and the last layer's output before the final norm (one
         uncached forward; a forward pre-hook on the final norm reads its input)."""
         x = torch.tensor([ids], device=self.models.device)
-        norm = self.target.model.norm
+        hidden, prenorm = self._forward(x)
+        return TargetStates([h[0] for h in hidden], None if prenorm is None else prenorm[0], self.layer_ids)
+
+    def _forward(self, x: Tensor) -> tuple:
+        """(every layer's hidden states [B, T, H] each, the final norm's input [B, T, H] or None), on the device:
+        the states stay there and are read a few rows at a time (a full-size target's would not fit the host)."""
+        norm = getattr(getattr(self.target, "model", None), "norm", None)
         seen = []
-        handle = norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        handle = None if norm is None else norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
         try:
             out = self.target(input_ids=x, output_hidden_states=True, use_cache=False)
         finally:
-            handle.remove()
-        hidden = torch.stack([h[0].float().cpu() for h in out.hidden_states])  # [layers + 1, P, H]
-        return TargetStates(hidden, seen[-1][0].float().cpu(), self.layer_ids)
+            if handle is not None:
+                handle.remove()
+        return out.hidden_states, (seen[-1] if seen else None)
 
     @torch.inference_mode()
     def node_states(self, context: list[int], tokens: list[int], parents: list[int]) -> "TargetStates":
@@ -66,17 +72,11 @@ class Reference:
             paths.append(list(context) + path[::-1])
         width = max(map(len, paths))
         batch = torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths], device=self.models.device)  # [n, W]
-        norm = self.target.model.norm
-        seen = []
-        handle = norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-        try:
-            out = self.target(input_ids=batch, output_hidden_states=True, use_cache=False)
-        finally:
-            handle.remove()
+        hidden, prenorm = self._forward(batch)
         last = torch.tensor([len(p) - 1 for p in paths], device=self.models.device)
         rows = torch.arange(n, device=self.models.device)
-        hidden = torch.stack([h[rows, last].float().cpu() for h in out.hidden_states])  # [layers + 1, n, H]
-        return TargetStates(hidden, seen[-1][rows, last].float().cpu(), self.layer_ids)
+        return TargetStates([h[rows, last] for h in hidden], None if prenorm is None else prenorm[rows, last],
+                            self.layer_ids)
 
     @torch.inference_mode()
     def draft_logits(self, ids: list[int], k: int, features: Tensor | None = None) -> Tensor:
@@ -123,21 +123,38 @@ class Reference:
 
 
 class TargetStates:
-    """The target's hidden states over some positions (a context, or a tree's nodes), every layer's.
+    """The target's hidden states over some positions (a context, or a tree's nodes), every layer's, where the
+    forward left them (the device): read a few rows at a time, as float32 on the host.
 
-    ``hidden`` [layers + 1, P, H] float32: transformers' ``hidden_states`` (0: the embeddings; k + 1: after
-    layer k, the last one after the final norm); ``prenorm`` [P, H]: the last layer's output before that norm."""
+    ``hidden``: transformers' ``hidden_states``, one [P, H] per entry (0: the embeddings; k + 1: after layer k,
+    the last one after the final norm); ``prenorm`` [P, H]: the last layer's output before that norm (None: a
+    model without a ``model.norm`` to read it from)."""
 
-    def __init__(self, hidden: Tensor, prenorm: Tensor, layer_ids: list[int]):
-        self.hidden, self.prenorm, self.layer_ids = hidden, prenorm, list(layer_ids)
+    def __init__(self, hidden, prenorm: Tensor | None, layer_ids: list[int]):
+        self.hidden, self.prenorm, self.layer_ids = list(hidden), prenorm, list(layer_ids)
+
+    @property
+    def positions(self) -> int:
+        return int(self.hidden[0].shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.hidden) - 1
 
     def drafter_features(self) -> Tensor:
-        """[P, L*H]: what the drafter reads, its target layers side by side (``Reference.features``, joined)."""
-        return torch.cat([self.hidden[k + 1] for k in self.layer_ids], dim=-1)
+        """[P, L*H] float32 on the host: what the drafter reads, its target layers side by side
+        (``Reference.features``, joined)."""
+        return torch.cat([self.hidden[k + 1].float().cpu() for k in self.layer_ids], dim=-1)
 
-    def layers(self, which: list[int]) -> Tensor:
-        """[P, len(which), H]: the output of each layer in ``which`` (-1: the embeddings) at every position."""
-        return self.hidden[[k + 1 for k in which]].transpose(0, 1)
+    def layers(self, which: list[int], at: Tensor) -> Tensor:
+        """[c, len(which), H] float32 on the host: the output of each layer in ``which`` (-1: the embeddings) at
+        the positions ``at`` [c]."""
+        idx = at.to(self.hidden[0].device)
+        return torch.stack([self.hidden[k + 1][idx].float().cpu() for k in which], dim=1)
+
+    def before_norm(self, at: Tensor) -> Tensor | None:
+        """[c, H] float32 on the host: the last layer's output before the final norm at ``at`` (None: unknown)."""
+        return None if self.prenorm is None else self.prenorm[at.to(self.prenorm.device)].float().cpu()
 
 
 def rel_diff(a: Tensor, b: Tensor) -> float:
