@@ -72,3 +72,24 @@ class LazyCycle(Cycle):
         # A copy or a pickle is the whole record as a plain Cycle: the fetch callback (a live HTTP client)
         # neither copies nor pickles, and the copy must read the same once the session is gone.
         return as_cycle, ({f.name: getattr(self, f.name) for f in FIELDS},)
+
+
+class FetchedField:
+    """A field of ``Cycle`` that has a class-level default (``state_from = None``): without this, a view record
+    lacking it would read the class's default instead of reaching ``__getattr__`` and fetching the value. A
+    non-data descriptor: once the field is in the instance's ``__dict__`` it is read from there directly."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        if self.name in obj.__dict__:
+            return obj.__dict__[self.name]
+        return obj.__getattr__(self.name)
+
+
+for _field in FIELDS:  # every defaulted field, shadowed on LazyCycle only (plain Cycles are untouched)
+    if hasattr(Cycle, _field.name):
+        setattr(LazyCycle, _field.name, FetchedField(_field.name))
