@@ -125,9 +125,18 @@ def usages() -> str:
 _NAME = r"[a-z][a-z0-9_]*"
 
 
-def spelled_args(text: str, names) -> tuple[list, dict] | None:
+def integer_value(val: str):
+    """A built-in policy's argument: an integer or 'none' (a ValueError names the value otherwise)."""
+    try:
+        return None if val == "none" else int(val)
+    except ValueError:
+        raise ValueError(f"{val!r} is not an integer") from None
+
+
+def spelled_args(text: str, names, value=integer_value) -> tuple[list, dict] | None:
     """'spine:4' or 'spine(siblings=4)' -> ([4], {}) / ([], {"siblings": 4}) when the text's name is one of
-    ``names``; None when it names something else. Arguments are integers or 'none'."""
+    ``names``; None when it names something else. ``value`` reads each argument (default: integers or
+    'none'; the calibrated policies also take floats and text)."""
     t = text.replace(" ", "")
     m = re.fullmatch(rf"({_NAME})(?::(.*)|\((.*)\))?", t)
     if m is None or m.group(1) not in names:
@@ -135,11 +144,11 @@ def spelled_args(text: str, names) -> tuple[list, dict] | None:
     raw = m.group(2).split(":") if m.group(2) is not None else (m.group(3).split(",") if m.group(3) else [])
     pos, kw = [], {}
     for a in raw:
-        key, _, val = a.rpartition("=")
+        key, _, val = a.partition("=") if re.match(r"[a-z_]+=", a) else ("", "", a)
         try:
-            v = None if val == "none" else int(val)
-        except ValueError:
-            raise ValueError(f"policy {text!r}: {val!r} is not an integer") from None
+            v = value(val)
+        except ValueError as e:
+            raise ValueError(f"policy {text!r}: {e}") from None
         if key:
             kw[key] = v
         elif kw:

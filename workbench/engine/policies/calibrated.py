@@ -14,12 +14,11 @@ that the target accepts its whole path.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from ddtree_kernels import Tree
 from ddtree_kernels.path_tree import path_tree
 from ddtree_kernels.tree_build import sorted_slots
-from workbench.engine.policies.base import MAX_BUDGET, Policy
+from workbench.engine.policies.base import MAX_BUDGET, Policy, spelled_args
 from workbench.engine.policies.calibration import MAKE, Calibration, CalibrationError, load, shipped_for
 
 
@@ -47,28 +46,11 @@ def first_nodes(tree: Tree, n: int) -> Tree:
     return Tree(*(getattr(tree, f)[:, : n + 1] for f in ("tokens", "parents", "depth", "rank", "score")))
 
 
-# spellings: 'kind', 'kind:A:B', 'name(A, field=B)' with ints, floats, none, or a bare / quoted text
-_CALL = re.compile(r"([a-z][a-z0-9_]*)(?::(.*)|\((.*)\))?")
-
-
 def spelled(text: str, names) -> tuple[list, dict] | None:
     """'cut:16:0.2' or 'cuttree(16, threshold=0.2, calibration=dense)' -> ([16, 0.2], {}) / ([16],
-    {'threshold': 0.2, 'calibration': 'dense'}); None when the name is not one of ``names``."""
-    m = _CALL.fullmatch(text.replace(" ", ""))
-    if m is None or m.group(1) not in names:
-        return None
-    raw = m.group(2).split(":") if m.group(2) is not None else (m.group(3).split(",") if m.group(3) else [])
-    pos, kw = [], {}
-    for a in raw:
-        key, eq, val = a.partition("=") if re.match(r"[a-z_]+=", a) else ("", "", a)
-        v = value_of(val)
-        if key:
-            kw[key] = v
-        elif kw:
-            raise ValueError(f"policy {text!r}: a positional argument follows a named one")
-        else:
-            pos.append(v)
-    return pos, kw
+    {'threshold': 0.2, 'calibration': 'dense'}); None when the name is not one of ``names`` (the shared
+    spellings of ``base.spelled_args``, with ints, floats, none or text as values)."""
+    return spelled_args(text, names, value_of)
 
 
 def value_of(text: str):
