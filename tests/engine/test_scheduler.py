@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -196,14 +197,16 @@ def test_a_released_session_leaves_the_rows_and_a_closed_scheduler_refuses(tiny_
         a = sch.session("ab", policy=wb.DDTree(4), max_new_tokens=30)
         b = sch.session("cd", policy=wb.DDTree(4), max_new_tokens=30)
         a.step()
-        assert sch.rows.rows == 2 and a.cache_bytes() > 0
+        assert sch.rows_held == 2 and sch.rows.rows == 1 and a.cache_bytes() > 0  # b's row sat out: parked
+        kv = b.kv_cache()  # a parked row is still read
+        assert kv and kv[0][0].shape[-2] == b.start and b.cache_bytes() > 0
         sch.release(a)
         b.step()  # the worker retires a's rows before b's cycle
-        assert sch.rows.rows == 1 and sch.order == [b]
+        assert sch.rows_held == 1 and sch.rows.rows == 1 and sch.order == [b] and not sch.parked
         assert b.tokens == alone(engine, "cd", wb.DDTree(4), 0.0, n=30).tokens[: len(b.tokens)]
         sch.release(b)
         c = sch.session("ef", policy=wb.DDTree(4), max_new_tokens=12)  # rows emptied, then a new one joins
-        assert sch.rows.rows == 1 and c.run().new_tokens == 12
+        assert sch.rows_held == 1 and c.run().new_tokens == 12
         assert c.tokens == alone(engine, "ef", wb.DDTree(4), 0.0, n=12).tokens
     finally:
         sch.close()
@@ -227,5 +230,112 @@ def test_a_failing_cycle_reaches_its_sessions_not_the_worker(tiny_engines):
             s.step()  # call 2
         s.step()  # the worker is alive; the session goes on where it was
         assert len(s.cycles) == 1
+    finally:
+        sch.close()
+
+
+def test_standing_runs_stay_in_the_batch_and_equal_each_alone(tiny_engines):
+    """``Scheduler.steps``: each cycle reaches ``each`` in order, the run never makes a gather wait for its
+    thread to ask again (the worker re-arms it), a run whose ``more()`` lapses goes on when asked again,
+    and a failing ``each`` ends its own run only."""
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 3, seed=11)
+    pols = [wb.DDTree(6), wb.DFlash(), wb.DDTree(9)]
+    sch = Scheduler(engine, BatchLimits(gather_seconds=0.5, gather_floor=0.5))  # a wait would be counted
+    got, seen, errors = [None] * 3, [[] for _ in range(3)], []
+    try:
+        sessions = [sch.session(p, policy=pol, max_new_tokens=24) for p, pol in zip(prompts, pols)]
+        go = threading.Barrier(3)
+
+        def client(i):
+            s = sessions[i]
+            try:
+                go.wait()
+                lapses = 0
+                while not s.finished:  # run 1 lapses every third cycle; its caller asks again
+                    n0 = len(seen[i])
+                    more = (lambda: len(seen[i]) - n0 < 3) if i == 1 else (lambda: True)
+                    sch.steps(s, more, lambda c, asked: seen[i].append(
+                        (c.index, asked <= time.perf_counter(), threading.current_thread().name)))
+                    lapses += 1
+                got[i] = (s, lapses)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        st = sch.stats
+        assert st.most_rows == 3
+        assert st.gathers_waited <= got[1][1]  # only after run 1's lapses (its thread had to ask again)
+        for i, (s, lapses) in enumerate(got):
+            assert s.tokens == alone(engine, prompts[i], pols[i], 0.0).tokens
+            # handed over in the worker, as made: the caller's thread did not wake for each cycle
+            assert seen[i] == [(k, True, "workbench-scheduler") for k in range(len(s.cycles))]
+            assert (lapses > 1) == (i == 1)
+
+        bad = sch.session(prompts[0], policy=wb.DDTree(4), max_new_tokens=24)
+
+        def boom(c, asked):
+            raise RuntimeError("the reader failed")
+
+        with pytest.raises(RuntimeError, match="the reader failed"):
+            sch.steps(bad, lambda: True, boom)
+        assert len(bad.cycles) == 1
+        bad.step()  # the worker is alive, the session goes on
+        assert len(bad.cycles) == 2
+    finally:
+        sch.close()
+
+
+def test_rows_that_sit_out_are_copied_once_until_their_session_asks_again(tiny_engines):
+    """A finished session its client has not closed, or an idle one, is parked once (one ``take``), not
+    copied out and back on every cycle of the others; when it asks again it rejoins, and tokens are as alone."""
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 2, seed=13)
+    sch = Scheduler(engine)
+    takes = []
+    try:
+        a = sch.session(prompts[0], policy=wb.DDTree(4), max_new_tokens=30)
+        b = sch.session(prompts[1], policy=wb.DDTree(4), max_new_tokens=30)
+        orig = sch.rows.take
+        sch.rows.take = lambda rows: takes.append(list(rows)) or orig(rows)
+        for _ in range(4):
+            a.step()  # b sits out four cycles: parked once
+        assert takes == [[1]] and sch.rows_held == 2
+        b.run()  # b rejoins (a parked in its turn, once) and runs to the end
+        assert len(takes) == 2 and b.finished
+        a.run()
+        assert a.tokens == alone(engine, prompts[0], wb.DDTree(4), 0.0, n=30).tokens
+        assert b.tokens == alone(engine, prompts[1], wb.DDTree(4), 0.0, n=30).tokens
+    finally:
+        sch.close()
+
+
+def test_sessions_opened_together_start_together_and_are_waited_for_once(tiny_engines):
+    """The first gather waits (within its window) for new sessions that have not asked yet, so clients that
+    opened sessions together share their first cycle; a new session that does not ask is waited for once."""
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 2, seed=17)
+    sch = Scheduler(engine, BatchLimits(gather_seconds=0.3, gather_floor=0.3))
+    sizes = []
+    orig = sch.rows.step
+    sch.rows.step = lambda reqs: sizes.append(len(reqs)) or orig(reqs)
+    try:
+        a, b = (sch.session(p, policy=wb.DDTree(4), max_new_tokens=20) for p in prompts)
+        late = threading.Timer(0.05, b.step)  # b asks 50 ms after a
+        late.start()
+        a.step()
+        late.join()
+        assert sizes == [2]  # one cycle for both: a's gather waited for b
+        waited = sch.stats.gathers_waited
+        c = sch.session(prompts[0], policy=wb.DDTree(4), max_new_tokens=20)
+        a.step()  # waits (at most the window) for a and b of the last cycle and the new c: c never asks
+        a.step()
+        a.step()  # ... and then neither for c again nor for b, which did not ask in the last cycle
+        assert sch.stats.gathers_waited == waited + 1 and sizes[1:] == [1, 1, 1] and len(c.cycles) == 0
     finally:
         sch.close()

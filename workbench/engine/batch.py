@@ -140,6 +140,9 @@ class BatchSession:
     def step_request(self, s: Session):
         raise RuntimeError("a request of a batch is stepped by its BatchSession: call batch.step()")
 
+    def steps(self, s: Session, more, each) -> None:
+        self.step_request(s)  # refused likewise
+
     def release(self, s: Session) -> None:
         """``s`` was closed (``Session.close``, which marks it finished): its row leaves the batch's buffers now,
         so the next cycle neither steps it nor pads for it."""

@@ -7,13 +7,23 @@ for the cycle that served it. The worker, in a loop:
 1. retires the rows of released sessions (``release``) and admits new sessions (one prefill, an EXTEND
    over every prompt that arrived together, whose rows join the running ones: ``Rows.admit``);
 2. gathers the pending steps: after a cycle it waits for the sessions that were in it to ask again (a
-   client's next request takes a round trip), but never longer than ``gather_seconds`` nor ``gather_share``
-   of the last cycle's time (a straggler costs the ready sessions at most that), then takes the oldest
-   tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
+   client's next request takes a round trip), and once for each new session that has not asked yet
+   (clients that open sessions together start them together: without the wait the first to ask would run
+   a cycle alone while the others' rows are copied aside and back), but never longer than
+   ``gather_seconds`` nor ``gather_share`` of the last cycle's time (a straggler costs the ready sessions
+   at most that), then takes the oldest tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
 3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
    most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
    alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are
-   copied out before it and appended after (``Rows.take`` / ``merge``), so an idle client costs no compute.
+   copied out (``Rows.take``, into ``parked``) and stay out until their session asks again, when they are
+   appended (``Rows.merge``), so an idle client costs no compute, and a finished session that its client
+   has not closed yet is copied once, not once per cycle of the others.
+
+A run (``scheduler.steps(s, more, each)``, a server's streamed ``/run``) is a standing ticket: after each of
+its cycles the worker hands the record over (``each``) and, while ``more()`` holds and the session has not
+finished, puts the ticket back itself (as the newest), so the session is in the next gather without its
+thread having to wake and ask again; when ``more()`` fails (its reader is behind) the ticket lapses and
+the caller asks again once it may.
 
 Each session sees exactly its own generation: its own settings (read at each cycle's start), its own
 generator (the verify samples row by row from each request's generator), its own Cycle records. Only
@@ -73,6 +83,8 @@ class _Ticket:
     result: Cycle | None = None
     error: BaseException | None = None
     waited: int = 0  # cycles that ran while this ticket waited
+    standing: tuple | None = None  # a run's (more, each): re-armed after each cycle while more() holds
+    asked: float = 0.0  # when the ticket was (re-)armed: time.perf_counter()
 
 
 @dataclass
@@ -107,6 +119,7 @@ class Scheduler:
         self.threads = threads
         self.rows = Rows(engine.models)
         self.order: list = []  # the sessions of self.rows, in row order
+        self.parked: list[tuple[Rows, list]] = []  # rows that sat a cycle out, with their sessions (in row order)
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._steps: dict[object, _Ticket] = {}  # session -> its pending step (one per session)
@@ -114,6 +127,7 @@ class Scheduler:
         self._releases: list = []
         self._seq = itertools.count()
         self._last: list = []  # the sessions of the last cycle (the gather waits for them)
+        self._new: list = []  # sessions admitted that no gather has waited for yet (one wait each, at most)
         self._last_seconds = 0.0  # how long the last cycle took (the gather's window is a share of it)
         self._bytes: dict[int, tuple] = {}  # id(session) -> (committed bytes, view shapes) after its last cycle
         self._stopped = False
@@ -131,11 +145,17 @@ class Scheduler:
     def step_request(self, s) -> Cycle:
         return self._wait(self._submit(s))
 
-    def _submit(self, s, admit: bool = False) -> _Ticket:
+    def steps(self, s, more, each) -> None:
+        """Cycles of ``s`` while it has not finished and ``more()`` holds, each handed to ``each(c, asked)`` in
+        the worker as it is made (see the module's docstring); raises a failed cycle's error."""
+        while not s.finished and more():
+            self._wait(self._submit(s, standing=(more, each)))
+
+    def _submit(self, s, admit: bool = False, standing: tuple | None = None) -> _Ticket:
         with self._cond:
             if self._stopped:
                 raise RuntimeError("the scheduler has stopped")
-            t = _Ticket(s, next(self._seq))
+            t = _Ticket(s, next(self._seq), standing=standing, asked=time.perf_counter())
             if admit:
                 self._admits.append(t)
             else:
@@ -161,13 +181,27 @@ class Scheduler:
                 return
             self._releases.append(s)
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._stopped or not any(x is s for x in self._releases + self.order),
+            self._cond.wait_for(lambda: self._stopped or not (any(x is s for x in self._releases) or self._holds(s)),
                                 timeout=timeout)
 
     def view(self, s) -> list:
         with self.lock:
             b = self._row(s)
-            return [] if b is None else self.rows.target.view(b)
+            if b is not None:
+                return self.rows.target.view(b)
+            for rows, sessions in self.parked:
+                j = next((j for j, x in enumerate(sessions) if x is s), None)
+                if j is not None:
+                    return rows.target.view(j)
+            return []
+
+    @property
+    def rows_held(self) -> int:
+        """Rows of model state held: in the batch, and parked."""
+        return self.rows.rows + sum(rows.rows for rows, _ in self.parked)
+
+    def _holds(self, s) -> bool:
+        return any(s is x for x in self.order) or any(s is x for _, group in self.parked for x in group)
 
     def cache_bytes(self, s) -> int:
         return self._bytes.get(id(s), (0, []))[0]  # the worker's count after the session's last forward (no lock)
@@ -223,17 +257,27 @@ class Scheduler:
         self._admits.clear()
 
     def _retire(self, gone: list) -> None:
-        keep = [i for i, s in enumerate(self.order) if not any(s is g for g in gone)]
-        if len(keep) != len(self.order):
-            with self.lock:
+        out = lambda group: [i for i, s in enumerate(group) if not any(s is g for g in gone)]  # noqa: E731
+        keep = out(self.order)
+        parked = []
+        with self.lock:
+            if len(keep) != len(self.order):
                 self.rows.select(keep)
+            for rows, group in self.parked:
+                stay = out(group)
+                if len(stay) != len(group) and stay:
+                    rows.select(stay)
+                if stay:
+                    parked.append((rows, [group[i] for i in stay]))
         with self._cond:
             self.order = [self.order[i] for i in keep]
+            self.parked = parked
             self._forget(gone)
             self._cond.notify_all()  # release() waits for this
 
     def _forget(self, gone: list) -> None:
         self._last = [s for s in self._last if not any(s is g for g in gone)]
+        self._new = [s for s in self._new if not any(s is g for g in gone)]
         for s in gone:
             self._bytes.pop(id(s), None)
 
@@ -244,6 +288,7 @@ class Scheduler:
                 self.before_cycle()
                 self.rows.admit(reqs)
             self.order += reqs
+            self._new += reqs
             self.stats.prefills += 1
             self._count_bytes(reqs)
         except BaseException as e:  # noqa: BLE001 - the error belongs to the sessions that asked
@@ -256,7 +301,10 @@ class Scheduler:
         """The pending tickets to run now, oldest first, within the limits (the oldest always runs)."""
         lim = self.limits
         with self._cond:
-            expect = [s for s in self._last if not s.finished and any(s is x for x in self.order)]
+            if not self._steps:  # nothing asks (a pass that only admitted or retired): nothing to gather
+                return []
+            expect = [s for s in self._last + self._new if not s.finished and self._holds(s)]
+            self._new = []
             ready = lambda: self._stopped or all(s in self._steps for s in expect)  # noqa: E731
             if expect and lim.gather_seconds and not ready():
                 t0 = time.perf_counter()
@@ -289,39 +337,78 @@ class Scheduler:
         return chosen
 
     def _cycle(self, tickets: list[_Ticket]) -> None:
-        tickets = sorted(tickets, key=lambda t: self._row(t.session))  # stepped in row order
-        reqs = [t.session for t in tickets]
-        rows = [self._row(s) for s in reqs]
         t0 = time.perf_counter()
         try:
             with self.lock:
                 self.before_cycle()
+                self._unpark([t.session for t in tickets])
+                tickets = sorted(tickets, key=lambda t: self._row(t.session))  # stepped in row order
+                reqs = [t.session for t in tickets]
+                rows = [self._row(s) for s in reqs]
                 idle = [i for i in range(len(self.order)) if i not in rows]
-                if idle:  # the rows that sit this cycle out wait in a copy, then follow the stepped ones
-                    parked, parked_sessions = self.rows.take(idle), [self.order[i] for i in idle]
+                if idle:  # the rows that sit this cycle out wait in a copy until their session asks again
+                    self.parked.append((self.rows.take(idle), [self.order[i] for i in idle]))
                     self.rows.select(rows)
                     self.order = reqs
                     self.stats.subset_cycles += 1
-                try:
-                    cycles, _, _, sw = self.rows.step(reqs)
-                    sw.stop()
-                finally:
-                    if idle:
-                        self.rows.merge(parked)
-                        self.order = reqs + parked_sessions
+                cycles, _, _, sw = self.rows.step(reqs)
+                sw.stop()
             for t, c in zip(tickets, cycles):
                 t.result = c
+            again = self._hand_over(tickets)
             self._count_bytes(reqs)
             st = self.stats
             st.cycles += 1
             st.rows_stepped += len(reqs)
             st.most_rows = max(st.most_rows, len(reqs))
         except BaseException as e:  # noqa: BLE001 - the error belongs to the sessions of this cycle
+            again = []
             for t in tickets:
                 t.error = e
-        self._last, self._last_seconds = reqs, time.perf_counter() - t0
+        self._last, self._last_seconds = [t.session for t in tickets], time.perf_counter() - t0
+        with self._cond:
+            for t in again:  # as the newest tickets: a run is served as fairly as one asking again at once
+                t.seq, t.asked, t.result, t.waited = next(self._seq), time.perf_counter(), None, 0
+                self._steps[t.session] = t
         for t in tickets:
-            t.done.set()
+            if not any(t is x for x in again):
+                t.done.set()
+
+    @staticmethod
+    def _hand_over(tickets: list[_Ticket]) -> list[_Ticket]:
+        """Each standing ticket's cycle goes to its ``each``; -> the tickets to put back (their run goes on).
+        A failing ``each`` ends its run with that error (the others' are not its concern)."""
+        again = []
+        for t in tickets:
+            if t.standing is None:
+                continue
+            more, each = t.standing
+            try:
+                each(t.result, t.asked)
+                if not t.session.finished and more():
+                    again.append(t)
+            except BaseException as e:  # noqa: BLE001 - it belongs to the run that asked
+                t.error = e
+        return again
+
+    def _unpark(self, wanted: list) -> None:
+        """The parked rows of ``wanted`` sessions rejoin the batch (appended; a group split where only some of
+        its sessions ask). Called with ``self.lock`` held."""
+        keep = []
+        for rows, group in self.parked:
+            back = [j for j, s in enumerate(group) if any(s is w for w in wanted)]
+            if len(back) == len(group):
+                self.rows.merge(rows)
+            elif back:
+                self.rows.merge(rows.take(back))
+                stay = [j for j in range(len(group)) if j not in back]
+                rows.select(stay)
+                keep.append((rows, [group[j] for j in stay]))
+            else:
+                keep.append((rows, group))
+                continue
+            self.order = self.order + [group[j] for j in back]
+        self.parked = keep
 
     def _count_bytes(self, reqs: list) -> None:
         for s in reqs:

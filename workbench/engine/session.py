@@ -8,6 +8,7 @@ server's scheduler (``workbench.serve.scheduler``). A driver answers ``step_requ
 from __future__ import annotations
 
 import os
+import time
 from typing import Protocol
 
 import torch
@@ -27,6 +28,12 @@ class Driver(Protocol):
     def step_request(self, s: "Session") -> Cycle:
         """One cycle of ``s`` (others may run in the same forwards); refuses where ``s`` is not its to step."""
 
+    def steps(self, s: "Session", more, each) -> None:
+        """Cycles of ``s`` while it has not finished and ``more()`` holds, each handed to ``each(c, asked)``
+        (``asked``: ``time.perf_counter()`` when the cycle was asked for) as it is made; ``step_each`` is
+        the plain loop. A batching driver keeps ``s`` in its batch between them, so a run does not wait
+        for its own thread to ask again (``workbench.engine.scheduler``)."""
+
     def view(self, s: "Session") -> list:
         """``s``'s committed model state per layer (``TargetState.view``), or [] when it holds none."""
 
@@ -39,6 +46,14 @@ class Driver(Protocol):
     def release(self, s: "Session") -> None:
         """``s`` has ended early (``Session.close``): the model state held for it goes now, not at the end of
         the driver's other rows or of the process."""
+
+
+def step_each(s: "Session", more, each) -> None:
+    """``Driver.steps`` for a driver that runs a cycle when asked: ``s.step()`` in a loop (through ``s.step``,
+    so a wrapper a server puts on it -- its model lock -- holds for each cycle)."""
+    while not s.finished and more():
+        asked = time.perf_counter()
+        each(s.step(), asked)
 
 
 def shapes_of(view: list) -> list[list[list[int]]]:
@@ -57,6 +72,9 @@ class Solo:
         cycles, _, _, sw = self.rows.step([s])
         sw.stop()
         return cycles[0]
+
+    def steps(self, s: "Session", more, each) -> None:
+        step_each(s, more, each)
 
     def view(self, s: "Session") -> list:
         return [] if self.rows is None else self.rows.target.view(0)
@@ -124,6 +142,15 @@ class Session(Request):
             return self._driver.step_request(self)
         with self.hooks(hooks):
             return self._driver.step_request(self)
+
+    @torch.inference_mode()
+    def step_while(self, more, each) -> None:
+        """Cycles while this session has not finished and ``more()`` holds, each handed to ``each(c, asked)``
+        as it is made (``asked``: ``time.perf_counter()`` when it was asked for). A server's streamed run
+        steps this way: under a batching driver the session stays in the batch between cycles."""
+        if self.finished:
+            self.step()  # refused, with the reason
+        self._driver.steps(self, more, each)
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
         """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default;

@@ -76,6 +76,19 @@ class RunStream(Response):
                 self.reason = reason
             self.cond.notify_all()
 
+    def more(self) -> bool:
+        """Whether the run goes on for another cycle now: False once it has ended (and why is set), or while
+        the connection has not taken the last AHEAD cycles (the producer then waits for it)."""
+        s, lim = self.s, self.limits
+        if s.finished:
+            self.stop("finished")
+        elif len(s.cycles) - self.first >= lim.max_stream_cycles:
+            self.stop("max_stream_cycles")
+        elif self.stepped and time.monotonic() - self.started >= lim.max_stream_seconds:
+            self.stop("max_stream_seconds")  # (after one cycle at least: every stream makes progress)
+        with self.cond:
+            return self.reason is None and len(s.cycles) - self.sent < AHEAD
+
     def release(self) -> None:
         with self.cond:
             if self._released:
@@ -84,28 +97,22 @@ class RunStream(Response):
         self._release()
 
     def produce(self, wake, done: threading.Event) -> None:
-        s, lim = self.s, self.limits
+        s = self.s
+
+        def each(c, asked: float) -> None:  # in the thread that made the cycle (a scheduler's: keep it short)
+            if self.timing:
+                self.timings[c.index] = step_timing(time.perf_counter() - asked, c, asked)
+            self.made, self.stepped = len(s.cycles), self.stepped + 1
+            wake()
+
         try:
             while True:
                 with self.cond:
                     while self.reason is None and len(s.cycles) - self.sent >= AHEAD:
                         self.cond.wait(0.5)  # the connection has not taken the last cycles yet
-                    if self.reason is not None:
-                        break
-                if s.finished:
-                    self.stop("finished")
-                elif len(s.cycles) - self.first >= lim.max_stream_cycles:
-                    self.stop("max_stream_cycles")
-                elif self.stepped and time.monotonic() - self.started >= lim.max_stream_seconds:
-                    self.stop("max_stream_seconds")  # (after one cycle at least: every stream makes progress)
-                if self.reason is not None:
+                if not self.more():
                     break
-                t0 = time.perf_counter()
-                c = s.step()
-                if self.timing:
-                    self.timings[c.index] = step_timing(time.perf_counter() - t0, c, t0)
-                self.made, self.stepped = len(s.cycles), self.stepped + 1
-                wake()
+                s.step_while(self.more, each)  # until a bound, the end, or AHEAD cycles not yet taken
         except BaseException as ex:  # noqa: BLE001 - it ends the stream, in its last frame
             err = as_serve_error(ex, self.stopping.is_set())
             if err.status == 500:
