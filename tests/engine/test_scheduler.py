@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -242,32 +243,25 @@ def test_standing_runs_stay_in_the_batch_and_equal_each_alone(tiny_engines):
     prompts = tiny_prompts(engine, 3, seed=11)
     pols = [wb.DDTree(6), wb.DFlash(), wb.DDTree(9)]
     sch = Scheduler(engine, BatchLimits(gather_seconds=0.5, gather_floor=0.5))  # a wait would be counted
-    got, seen, errors = [None] * 3, [[] for _ in range(3)], []
+    seen = [[] for _ in range(3)]
     try:
         sessions = [sch.session(p, policy=pol, max_new_tokens=24) for p, pol in zip(prompts, pols)]
         go = threading.Barrier(3)
 
         def client(i):
             s = sessions[i]
-            try:
-                go.wait()
-                lapses = 0
-                while not s.finished:  # run 1 lapses every third cycle; its caller asks again
-                    n0 = len(seen[i])
-                    more = (lambda: len(seen[i]) - n0 < 3) if i == 1 else (lambda: True)
-                    sch.steps(s, more, lambda c, asked: seen[i].append(
-                        (c.index, asked <= time.perf_counter(), threading.current_thread().name)))
-                    lapses += 1
-                got[i] = (s, lapses)
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+            go.wait()
+            lapses = 0
+            while not s.finished:  # run 1 lapses every third cycle; its caller asks again
+                n0 = len(seen[i])
+                more = (lambda: len(seen[i]) - n0 < 3) if i == 1 else (lambda: True)
+                sch.steps(s, more, lambda c, asked: seen[i].append(
+                    (c.index, asked <= time.perf_counter(), threading.current_thread().name)))
+                lapses += 1
+            return s, lapses
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        with ThreadPoolExecutor(3) as pool:  # a failing client raises here
+            got = list(pool.map(client, range(3)))
         st = sch.stats
         assert st.most_rows == 3
         assert st.gathers_waited <= got[1][1]  # only after run 1's lapses (its thread had to ask again)

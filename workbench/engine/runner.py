@@ -189,8 +189,7 @@ class Rows:
         elif any(uses):
             drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
         sw.start("tree_build")
-        trees = [stages.tree_build(p, d, r, m.device, sync_free=self.static_shapes)
-                 for p, d, r in zip(policies, drafted, roots)]
+        trees = stages.tree_build_rows(policies, drafted, roots, m.device, sync_free=self.static_shapes)
         if hooks is not None and hooks.has("cycle.hook_tree"):
             vocab = m.target.get_output_embeddings().weight.shape[0]
             # Copies: a hook that changes its value in place without returning it changes nothing, silently or not.

@@ -33,6 +33,9 @@ class Policy:
     kind: ClassVar[str]  # the wire name and the short spelling's prefix: 'ddtree' in 'ddtree:32'
     usage: ClassVar[str]  # the short spelling, for error messages: 'ddtree:N'
     drafts: ClassVar[bool] = True  # False: the target decodes alone (no drafter forward, DECODE mode)
+    # True: ``build_rows`` takes several rows at once (drafted.logprobs [n, D, V], roots [n]) and gives each
+    # row the tree it would get alone; the tree-build stage then builds a cycle's rows of one policy together
+    batched_build: ClassVar[bool] = False
     servable: ClassVar[bool] = True  # False: holds what the wire cannot carry (a Python function)
     knobs: ClassVar[tuple[str, ...]] = ()  # integer fields a control may edit, most important first
 
@@ -51,6 +54,12 @@ class Policy:
         (``drafted.logprobs`` [1, D, V], D >= 1; ``drafted.top(k)`` shares one top-k with the record).
         ``sync_free``: never wait for the device (static shapes / CUDA graphs)."""
         raise NotImplementedError(f"{type(self).__name__} declares no build_tree(drafted, roots, sync_free)")
+
+    def build_rows(self, drafted: "Draft", roots: "Tensor", sync_free: bool) -> list["Tree"]:
+        """Each row's tree, for ``n`` rows at once (``drafted.logprobs`` [n, D, V], ``roots`` [n]): by default the
+        rows of ``build_tree``'s [n, ...] tree (a policy with ``batched_build`` whose build takes n rows)."""
+        tree = self.build_tree(drafted, roots, sync_free)
+        return [tree[b] for b in range(tree.tokens.shape[0])]
 
     def capacity(self, slots: int, vocab: int) -> int | None:
         """The most drafted nodes this policy's tree can hold over ``slots`` slots of ``vocab`` tokens when

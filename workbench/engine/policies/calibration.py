@@ -86,7 +86,12 @@ class Calibration:
 
     def head(self, pair: dict | None = None) -> tuple[PairHead, float]:
         """The pair head this calibration chose ``beta`` for, and ``beta``; checked against ``pair`` when given.
-        Refused (one line) when there is none, when its file changed since, or when it does not match the pair."""
+        Refused (one line) when there is none, when its file changed since, or when it does not match the pair.
+        Checked in full when a policy is bound to a pair (``pair`` given); a tree build's call (no ``pair``)
+        reuses the last full check's result instead of hashing paths and stat-ing the file every row and cycle."""
+        checked = self.__dict__.get("checked_head")
+        if pair is None and checked is not None:
+            return checked
         spec = self.pair_head
         if not spec:
             raise CalibrationError(f"calibration {self.path} holds no pair head; make it with {MAKE} (the shipped "
@@ -101,6 +106,7 @@ class Calibration:
                 head.check_pair(pair)
         except PairHeadError as e:
             raise CalibrationError(str(e)) from None
+        self.__dict__["checked_head"] = (head, float(spec["beta"]))
         return head, float(spec["beta"])
 
     def step_cost(self) -> StepCost:

@@ -44,6 +44,7 @@ class CostTree(Calibrated):
     kind = "costed"
     usage = "costed:N"
     knobs = ("budget",)
+    batched_build = True  # its build takes a cycle's rows at once (the stage groups them)
 
     def __post_init__(self):
         check_budget("CostTree", self.budget)
@@ -56,8 +57,13 @@ class CostTree(Calibrated):
         return self.budget + 1
 
     def build_tree(self, drafted, roots, sync_free):
-        tree = self.likely_tree(drafted, roots, self.budget, None, sync_free)
+        return self.build_rows(drafted, roots, sync_free)[0]
+
+    def build_rows(self, drafted, roots, sync_free):
+        tree = self.likely_tree(drafted, roots, self.budget, None, sync_free)  # [n, budget + 1]
+        rows = [tree[b] for b in range(tree.tokens.shape[0])]
         if sync_free:
-            return tree
-        m = budget_for(tree.score[0, 1:].numpy(), rows_of(drafted), self.calibration_data().step_cost())
-        return first_nodes(tree, m)
+            return rows
+        cost, batch = self.calibration_data().step_cost(), rows_of(drafted)
+        scores = tree.score[:, 1:].numpy()  # [n, budget]
+        return [first_nodes(r, budget_for(scores[b], batch, cost)) for b, r in enumerate(rows)]

@@ -40,6 +40,7 @@ class CutTree(Calibrated):
     kind = "cut"
     usage = "cut:N:T"
     knobs = ("budget", "width")
+    batched_build = True  # its build takes a cycle's rows at once (the stage groups them)
 
     def __post_init__(self):
         check_budget("CutTree", self.budget)
@@ -65,9 +66,14 @@ class CutTree(Calibrated):
         return self.budget + 1
 
     def build_tree(self, drafted, roots, sync_free):
-        tree = self.likely_tree(drafted, roots, self.budget, self.width, sync_free)
+        return self.build_rows(drafted, roots, sync_free)[0]
+
+    def build_rows(self, drafted, roots, sync_free):
+        tree = self.likely_tree(drafted, roots, self.budget, self.width, sync_free)  # [n, budget + 1]
+        rows = [tree[b] for b in range(tree.tokens.shape[0])]
         if sync_free:
-            return tree
+            return rows
         t = self.threshold if self.threshold is not None else \
             self.calibration_data().threshold(self.shape, rows_of(drafted))
-        return first_nodes(tree, kept_nodes(tree.score[0, 1:].numpy(), t))
+        scores = tree.score[:, 1:].numpy()  # [n, budget]
+        return [first_nodes(r, kept_nodes(scores[b], t)) for b, r in enumerate(rows)]

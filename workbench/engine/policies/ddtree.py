@@ -26,6 +26,7 @@ class DDTree(Policy):
     kind = "ddtree"
     usage = "ddtree:N"
     knobs = ("budget", "width")
+    batched_build = True  # its build takes a cycle's rows at once (the stage groups them)
 
     def __post_init__(self):
         b = self.budget

@@ -26,6 +26,7 @@ class PairTree(Calibrated):
     kind = "pairtree"
     usage = "pairtree:N"
     knobs = ("budget",)
+    batched_build = True  # its build takes a cycle's rows at once (the stage groups them)
 
     def __post_init__(self):
         check_budget("PairTree", self.budget)

@@ -26,6 +26,7 @@ class PathTree(Calibrated):
     kind = "path"
     usage = "path:N"
     knobs = ("budget",)
+    batched_build = True  # its build takes a cycle's rows at once (the stage groups them)
 
     def __post_init__(self):
         check_budget("PathTree", self.budget)

@@ -27,6 +27,25 @@ class Draft:
         v, i = self._top
         return v[..., :k], i[..., :k]
 
+    @classmethod
+    def stack(cls, drafts: list["Draft"]) -> "Draft":
+        """Several rows' drafts of one depth as one (logprobs [n, D, V]), for a policy that builds their trees
+        at once; its top-k is computed once for all of them and handed back to each row, so a row's record
+        still shares the top-k its tree was built from."""
+        return StackedDraft(torch.cat([d.logprobs for d in drafts]), drafts[0].record, rows=drafts)
+
+
+@dataclass
+class StackedDraft(Draft):
+    rows: list = field(default_factory=list, repr=False)  # the rows' own Drafts, in order
+
+    def top(self, k: int) -> tuple[Tensor, Tensor]:
+        v, i = super().top(k)  # [n, D, k] each
+        for b, d in enumerate(self.rows):
+            if d._top is None or d._top[0].shape[-1] < v.shape[-1]:
+                d._top = (v[b : b + 1], i[b : b + 1])
+        return v, i
+
 
 def draft(drafter, roots: list[int], starts: list[int], depths: list[int | None], observe=None) -> list[Draft | None]:
     """Run the drafter once for every row (``drafter``: its state, holding each row's pending context).

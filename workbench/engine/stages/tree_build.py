@@ -8,6 +8,27 @@ from workbench.engine.policies import Policy
 from workbench.engine.stages.draft import Draft
 
 
+def tree_build_rows(policies: list[Policy], drafted: list[Draft | None], roots: list[int], device,
+                    sync_free: bool = False) -> list[Tree]:
+    """Every row's tree (``tree_build`` each). Rows of one policy that builds several rows at once
+    (``Policy.batched_build``) with drafts of one depth are built in one call: the same trees, with one set
+    of tensor calls for the rows instead of one per row (what a batch's tree build costs on a host)."""
+    groups: dict[tuple, list[int]] = {}
+    for b, (p, d) in enumerate(zip(policies, drafted)):
+        if p.batched_build and p.drafts and d is not None and d.logprobs.shape[1] > 0:
+            groups.setdefault((p, d.logprobs.shape[1]), []).append(b)
+    trees: list[Tree | None] = [None] * len(policies)
+    for (p, _), rows in groups.items():
+        if len(rows) > 1:
+            together = p.build_rows(Draft.stack([drafted[b] for b in rows]),
+                                    torch.tensor([roots[b] for b in rows], dtype=torch.long, device=device),
+                                    sync_free)
+            for b, t in zip(rows, together):
+                trees[b] = t
+    return [t if t is not None else tree_build(p, d, r, device, sync_free)
+            for t, p, d, r in zip(trees, policies, drafted, roots)]
+
+
 def tree_build(policy: Policy, drafted: Draft | None, root: int, device, sync_free: bool = False) -> Tree:
     """The root alone when nothing was drafted (AR, or no slot left); else the policy's own tree
     (``workbench.engine.policies``: DFlash's chain, DDTree's best prefixes, a TreePolicy's validated tree, ...).
