@@ -65,7 +65,10 @@ def path_tree_heap(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, 
     class s (<= 0; by default s is the path state); topi [bs, D, k]: the candidates' token ids, j = the token's
     rank in its slot; root_tokens [bs]. -> Tree of 1 + min(budget, prefixes there are) nodes, root first."""
     sinc, order = sibling_order(inc)
-    sv, so, ids = sinc.tolist(), order.tolist(), topi.tolist()  # Python floats: float64 sums, cheap compares
+    # Host arrays, read one entry at a time: a walk reads about 3 x budget of the D x S x k entries, so turning
+    # them all into Python lists would cost more than the walk (each read is made a Python float / int, so the
+    # sums stay float64 and the compares cheap).
+    sv, so, ids = sinc.numpy(), order.numpy(), topi.numpy()
     roots = root_tokens.reshape(-1).tolist()
     rows = [_heap_row(sv[b], so[b], ids[b], roots[b], budget, child_class, root_class) for b in range(len(roots))]
     cols = [torch.from_numpy(np.array([r[f] for r in rows], dtype=np.int64)) for f in range(4)]
@@ -73,27 +76,27 @@ def path_tree_heap(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, 
 
 
 def _heap_row(sv, so, ids, root_token: int, budget: int, child_class, root_class: int):
-    """One request: sv/so [D][S][k] sorted increments and their ranks; ids [D][k]. Pop the best prefix, make it
-    a node, push its next sibling (same parent, next position) and its first child (next slot, position 0).
-    The heap key (-score, depth, parent, position) is the documented tie rule."""
-    D, k = len(ids), len(ids[0])
+    """One request: sv/so [D, S, k] sorted increments and their ranks; ids [D, k] (numpy). Pop the best prefix,
+    make it a node, push its next sibling (same parent, next position) and its first child (next slot,
+    position 0). The heap key (-score, depth, parent, position) is the documented tie rule."""
+    D, k = ids.shape
     tokens, parents, depth, rank, score, state = [root_token], [-1], [0], [0], [0.0], [root_class]
-    heap = [(-sv[0][root_class][0], 1, 0, 0, 0.0)] if D and k else []
+    heap = [(-float(sv[0, root_class, 0]), 1, 0, 0, 0.0)] if D and k else []
     while heap and len(tokens) <= budget:
         neg, d, par, pos, par_score = heapq.heappop(heap)
         s_par = state[par]
-        r = so[d - 1][s_par][pos]
+        r = int(so[d - 1, s_par, pos])
         idx = len(tokens)
-        tokens.append(ids[d - 1][r])
+        tokens.append(int(ids[d - 1, r]))
         parents.append(par)
         depth.append(d)
         rank.append(r)
         score.append(-neg)
         state.append(child_class(s_par, r))
         if pos + 1 < k:
-            heapq.heappush(heap, (-(par_score + sv[d - 1][s_par][pos + 1]), d, par, pos + 1, par_score))
+            heapq.heappush(heap, (-(par_score + float(sv[d - 1, s_par, pos + 1])), d, par, pos + 1, par_score))
         if d < D:
-            heapq.heappush(heap, (-(-neg + sv[d][state[idx]][0]), d + 1, idx, 0, -neg))
+            heapq.heappush(heap, (-(-neg + float(sv[d, state[idx], 0])), d + 1, idx, 0, -neg))
     return tokens, parents, depth, rank, score
 
 

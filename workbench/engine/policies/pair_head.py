@@ -66,20 +66,27 @@ class PairHead:
                                     f"with {MAKE}")
 
     def tables(self, device) -> tuple[Tensor, Tensor, Tensor]:
+        """(keys, log-probs, backoff) on ``device``, copied once: the table's (prev, next) pairs as sorted int64
+        keys prev * V + next [P] with their log-probs [P], float64, and the backoff per next token [V]."""
         t = self.on_device.get(device)
         if t is None:
-            t = self.on_device[device] = (torch.from_numpy(self.succ_ids.astype(np.int64)).to(device),
-                                          torch.from_numpy(self.succ_logp.astype(np.float64)).to(device),
+            ids = torch.from_numpy(self.succ_ids.astype(np.int64))  # [V, M], -1: none
+            prev = torch.arange(ids.shape[0], dtype=torch.int64)[:, None].expand_as(ids)
+            have = ids >= 0
+            keys = prev[have] * self.vocab + ids[have]  # [P]
+            keys, order = torch.sort(keys)
+            logp = torch.from_numpy(self.succ_logp.astype(np.float64))[have][order]
+            t = self.on_device[device] = (keys.to(device), logp.to(device),
                                           torch.from_numpy(self.backoff_logp.astype(np.float64)).to(device))
         return t
 
     def log_pair(self, prev: Tensor, cand: Tensor) -> Tensor:
-        """log p_head(cand | prev): prev [...], cand [..., k] token ids -> float64 [..., k]."""
-        ids, logp, back = self.tables(cand.device)
-        row_ids, row_lp = ids[prev], logp[prev]  # [..., M]
-        hit = row_ids[..., None, :] == cand[..., :, None]  # [..., k, M]
-        found = (row_lp[..., None, :] * hit).sum(-1)  # [..., k]: each candidate at most once in a row
-        return torch.where(hit.any(-1), found, back[cand])
+        """log p_head(cand | prev): prev [...], cand [..., k] token ids -> float64 [..., k]. A sorted-key lookup
+        (one search for all candidates) rather than comparing each candidate with its parent's whole row."""
+        keys, logp, back = self.tables(cand.device)
+        q = prev[..., None] * self.vocab + cand  # [..., k]
+        at = torch.searchsorted(keys, q.reshape(-1)).clamp_(max=keys.numel() - 1).reshape(q.shape)
+        return torch.where(keys[at] == q, logp[at], back[cand])
 
     def rescored(self, topv: Tensor, topi: Tensor, prev: Tensor, beta: float) -> Tensor:
         """log q of the candidates of each slot given the token before them.
