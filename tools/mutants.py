@@ -137,8 +137,9 @@ MUTANTS = [
     M("stages.verify_first_rows_sampling", "workbench/engine/stages/verify.py",
       "c, p = target_choice(out.logits[b : b + 1, :n], s, g)", "c, p = target_choice(out.logits[b : b + 1, :n], samplings[0], g)",
       "every batch row samples with the first row's settings", tests=("tests/engine/test_batch.py",)),
-    M("stages.ddtree_budget_minus_one", "workbench/engine/stages/tree_build.py",
-      "                                    policy.budget)", "                                    policy.budget - 1)",
+    M("stages.ddtree_budget_minus_one", "workbench/engine/policies/ddtree.py",
+      "return build_tree_from_topk(*drafted.top(k), roots, self.budget)",
+      "return build_tree_from_topk(*drafted.top(k), roots, self.budget - 1)",
       "DDTree builds one node fewer than its budget"),
     # ------------------------------------------------------------------ the model states (workbench/models/)
     M("models.commit_reversed", "workbench/models/dense_target.py",

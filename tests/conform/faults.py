@@ -52,10 +52,12 @@ def siblings_dropped(monkeypatch) -> str:
     """Siblings dropped from the tree: only the rank-0 chain of the built tree is verified."""
     from workbench.engine import stages
 
-    original = stages.tree_build
+    original = stages.tree_build_rows
 
-    def tree_build(policy, drafted, root, device, sync_free=False):
-        t = original(policy, drafted, root, device, sync_free)
+    def tree_build_rows(policies, drafted, roots, device, sync_free=False):
+        return [chain_of(t) for t in original(policies, drafted, roots, device, sync_free)]
+
+    def chain_of(t):
         keep, on_chain = [], {}
         for i, (p, r) in enumerate(zip(t.parents[0].tolist(), t.rank[0].tolist())):
             if p < 0 or (r == 0 and on_chain.get(p)):
@@ -66,7 +68,7 @@ def siblings_dropped(monkeypatch) -> str:
         par = torch.arange(-1, n - 1, device=t.tokens.device)[None]
         return Tree(t.tokens[:, idx], par, t.depth[:, idx], t.rank[:, idx], t.score[:, idx])
 
-    monkeypatch.setattr(stages, "tree_build", tree_build)
+    monkeypatch.setattr(stages, "tree_build_rows", tree_build_rows)
     return "tree"
 
 

@@ -11,7 +11,8 @@ for the cycle that served it. The worker, in a loop:
    (clients that open sessions together start them together: without the wait the first to ask would run
    a cycle alone while the others' rows are copied aside and back), but never longer than
    ``gather_seconds`` nor ``gather_share`` of the last cycle's time (a straggler costs the ready sessions
-   at most that), then takes the oldest tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
+   at most that), then takes the oldest tickets first; ``stats`` counts how often it waited, for how long,
+   and how often it ran without one;
 3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
    most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
    alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are

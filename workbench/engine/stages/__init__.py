@@ -11,4 +11,5 @@ from workbench.engine.stages.tree_build import tree_build, tree_build_rows
 from workbench.engine.stages.tree_compile import tree_compile
 from workbench.engine.stages.verify import Verified, verify
 
-__all__ = ["Committed", "Draft", "Verified", "accept", "commit", "draft", "tree_build", "tree_build_rows", "tree_compile", "verify"]
+__all__ = ["Committed", "Draft", "Verified", "accept", "commit", "draft", "tree_build", "tree_build_rows",
+           "tree_compile", "verify"]

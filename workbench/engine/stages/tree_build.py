@@ -21,7 +21,8 @@ def tree_build_rows(policies: list[Policy], drafted: list[Draft | None], roots: 
     for (p, _), rows in groups.items():
         if len(rows) > 1:
             together = p.build_rows(Draft.stack([drafted[b] for b in rows]),
-                                    torch.tensor([roots[b] for b in rows], dtype=torch.long, device=device),
+                                    torch.cat([torch.full((1,), roots[b], dtype=torch.long, device=device)
+                                               for b in rows]),  # fills, not a host-to-device copy
                                     sync_free)
             for b, t in zip(rows, together):
                 trees[b] = t
