@@ -273,3 +273,12 @@ def test_with_beta_zero_the_head_changes_nothing(engine):
     assert torch.allclose(inc, v.double()[..., None].expand_as(inc))
     ranks, _ = best_chain(inc)
     assert ranks.tolist() == [[0] * d.logprobs.shape[1]]
+
+
+def test_a_calibration_path_keeps_its_case_and_names_are_read_in_any_case():
+    p = parse_policy("PathTree(16, calibration=/tmp/Cal/Dense.json)")
+    assert p.calibration == "/tmp/Cal/Dense.json"  # a file's path as written (a case-sensitive file system)
+    assert parse_policy(str(p)) == p and parse_policy(repr(p)) == p
+    assert parse_policy("PATHTREE(16, Calibration='Hybrid')") == PathTree(16, calibration="hybrid")
+    assert parse_policy("CUT:8:0.2") == CutTree(8, threshold=0.2)
+    assert parse_policy("CutTree(8, Threshold=None, Width=1)") == CutTree(8, width=1)

@@ -33,6 +33,8 @@ class Policy:
     kind: ClassVar[str]  # the wire name and the short spelling's prefix: 'ddtree' in 'ddtree:32'
     usage: ClassVar[str]  # the short spelling, for error messages: 'ddtree:N'
     drafts: ClassVar[bool] = True  # False: the target decodes alone (no drafter forward, DECODE mode)
+    # True: ``parse`` gets the text as written (a value may be a file's path), not lower-cased
+    keeps_case: ClassVar[bool] = False
     # True: ``build_rows`` takes several rows at once (drafted.logprobs [n, D, V], roots [n]) and gives each
     # row the tree it would get alone; the tree-build stage then builds a cycle's rows of one policy together
     batched_build: ClassVar[bool] = False
@@ -172,9 +174,9 @@ def parse_policy(text: str) -> Policy:
     'eagle:TOPK:STEPS:N', 'spine:K', or any ``str(policy)`` / ``repr(policy)`` ('DDTree(16, width=1)')."""
     if not isinstance(text, str):
         raise TypeError(f"policy {text!r} is not text; use one of {usages()}")
-    t = text.strip().lower()
+    t = text.strip()
     for cls in _REGISTRY.values():
-        p = cls.parse(t)
+        p = cls.parse(t if cls.keeps_case else t.lower())
         if p is not None:
             return p
     raise ValueError(f"unknown policy {text!r}; use {usages()}")

@@ -14,12 +14,13 @@ that the target accepts its whole path.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from ddtree_kernels import Tree
 from ddtree_kernels.path_tree import path_tree
 from ddtree_kernels.tree_build import sorted_slots
 from workbench.engine.policies.base import MAX_BUDGET, Policy, spelled_args
-from workbench.engine.policies.calibration import MAKE, Calibration, CalibrationError, load, shipped_for
+from workbench.engine.policies.calibration import MAKE, SHIPPED, Calibration, CalibrationError, load, shipped_for
 
 
 def check_budget(who: str, value, name: str = "budget") -> None:
@@ -54,15 +55,17 @@ def spelled(text: str, names) -> tuple[list, dict] | None:
 
 
 def value_of(text: str):
-    """'none' -> None, '16' -> 16, '0.2' -> 0.2, "'dense'" / 'dense' -> 'dense'."""
-    if text == "none":
+    """'none' -> None, '16' -> 16, '0.2' -> 0.2, "'dense'" / 'Dense' -> 'dense' (a shipped calibration's name, in
+    any case); any other text as written (a calibration file's path keeps its case)."""
+    if text.lower() == "none":
         return None
     for kind in (int, float):
         try:
             return kind(text)
         except ValueError:
             pass
-    return text.strip("'\"")
+    text = text.strip("'\"")
+    return text.lower() if text.lower() in SHIPPED else text
 
 
 class Calibrated(Policy):
@@ -129,8 +132,11 @@ class Calibrated(Policy):
                 return None
         return total
 
+    keeps_case = True  # a calibration=FILE's path keeps its case; the name and the keys are read in any case
+
     @classmethod
     def parse(cls, text: str):
+        text = re.sub(r"(^\s*[A-Za-z][A-Za-z0-9_]*|[(,]\s*[A-Za-z_]+\s*=)", lambda m: m.group(0).lower(), text)
         args = spelled(text, (cls.kind, cls.__name__.lower()))
         if args is None:
             return None
