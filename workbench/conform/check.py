@@ -41,6 +41,7 @@ from workbench.conform import contracts as C
 from workbench.conform.calibrated_trees import calibrated_tree, is_calibrated
 from workbench.conform.dump import read_dump
 from workbench.conform.integrity import RecordOrder
+from workbench.models.config_facts import is_hybrid
 from workbench.conform import features as F
 from workbench.conform.feature_contract import features_problem
 
@@ -229,7 +230,7 @@ def check_pair(pair: dict, tdir: Path, ddir: Path) -> None:
         if key in pair and pair[key] != value:
             raise ConformInputError(f"the dump's pair.{key} is {pair[key]!r} but the pair here (target {tdir}, draft "
                                     f"{ddir}) has {value!r}: a dump of another pair; pass its target= and draft=")
-    hybrid = target_is_hybrid(tcfg)
+    hybrid = is_hybrid(tcfg)
     said = pair.get("hybrid")
     if said is not None and not isinstance(said, bool):
         raise ConformInputError(f"the dump's pair.hybrid is {str(said)[:30]!r}: it must be true (the target has "
@@ -243,18 +244,6 @@ def check_pair(pair: dict, tdir: Path, ddir: Path) -> None:
         raise ConformInputError(f"the dump's header says the target is hybrid (pair.hybrid true) but the target "
                                 f"here ({tdir}) is attention-only: check it on the pair it was written with "
                                 "(target=, draft=)")
-
-
-def target_is_hybrid(config) -> bool:
-    """A target with linear-attention layers (a recurrent state per request): a config dict or object."""
-    from workbench.models.config_facts import layer_kinds
-
-    try:
-        return "linear_attention" in layer_kinds(config)
-    except (KeyError, TypeError, ValueError):  # no layer count: only what layer_types names
-        from workbench.models.config_facts import has_linear_attention
-
-        return has_linear_attention(config)
 
 
 @dataclass
@@ -769,7 +758,7 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
         notes.insert(0, note)
     used = {"target": model_ref(models.target_dir), "draft": model_ref(models.draft_dir),
             "dtype": str(models.dtype).replace("torch.", "")}
-    replay = _Replay(models, tol, target_is_hybrid(models.target.config), fspec)
+    replay = _Replay(models, tol, is_hybrid(models.target.config), fspec)
     reqs: dict = {}
     default_policy = head.get("policy")
     _, records = read_dump(dump)

@@ -28,6 +28,7 @@ from workbench.conform.dump import DumpWriter, check_dump_path, make_header
 from workbench.conform.fingerprint import pair_fingerprint
 from workbench.engine.loading import model_ref
 from workbench.engine.observers import register_observer
+from workbench.models.config_facts import is_hybrid
 from workbench.records.cycle import Cycle
 
 
@@ -40,7 +41,7 @@ def pair_identity(models) -> dict:
             "vocab_size": int(t.vocab_size), "block_size": int(models.block_size),
             "dtype": str(models.dtype).replace("torch.", ""), "device": str(models.device),
             "target_layer_ids": list(models.target_layer_ids), "mask_token_id": int(models.mask_token_id),
-            "hybrid": "linear_attention" in (getattr(t, "layer_types", None) or ()),
+            "hybrid": is_hybrid(t),
             "fingerprint": pair_fingerprint(models)}
 
 

@@ -28,16 +28,24 @@ import torch
 from workbench.conform import features
 from workbench.conform.dump import DumpWriter, make_header
 from workbench.conform.engine_dump import cycle_fields
+from workbench.models.config_facts import is_hybrid
 
 TOPK = 8
 NOT_CAPTURED = ("verify_positions, visibility: vLLM's chain verify (a causal prefill) is not read by vllm_hooks.Tap",
                 "next_context_len: vLLM's count of computed tokens is not read by vllm_hooks.Tap")
 
 
-def _vocab(target_dir) -> int | None:
+def _config(target_dir) -> dict:
     try:
-        return int(json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"])
-    except (OSError, KeyError, ValueError, TypeError):
+        return json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _vocab(config: dict) -> int | None:
+    try:
+        return int(config["vocab_size"])
+    except (KeyError, ValueError, TypeError):
         return None
 
 
@@ -45,8 +53,10 @@ class VllmDump:
     """The dump of one vLLM session (one request)."""
 
     def __init__(self, engine, session, path, replace: bool = False):
-        pair = {"target": str(engine.target_dir), "draft": str(engine.draft_dir), "vocab_size": _vocab(engine.target_dir),
-                "block_size": engine.block_size, "dtype": engine.dtype, "device": str(engine.device), "hybrid": False}
+        config = _config(engine.target_dir)
+        pair = {"target": str(engine.target_dir), "draft": str(engine.draft_dir), "vocab_size": _vocab(config),
+                "block_size": engine.block_size, "dtype": engine.dtype, "device": str(engine.device),
+                "hybrid": is_hybrid(config)}  # a hybrid target's dump says so, or a checker refuses it
         self.features = features.spec_for(*features.pair_shape(engine.target_dir, engine.draft_dir))
         head = make_header({"name": "vllm", "version": engine.version, "workarounds": list(engine.patches),
                             "num_speculative_tokens": engine.num_speculative_tokens},

@@ -125,6 +125,15 @@ def has_linear_attention(config) -> bool:
     return any(LEGACY_LAYER_TYPES.get(k, k) == "linear_attention" for k in given)
 
 
+def is_hybrid(config) -> bool:
+    """A target with linear-attention layers (a recurrent state per request): a config dict or object. The
+    layer kinds where the config gives a layer count; else only what ``layer_types`` names."""
+    try:
+        return "linear_attention" in layer_kinds(config)
+    except (KeyError, TypeError, ValueError):
+        return has_linear_attention(config)
+
+
 def attention_layers(config) -> int:
     """How many layers hold per-token K/V: every layer but the linear-attention ones."""
     return sum(k != "linear_attention" for k in layer_kinds(config))
