@@ -132,6 +132,20 @@ def test_vllm_refuses_what_it_does_not_run(vllm_engine):
     with pytest.raises(ValueError, match="temperature=0.5: a vLLM request keeps its settings"):
         s.temperature = 0.5
     s.close()
+    with pytest.raises(ValueError, match="give one of prompt="):
+        vllm_engine.session("x", messages=[{"role": "user", "content": "x"}])
+    # a chat goes through the chat template, as on the workbench's engine (the embedded tokenizer has none)
+    with pytest.raises(ValueError, match="messages= needs a chat template"):
+        vllm_engine.session(messages=[{"role": "user", "content": "x"}])
+
+
+def test_run_on_vllm_takes_its_policy_and_refuses_another_before_loading(capsys):
+    assert main(["run", "--engine", "vllm", "--policy", "ddtree:32", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "the vllm engine runs dflash only; give --policy dflash" in err and len(err.strip().splitlines()) == 1
+    from workbench.engine.cli_models import engine_policy
+
+    assert engine_policy("vllm", None) == wb.DFlash() and engine_policy("workbench", None) == wb.DDTree(32)
 
 
 def test_the_vllm_engine_implements_the_engine_interface(vllm_engine):

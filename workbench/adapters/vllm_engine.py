@@ -56,6 +56,8 @@ class VllmEngine(BaseEngine):
     (``s.proposals``, for the conformance report; memory grows with the run)."""
 
     name = "vllm"
+    default_policy = "dflash"
+    policy_kinds = ("dflash",)  # vLLM's 'dflash' method: a chain ('ddtree' needs its TREE_ATTN backend on a GPU)
     instead = {
         "batch_session": "this engine steps one vLLM request at a time; run sessions one after another, or "
                          "use wb.load() (the workbench's engine) for batched sessions",
@@ -142,12 +144,13 @@ class VllmEngine(BaseEngine):
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def session(self, prompt: str | None = None, policy=DFlash(), temperature: float = 0.0,
-                max_new_tokens: int = 128, *, prompt_ids=None, dump=None, dump_replace: bool = False,
+                max_new_tokens: int = 128, *, prompt_ids=None, messages=None, dump=None, dump_replace: bool = False,
                 **settings) -> "VllmSession":
         """A new request. Settings of ``wb.Session`` that vLLM's engine has no counterpart for are accepted
         at their defaults only (the stepper passes them back on reset) and refused otherwise. ``dump``: a
         path; every step is also written there as a cycle dump (``workbench.conform.vllm_dump``); an existing
-        file is refused unless ``dump_replace=True``."""
+        file is refused unless ``dump_replace=True``. ``messages``: a chat, through the target tokenizer's chat
+        template as ``wb.Session`` applies it (``workbench.engine.prompting``)."""
         if dump is None and dump_replace is not False:
             raise ValueError(f"dump_replace={dump_replace!r} without dump=: give dump=PATH, or leave dump_replace out")
         if dump is not None:
@@ -169,10 +172,13 @@ class VllmEngine(BaseEngine):
         if temperature != 0:
             raise ValueError(f"temperature={temperature}: the vLLM engine records greedy runs only (vLLM's "
                              "sampled acceptance is its own rejection rule); pass temperature=0")
-        if (prompt is None) == (prompt_ids is None):
-            raise ValueError("give one of prompt= (text) or prompt_ids= (token ids)")
+        if sum(x is not None for x in (prompt, prompt_ids, messages)) != 1:
+            raise ValueError("give one of prompt= (text), messages= (a chat) or prompt_ids= (token ids)")
         if prompt_ids is not None:  # ids the target's vocabulary holds (-1 would reach the tokenizer)
             ids = list(encode_prompt(self.tokenizer, prompt_ids=prompt_ids, vocab_size=self.vocab_size).ids)
+        elif messages is not None:
+            chat = encode_prompt(self.tokenizer, messages=messages, vocab_size=self.vocab_size)
+            ids, prompt = list(chat.ids), chat.text
         else:
             ids = self.encode(validate.text(prompt))
         room = self.max_model_len - len(ids) - self.num_speculative_tokens

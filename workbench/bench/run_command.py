@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from workbench.engine import validate
-from workbench.engine.cli_models import add_model_args, load_engine
+from workbench.engine.cli_models import add_model_args, engine_policy, load_engine
 from workbench.engine.cli_values import UsageError, check_output, finite_float, non_negative_int, positive_int
 from workbench.engine.validate import as_arg
 
@@ -20,9 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", required=True, type=as_arg(validate.text), help="the prompt text")
     p.add_argument("--chat", action="store_true",
                    help="send --prompt as one user message through the target's chat template (non-thinking)")
-    p.add_argument("--policy", default="ddtree:32",
+    p.add_argument("--policy", default=None,
                    help=f"one of {policy_usages()} (every registered policy), or a label the bench prints, "
-                        "e.g. 'DDTree(16, width=1)' (default ddtree:32)")
+                        "e.g. 'DDTree(16, width=1)' (default: the engine's own, ddtree:32 on the workbench's, "
+                        "dflash on vLLM's)")
     p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help=f"new tokens in all, the first included (default {DEFAULT_MAX_NEW_TOKENS})")
     p.add_argument("--temperature", type=as_arg(validate.temperature), default=0.0,
@@ -39,9 +40,8 @@ def run(args, out, err) -> int:
     import torch
 
     from workbench.bench.versions import versions
-    from workbench.engine.policies import parse_policy
 
-    policy = parse_policy(args.policy)
+    policy = engine_policy(args.engine, args.policy)
     if args.temperature < 0:
         raise UsageError(f"--temperature {args.temperature} must be >= 0")
     if not 0 < args.top_p <= 1:

@@ -41,6 +41,23 @@ def add_model_args(p: argparse.ArgumentParser, engine_help: str | None = None) -
     g.add_argument("--threads", type=as_arg(validate.threads), default=None, help="CPU threads (default: up to 8)")
 
 
+def engine_policy(engine: str, text: str | None):
+    """The policy a command runs on ``engine`` (``--policy``; None: the engine's own default), refused in one
+    line before any weight loads when the engine's sessions do not take its kind."""
+    from workbench.engine.policies import parse_policy
+    from workbench.interface.registry import engine_class
+
+    cls = engine_class(engine)
+    try:
+        policy = parse_policy(text if text is not None else cls.default_policy)
+    except ValueError as e:
+        raise UsageError(f"--policy {text!r}: {e}") from None
+    if cls.policy_kinds is not None and policy.kind not in cls.policy_kinds:
+        raise UsageError(f"--policy {text}: the {engine} engine runs {', '.join(cls.policy_kinds)} only; give "
+                         f"--policy {cls.policy_kinds[0]}, or leave --policy out")
+    return policy
+
+
 def load_engine(args):
     """The engine ``args.engine`` over the pair the options name, after the checks that need no weights."""
     from workbench.engine.loading import PAIRS, pair_name

@@ -30,6 +30,9 @@ class BaseEngine(ABC):
     name: ClassVar[str]
     # operation -> what to use instead, for the operations this engine lacks (batch_session, replay)
     instead: ClassVar[dict[str, str]] = {}
+    # the policy a command runs when none is named, and the policy kinds its sessions take (None: every one)
+    default_policy: ClassVar[str] = "ddtree:32"
+    policy_kinds: ClassVar[tuple[str, ...] | None] = None
     tokenizer: Any  # the target's tokenizer: the views decode token ids with it
 
     @classmethod
