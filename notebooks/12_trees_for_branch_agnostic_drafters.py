@@ -164,3 +164,10 @@ print(f"over all {err['figures']} rows with a prediction: median |error| {100 * 
 # ```
 #
 # (`docs/pays-off.md` explains every line; the hybrid pair, `wb.load("hybrid")`, has its own calibration.)
+#
+# **Measured here** (2026-12-05, 12 held-out prompts, 64 tokens, one CPU thread; `docs/pays-off.md`, "The
+# calibrated policies side by side"): no calibrated policy beats the best DDTree budget by 10% on either pair.
+# At the best budget's own size, PairTree(8) is 1.05x DDTree(8) on the dense pair at batch 1 and 8 (not
+# significant after correction): its 1.10x tokens per forward at batch 1 costs +4% per step, and at batch 8
+# most of its larger gain shortens a static batch's cheap tail. On the hybrid pair no policy buys acceptance at
+# 4 nodes, and at batch 8 plain AR is the fastest shape there.
