@@ -14,6 +14,18 @@ from workbench.models.stand_ins import dflash_draft as draft_model  # noqa: F401
 from workbench.models.stand_ins import word_tokenizer as make_tokenizer
 
 
+def tiny_qwen3_configs(vocab: int = 256, target_layer_ids=(0, 2)) -> tuple[dict, dict]:
+    """A Qwen3 target layout and its DFlash drafter, small enough for the CPU (the random-weight path of
+    ``workbench.bench.random_models``: configs, no checkpoint)."""
+    target = dict(model_type="qwen3", vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, _name="tiny-qwen3")
+    draft = dict(target, num_hidden_layers=2, num_target_layers=3, block_size=8,
+                 dflash_config={"block_size": 8, "target_layer_ids": list(target_layer_ids)},
+                 architectures=["DFlashDraftModel"], _name="tiny-dflash")
+    return target, draft
+
+
 def make_pair(root: Path, *, vocab: int = 64, hidden: int = 32, layers: int = 4, heads: int = 2, kv_heads: int = 1,
               draft_layers: int = 1, block_size: int = 8, layer_ids=(1, 2), seed: int = 0, init_std: float = 0.4,
               max_positions: int = 256, eos: bool = True) -> tuple[Path, Path]:

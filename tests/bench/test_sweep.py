@@ -14,16 +14,12 @@ from workbench.bench.forward_timing import DraftForward
 from workbench.bench.random_models import cut_configs, random_models
 from workbench.shapes.memory_fit import needed_bytes
 from workbench.shapes.measured import sweep_error
+from tiny_models import tiny_qwen3_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A Qwen3 layout small enough to build and sweep in a second (the random-weight path, no checkpoint).
-TINY = dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-            tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, _name="tiny-qwen3")
-TINY_DRAFT = dict(TINY, num_hidden_layers=2, num_target_layers=3, block_size=8,
-                  dflash_config={"block_size": 8, "target_layer_ids": [0, 2]}, architectures=["DFlashDraftModel"],
-                  _name="tiny-dflash")
+TINY, TINY_DRAFT = tiny_qwen3_configs()
 
 
 def test_cut_configs_keep_widths_and_the_drafters_feature_count():

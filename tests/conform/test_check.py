@@ -220,26 +220,16 @@ def test_features_read_before_the_final_norm_are_named_on_a_pair_that_reads_the_
 
 
 @pytest.mark.slow
-def test_a_stale_recurrent_state_parent_is_named_on_the_hybrid_pair(hybrid_engine, tmp_path, monkeypatch):
-    want = faults.stale_state_parent(monkeypatch)
+@pytest.mark.parametrize("fault,evidence", [("stale_state_parent", "continued the recurrent state of node"),
+                                            ("recurrent_state_from_wrong_node", "the state this step committed")])
+def test_a_recurrent_state_fault_is_named_on_the_hybrid_pair(hybrid_engine, tmp_path, monkeypatch, fault, evidence):
+    want = getattr(faults, fault)(monkeypatch)
     path = write_dump(hybrid_engine, tmp_path / "run.dump", wb.DDTree(16), new=12)
     monkeypatch.undo()
     r = conform(path, models=hybrid_engine.models)
     assert r.broken[0] == want, str(r)
-    assert "continued the recurrent state of node" in r.results[want].first["evidence"]
-    assert_cause(r, "stale_state_parent")
-
-
-@pytest.mark.slow
-def test_a_recurrent_state_committed_from_the_wrong_node_is_named_on_the_hybrid_pair(hybrid_engine, tmp_path,
-                                                                                     monkeypatch):
-    want = faults.recurrent_state_from_wrong_node(monkeypatch)
-    path = write_dump(hybrid_engine, tmp_path / "run.dump", wb.DDTree(16), new=12)
-    monkeypatch.undo()
-    r = conform(path, models=hybrid_engine.models)
-    assert r.broken[0] == want, str(r)
-    assert "the state this step committed" in r.results[want].first["evidence"]
-    assert_cause(r, "recurrent_state_from_wrong_node")
+    assert evidence in r.results[want].first["evidence"]
+    assert_cause(r, fault)
 
 
 # ------------------------------------------------------------------------------------------ missing fields

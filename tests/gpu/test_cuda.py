@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from check_cuda import random_batch
+from tiny_models import tiny_qwen3_configs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU host)")
 
@@ -102,12 +103,7 @@ def test_without_cuda_the_check_says_why_and_exits_0(capsys):
 
 # A Qwen3 layout small enough for the CPU (the random-weight path, no checkpoint), its vocabulary the embedded
 # tokenizer's 4096 ids
-TINY = dict(model_type="qwen3", vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-            tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, _name="tiny-qwen3")
-TINY_DRAFT = dict(TINY, num_hidden_layers=2, num_target_layers=3, block_size=8,
-                  dflash_config={"block_size": 8, "target_layer_ids": [0, 1]}, architectures=["DFlashDraftModel"],
-                  _name="tiny-dflash")
+TINY, TINY_DRAFT = tiny_qwen3_configs(vocab=4096, target_layer_ids=(0, 1))
 
 
 @pytest.mark.slow  # 180 tiny decodes and the branching pass: a minute or two on a shared 2-core machine

@@ -5,8 +5,9 @@ Two sources are read:
 
 - a ``pays-off --json`` result (``workbench.payoff``): per batch size, every shape's median ms per stage.
   A shape's node count is its static node count (DDTree(N): N + 1, DFlash: the block, AR: 1; CostTree and
-  CutTree, which choose theirs per cycle, are left out); the verify median is kept per node count, and the rest of a drafted step (draft, tree, accept, commit, host) is the
-  median over the drafted shapes of that batch (it barely moves with the tree up to 32 nodes);
+  CutTree, which choose theirs per cycle, are left out); the verify median is kept per node count, and the
+  rest of a drafted step (draft, tree, accept, commit, host) is the median over the drafted shapes of that
+  batch (it barely moves with the tree up to 32 nodes);
 - a cost table written by hand or by a script, ``{"rows": [...], "nodes": [...], "step_ms": [[...]],
   "source": "..."}``, e.g. the shipped ``workbench/assets/costs/*.json``, each transcribed from a measurement
   in ``docs/`` that its ``source`` names.

@@ -38,12 +38,13 @@ import torch
 from torch import Tensor
 
 from workbench.conform import contracts as C
+from workbench.conform import features as F
 from workbench.conform.calibrated_trees import calibrated_tree, is_calibrated
+from workbench.conform.causes import match_causes, report_lines
 from workbench.conform.dump import read_dump
+from workbench.conform.feature_contract import features_problem
 from workbench.conform.integrity import RecordOrder
 from workbench.models.config_facts import is_hybrid
-from workbench.conform import features as F
-from workbench.conform.feature_contract import features_problem
 
 NEEDS = {  # the fields each contract reads (besides the committed context); a cycle without them is not checked
     "drafter context": ("draft_context_tokens", "draft_context_positions"),
@@ -58,7 +59,8 @@ NEEDS = {  # the fields each contract reads (besides the committed context); a c
     "committed tokens": ("accepted_nodes", "tree_tokens"),
 }
 DIAGNOSED_CYCLES = 8  # broken features cycles whose rows are also held against the previous tree's nodes
-CONTEXT_CONTRACTS = ("drafter context", "drafter features", "drafter output", "target logits")  # these read the committed context too
+# these read the committed context too
+CONTEXT_CONTRACTS = ("drafter context", "drafter features", "drafter output", "target logits")
 TOKEN_FIELDS = ("draft_context_tokens", "draft_block_tokens", "draft_topk_ids", "tree_tokens", "verify_ids",
                 "target_topk_ids", "target_choice", "committed_tokens")
 
@@ -168,8 +170,6 @@ class ConformReport:
                         f"{_tokens(ref)}, the engine's {eng}." if self.results[name].broken > 1 and ref else "")
                 lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
                              f"{f['evidence']}{cost}.{over}")
-            from workbench.conform.causes import report_lines
-
             lines += report_lines(self.broken, self.causes)
         else:
             lines.append("no contract broken" + (" (see the contracts not checked)" if any(
@@ -418,7 +418,7 @@ class _Replay:
 
         self.models, self.tol, self.hybrid = models, tol, hybrid
         self.features = features  # the header's features form (None: the dump holds none)
-        self.feature_tol = F.tolerance(str(models.dtype).replace("torch.", ""))
+        self.feature_tol = F.tolerance(models.dtype)
         self.diagnosed = 0  # broken features cycles whose rejected-node explanation was tried (a forward each)
         self.ref = Reference(models)
         self.results = {name: ContractResult(name) for name in C.CONTRACTS}
@@ -790,8 +790,6 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     report = ConformReport(str(dump), head, replay.results, total,
                            kept.requests if kept is not None else scan.requests, tol, time.perf_counter() - t0, notes,
                            scan.policies, used, selection=sel.to_dict() if sel is not None else None)
-    from workbench.conform.causes import match_causes
-
     report.causes = match_causes(report)  # from the evidence to the known bug classes it matches
     return report
 

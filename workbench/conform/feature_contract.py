@@ -69,10 +69,10 @@ def explain(engine, rows: Tensor, pos: Tensor, bad: Tensor, states, layer_ids: l
     open_ = {(int(r), int(j)) for r, j in bad.nonzero()}
     out: dict = {}
 
-    def take(label: str, match: Tensor) -> None:  # match: bool [c, L]
+    def take(label, match: Tensor) -> None:  # match: bool [c, L]; label: text, or layer index -> text
         for r, j in list(open_):
             if bool(match[r, j]):
-                out[(r, j)] = label
+                out[(r, j)] = label(j) if callable(label) else label
                 open_.discard((r, j))
 
     for k in SHIFTS:
@@ -90,12 +90,8 @@ def explain(engine, rows: Tensor, pos: Tensor, bad: Tensor, states, layer_ids: l
         take(f"layer:{d}", valid & (engine.off(cand, rows) <= 1))
     prenorm = states.before_norm(pos) if open_ else None  # [c, H]
     if prenorm is not None:  # every drafter layer against the last layer's output before the final norm
-        cand = prenorm[:, None].expand(-1, L, -1)
-        match = engine.off(cand, rows) <= 1
-        for r, j in list(open_):
-            if bool(match[r, j]):
-                out[(r, j)] = f"prenorm:{n_layers - 1 - layer_ids[j]}"
-                open_.discard((r, j))
+        take(lambda j: f"prenorm:{n_layers - 1 - layer_ids[j]}",
+             engine.off(prenorm[:, None].expand(-1, L, -1), rows) <= 1)
     if open_ and previous is not None:
         got = previous()
         if got is not None:

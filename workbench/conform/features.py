@@ -127,10 +127,10 @@ def spec_for(layers: int, hidden: int) -> FeatureSpec:
 def pair_shape(target_dir, draft_dir) -> tuple[int, int]:
     """(the drafter's target layers L, the target's hidden size H) from their configs, read, not loaded."""
     from workbench.engine.loading import draft_settings, read_config
+    from workbench.models.config_facts import text_fields
 
-    tcfg = read_config(target_dir)
-    text = tcfg.get("text_config") if isinstance(tcfg.get("text_config"), dict) else tcfg
-    return len(draft_settings(read_config(draft_dir), draft_dir).target_layer_ids), int(text["hidden_size"])
+    hidden = int(text_fields(read_config(target_dir))["hidden_size"])
+    return len(draft_settings(read_config(draft_dir), draft_dir).target_layer_ids), hidden
 
 
 FIELDS = ("draft_context_features", "draft_context_features_rms", "draft_context_features_proj")
@@ -222,10 +222,11 @@ class EngineRows:
         """float [c', L]: how far each row's layer is from ``ref`` [c', L, H], in tolerances (<= 1: equal).
         ``rows``: which of the engine's rows (default: all, in order)."""
         r = ref.float()
-        scale = self.tol.atol + self.tol.rtol * r.pow(2).mean(-1).sqrt()  # [c', L]
+        want_rms = r.pow(2).mean(-1).sqrt()  # [c', L]
+        scale = self.tol.atol + self.tol.rtol * want_rms
         if self.spec.form == "rows":
             mine = self.rows if rows is None else self.rows[rows]
             return (mine - r).abs().amax(-1) / scale
         rms, proj = (self.rms, self.proj) if rows is None else (self.rms[rows], self.proj[rows])
-        want_rms, want_proj = r.pow(2).mean(-1).sqrt(), r @ projection(r.shape[-1], self.spec.seed, self.spec.dims)
+        want_proj = r @ projection(r.shape[-1], self.spec.seed, self.spec.dims)
         return torch.maximum((rms - want_rms).abs(), (proj - want_proj).abs().amax(-1)) / scale

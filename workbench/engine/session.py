@@ -133,11 +133,7 @@ class Session(Request):
     def step(self, hooks=None) -> Cycle:
         """Run one draft/verify cycle and return its record. ``hooks``: ``[(point, fn), ...]`` for this
         cycle only (``Session.hooks``; ``workbench.engine.hooks.POINTS``), removed after it, also on error."""
-        if self.finished:
-            raise SessionFinished(
-                f"session finished ({self.finish_reason}) after {len(self.generated)} new tokens in "
-                f"{len(self.cycles)} cycles; start a new session, or run(max_new_tokens=N) with a larger N"
-            )
+        self._check_not_finished()
         if hooks is None:
             return self._driver.step_request(self)
         with self.hooks(hooks):
@@ -148,9 +144,16 @@ class Session(Request):
         """Cycles while this session has not finished and ``more()`` holds, each handed to ``each(c, asked)``
         as it is made (``asked``: ``time.perf_counter()`` when it was asked for). A server's streamed run
         steps this way: under a batching driver the session stays in the batch between cycles."""
-        if self.finished:
-            self.step()  # refused, with the reason
+        self._check_not_finished()
         self._driver.steps(self, more, each)
+
+    def _check_not_finished(self) -> None:
+        """SessionFinished, saying why and how to go on, once the session has finished."""
+        if self.finished:
+            raise SessionFinished(
+                f"session finished ({self.finish_reason}) after {len(self.generated)} new tokens in "
+                f"{len(self.cycles)} cycles; start a new session, or run(max_new_tokens=N) with a larger N"
+            )
 
     def run(self, max_new_tokens: int | None = None) -> Trace:
         """Step until end-of-text or ``max_new_tokens`` generated in all (the session's limit by default;

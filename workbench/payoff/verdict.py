@@ -40,6 +40,10 @@ class Decision:
     def step_ratio(self) -> float:
         return 1 + self.verify_share + self.overhead_share
 
+    def to_dict(self) -> dict:
+        return {"decides": self.factor, "gain": self.gain, "verify_share": self.verify_share,
+                "overhead_share": self.overhead_share, "predicted": self.predicted}
+
     @property
     def predicted(self) -> float:
         return self.gain / self.step_ratio
@@ -279,13 +283,10 @@ class Challenge:
         return f"{figure(self, self.measured, self.baseline, self.rule)}: {said[self.outcome]} {self.baseline}"
 
     def to_dict(self) -> dict:
+        decision = self.decision.to_dict() if self.decision else dict.fromkeys(
+            ("decides", "gain", "verify_share", "overhead_share", "predicted"))
         return {"label": self.label, "baseline": self.baseline, "measured": self.measured.to_dict(),
-                "rule": self.rule, "outcome": self.outcome,
-                "decides": self.decision.factor if self.decision else None,
-                "gain": self.decision.gain if self.decision else None,
-                "verify_share": self.decision.verify_share if self.decision else None,
-                "overhead_share": self.decision.overhead_share if self.decision else None,
-                "predicted": self.decision.predicted if self.decision else None}
+                "rule": self.rule, "outcome": self.outcome, **decision}
 
 
 def versus_best(batch: int, rows: list, best: str | None, tps: dict, meds: dict,
