@@ -333,3 +333,35 @@ def test_sessions_opened_together_start_together_and_are_waited_for_once(tiny_en
         assert sch.stats.gathers_waited == waited + 1 and sizes[1:] == [1, 1, 1] and len(c.cycles) == 0
     finally:
         sch.close()
+
+
+def test_a_running_session_is_counted_every_few_cycles_and_exactly_when_its_run_ends(tiny_engines):
+    """``cache_bytes`` / ``kv_shapes`` of a session in a standing run: counted every COUNT_EVERY of its
+    cycles (the count is per-row Python the batch's cycle would otherwise pay every time), and exactly when
+    the run ends or a step returns, so a reply after it reads what the rows hold."""
+    from workbench.engine import scheduler as sched_mod
+
+    engine = tiny_engines["l4-h32"]
+    sch = Scheduler(engine)
+    counted: list[int] = []
+    inner = sch._count_bytes
+
+    def spy(reqs):
+        counted.extend(len(s.cycles) for s in reqs)
+        inner(reqs)
+
+    sch._count_bytes = spy
+    try:
+        s = sch.session("ab", policy=wb.DFlash(), max_new_tokens=40)
+        seen = []
+        sch.steps(s, lambda: len(seen) < 12, lambda c, asked: seen.append(c.index))
+        n = len(s.cycles)
+        assert n >= 12 and not s.finished  # (a run that ends by its bound, mid-generation)
+        every = sched_mod.COUNT_EVERY
+        assert counted[0] == 0  # admitted
+        assert counted[1:] == [k for k in range(1, n) if k % every == 0] + [n]
+        assert s.kv_cache()[0][0].shape[-2] == s.start and s.cache_bytes() == sch.rows.row_bytes(0)
+        s.step()
+        assert counted[-1] == n + 1 and s.kv_cache()[0][0].shape[-2] == s.start
+    finally:
+        sch.close()

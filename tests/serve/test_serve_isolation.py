@@ -194,3 +194,28 @@ def test_a_busy_session_never_expires_and_an_idle_one_does(eng):
     assert store.expire() == []  # just released: its idle time starts now
     now[0] = 36.0
     assert store.expire() == [a.id] and len(store) == 0
+
+
+def test_freed_memory_goes_back_only_when_no_request_runs(eng, monkeypatch):
+    """The sweeper hands dropped sessions' memory back (a full collection, which stops the process) only
+    once no session is in use and none has been for QUIET_SECONDS; a sweep while another is in use waits."""
+    from workbench.serve.store import QUIET_SECONDS, Limits, SessionStore
+
+    now = [0.0]
+    store = SessionStore(eng, Limits(max_sessions=4, max_new_tokens=16, session_ttl=100.0), clock=lambda: now[0])
+    released = []
+    monkeypatch.setattr(store, "release_memory", lambda: released.append(now[0]))
+    a = store.create("t1 t2", wb.DDTree(4), max_new_tokens=8)
+    b = store.create("t3", wb.DFlash(), max_new_tokens=8)
+    now[0] = 5.0
+    assert not store.sweep_once() and released == []  # nothing dropped yet
+    store.delete(b.id)
+    with store.use(a.id):
+        now[0] = 50.0
+        assert not store.quiet() and not store.sweep_once()  # a request runs
+    assert not store.sweep_once()  # it has just ended
+    now[0] += QUIET_SECONDS
+    assert store.quiet() and store.sweep_once() and released == [now[0]]
+    assert not store.sweep_once()  # once per batch of drops
+    now[0] = 200.0  # a's TTL passes: the sweep drops it and, quiet, returns its memory too
+    assert store.sweep_once() and len(store) == 0 and released == [51.0, 200.0]

@@ -49,6 +49,9 @@ from workbench.engine.session import shapes_of
 from workbench.records.cycle import Cycle
 
 
+COUNT_EVERY = 8  # a run going on has its cache bytes and KV shapes counted every this many of its cycles
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     """What one batched cycle may hold, and how long the worker gathers steps before it runs one."""
@@ -205,7 +208,9 @@ class Scheduler:
         return any(s is x for x in self.order) or any(s is x for _, group in self.parked for x in group)
 
     def cache_bytes(self, s) -> int:
-        return self._bytes.get(id(s), (0, []))[0]  # the worker's count after the session's last forward (no lock)
+        # The worker's count (no lock: a reply never waits for the cycle in flight) after the session's last
+        # forward, or, while a run of it goes on, after one of its last COUNT_EVERY cycles.
+        return self._bytes.get(id(s), (0, []))[0]
 
     def kv_shapes(self, s) -> list:
         return self._bytes.get(id(s), (0, []))[1]  # (a reply never waits for the cycle in flight)
@@ -357,7 +362,10 @@ class Scheduler:
             for t, c in zip(tickets, cycles):
                 t.result = c
             again = self._hand_over(tickets)
-            self._count_bytes(reqs)
+            # A run going on is counted every COUNT_EVERY of its cycles (the count is O(layers) per row, a few
+            # per cent of a small batch's cycle); a step, and a run's last cycle, always.
+            going = {id(t.session) for t in again}
+            self._count_bytes([s for s in reqs if id(s) not in going or len(s.cycles) % COUNT_EVERY == 0])
             st = self.stats
             st.cycles += 1
             st.rows_stepped += len(reqs)

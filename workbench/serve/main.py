@@ -1,6 +1,7 @@
 """``python -m workbench serve``: check the arguments, load the models once, print how to attach, serve."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import stat
@@ -121,7 +122,14 @@ def _serve(args, out, err, load_engine, limits, token, origin, log, sock) -> int
           else f"workbench serve: token ({origin})", file=out)
     print(f"workbench serve: limits {limits.to_dict()}", file=out)
     print(f"workbench serve: {attach_line(server.url, args.token_file)}; stop with Ctrl-C", file=out, flush=True)
-    server.run()
+    # What is loaded by now (the models, the libraries: ~0.4 M objects) lives as long as the server: out of the
+    # cyclic collector's way while it serves, a full collection (the interpreter's own, or the sweeper's) walks
+    # only what serving made, instead of stopping every stream for 0.16 s.
+    gc.freeze()
+    try:
+        server.run()
+    finally:
+        gc.unfreeze()  # (main() may run again in this process: tests)
     return 0
 
 

@@ -10,7 +10,8 @@ are shared, so two forwards must never interleave. Nothing else does: the prompt
 tokenized, and replies are encoded, outside it. A session's own lock keeps one request at a time on
 it (a run's cycles stay contiguous), with at most one more waiting. Idle sessions expire after
 ``limits.session_ttl`` seconds; dropping the last reference frees their KV caches, and the sweeper
-then hands freed memory back to the system.
+hands freed memory back to the system once no request has run for ``QUIET_SECONDS`` (it stops the
+process for a moment, so never under load, when the freed memory is reused anyway).
 """
 from __future__ import annotations
 
@@ -117,6 +118,9 @@ class Entry:
 
 
 MAX_WAITING = 1  # requests that may wait for a busy session; the next one is refused (429)
+# Memory goes back to the system only after this long without a request: handing it back stops the process
+# (a full garbage collection: 0.16 s on the embedded pair), which mid-load stalled every stream's cycle.
+QUIET_SECONDS = 1.0
 
 
 class SessionStore:
@@ -128,7 +132,8 @@ class SessionStore:
         self._entries: dict[str, Entry] = {}
         self._pending = 0  # sessions being created (their prefill is running)
         self._gone: OrderedDict[str, str] = OrderedDict()  # recently dropped id -> why (for a clear 404)
-        self._freed = threading.Event()  # sessions were dropped: the sweeper returns their memory
+        self._freed = threading.Event()  # sessions were dropped: the sweeper returns their memory (when quiet)
+        self._active_at = clock()  # when a request last started or ended (guarded by _lock)
         self._max_prompt_chars: int | None = None
         # CPU threads as loaded (wb.load(threads=N), serve --threads N), applied in the worker thread of every
         # forward: a worker thread started before a later torch.set_num_threads keeps the old count (other float
@@ -218,6 +223,7 @@ class SessionStore:
             e = Entry(secrets.token_hex(8), s, now, now)
             with self._lock:
                 self._entries[e.id] = e
+                self._active_at = now
         finally:
             with self._lock:
                 self._pending -= 1
@@ -256,13 +262,14 @@ class SessionStore:
                 raise ServeError(429, "session_busy", f"session {sid} is busy: one request runs on it and "
                                  f"{e.busy - 1} more wait{'s' if e.busy == 2 else ''}; retry when it is done")
             e.busy += 1
+            self._active_at = self.clock()
         try:
             with e.lock:
                 yield e
         finally:
             with self._lock:
                 e.busy -= 1
-                e.last_used = self.clock()
+                e.last_used = self._active_at = self.clock()
 
     def set_capture(self, e: Entry, on: bool) -> None:
         s = e.session
@@ -286,6 +293,12 @@ class SessionStore:
             while len(self._gone) > 4096:
                 self._gone.popitem(last=False)
         self._freed.set()
+
+    def quiet(self) -> bool:
+        """No session is being created or used, and none has been for ``QUIET_SECONDS``."""
+        with self._lock:
+            busy = self._pending or any(e.busy for e in self._entries.values())
+            return not busy and self.clock() - self._active_at >= QUIET_SECONDS
 
     def release_memory(self) -> None:
         """Hand memory freed by dropped sessions back to the system: the allocator keeps freed pages
@@ -347,16 +360,23 @@ class SessionStore:
         return total
 
     # ------------------------------------------------------------------ expiry in the background
+    def sweep_once(self) -> bool:
+        """One pass of the sweeper: drop expired sessions; once sessions have been dropped and the store is
+        ``quiet()``, hand their memory back. -> whether it did."""
+        self.expire()
+        if not (self._freed.is_set() and self.quiet()):
+            return False
+        self._freed.clear()
+        self.release_memory()
+        return True
+
     def start_sweeper(self) -> threading.Thread:
         period = min(max(self.limits.session_ttl / 4, 0.05), 5.0)
 
         def sweep():
             while not self.stopping.wait(period):
                 try:
-                    self.expire()
-                    if self._freed.is_set():
-                        self._freed.clear()
-                        self.release_memory()
+                    self.sweep_once()
                 except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
                     log.exception("session sweep failed")
 

@@ -3,8 +3,8 @@
 A run used to be one cycle per round trip (or one reply at the end, holding everything); here the
 request is made once and its cycles come back as they finish, each as soon as it exists, so a run
 costs one round trip however many cycles it has. Two threads share the work: a *producer* (one of
-the server's worker threads, holding the session for the whole stream) steps the session, and the
-event loop encodes each cycle and writes it while the next one runs.
+the server's worker threads, holding the session for the whole stream) steps the session, each cycle
+encoded as it is made, and the event loop writes the encoded cycles while the next one runs.
 
 Bounds (docs/wire-format.md, "/run streams"): a stream carries at most ``max_stream_cycles`` cycles,
 about ``max_stream_bytes`` bytes and lasts at most ``max_stream_seconds``; past one of them it ends
@@ -64,7 +64,9 @@ class RunStream(Response):
         self.reason: str | None = None  # why the stream ends: "finished", a bound, "client_gone", "error"
         self.error: ServeError | None = None
         self.last_frame: bytes | None = None  # the producer's final frame (built while it holds the session)
-        self.timings: dict[int, dict] = {}  # cycle index -> where its time went (with timing asked for)
+        # cycle index -> its line, encoded by the thread that made the cycle (see produce); the event loop
+        # encodes only the backlog made before this run
+        self.frames: dict[int, bytes] = {}
         self.started = time.monotonic()
         self.stepped = 0  # cycles this stream's run made (the backlog was made before it)
         self._release, self._released = release, False
@@ -100,8 +102,11 @@ class RunStream(Response):
         s = self.s
 
         def each(c, asked: float) -> None:  # in the thread that made the cycle (a scheduler's: keep it short)
-            if self.timing:
-                self.timings[c.index] = step_timing(time.perf_counter() - asked, c, asked)
+            # Encoded here, not in the event loop: encoding calls into torch, and each such call lets go of the
+            # interpreter lock, which the cycle's thread then takes, so the event loop would wait for it once per
+            # tensor of every frame (and the cycle for the event loop), instead of once per frame.
+            timing = step_timing(time.perf_counter() - asked, c, asked) if self.timing else None
+            self.frames[c.index] = cycle_frame(c, self.records, timing)
             self.made, self.stepped = len(s.cycles), self.stepped + 1
             wake()
 
@@ -185,8 +190,7 @@ class RunStream(Response):
                 chunk = []
                 while self.sent + len(chunk) < end and nbytes < lim.max_stream_bytes:
                     i = self.sent + len(chunk)
-                    frame = cycle_frame(self.s.cycles[i], self.records, self.timings.pop(i, None) if self.timing
-                                        else None)
+                    frame = self.frames.pop(i, None) or cycle_frame(self.s.cycles[i], self.records)
                     chunk.append(frame)
                     nbytes += len(frame)
                 if chunk:
