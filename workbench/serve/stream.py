@@ -59,7 +59,7 @@ class RunStream(Response):
         self.records, self.timing = records, timing
         self.first = min(since, len(self.s.cycles))  # the first cycle this stream sends (the client lacks it)
         self.sent = self.first  # cycles handed to the connection (the event loop's count)
-        self.made = len(self.s.cycles)  # cycles ready to send (the producer's count, once their timing is in)
+        self.made = len(self.s.cycles)  # cycles ready to send (the producer's count, once their frames are in)
         self.cond = threading.Condition()
         self.reason: str | None = None  # why the stream ends: "finished", a bound, "client_gone", "error"
         self.error: ServeError | None = None
