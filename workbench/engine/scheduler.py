@@ -362,8 +362,8 @@ class Scheduler:
             for t, c in zip(tickets, cycles):
                 t.result = c
             again = self._hand_over(tickets)
-            # A run going on is counted every COUNT_EVERY of its cycles (the count is O(layers) per row, a few
-            # per cent of a small batch's cycle); a step, and a run's last cycle, always.
+            # A run going on is counted every COUNT_EVERY of its cycles (the count is O(layers) Python per row:
+            # 0.46 ms of a 28 ms batch-8 cycle on the embedded pair); a step, and a run's last cycle, always.
             going = {id(t.session) for t in again}
             self._count_bytes([s for s in reqs if id(s) not in going or len(s.cycles) % COUNT_EVERY == 0])
             st = self.stats
