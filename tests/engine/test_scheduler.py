@@ -335,6 +335,32 @@ def test_sessions_opened_together_start_together_and_are_waited_for_once(tiny_en
         sch.close()
 
 
+def test_a_new_session_is_waited_for_longer_than_a_straggler(tiny_engines):
+    """A session just admitted that has not asked yet is waited for up to ``join_seconds`` (its client's first
+    request may come several ms after the others'), while a session of the last cycle gets only the short
+    window (``gather_share`` of a cycle, at least ``gather_floor``)."""
+    engine = tiny_engines["l4-h32"]
+    prompts = tiny_prompts(engine, 2, seed=19)
+    sch = Scheduler(engine, BatchLimits(gather_seconds=2.0, gather_share=0.0, gather_floor=0.001, join_seconds=2.0))
+    sizes = []
+    orig = sch.rows.step
+    sch.rows.step = lambda reqs: sizes.append(len(reqs)) or orig(reqs)
+    try:
+        a, b = (sch.session(p, policy=wb.DDTree(4), max_new_tokens=20) for p in prompts)
+        for _ in range(2):
+            late = threading.Timer(0.2, b.step)  # b asks 200 ms after a
+            late.start()
+            a.step()
+            late.join()
+        # the first time b was new: one cycle for both; the second, a ran alone after 1 ms
+        assert sizes == [2, 1, 1]
+        assert a.tokens == alone(engine, prompts[0], wb.DDTree(4), 0.0, n=20).tokens[:len(a.tokens)]
+    finally:
+        sch.close()
+    with pytest.raises(ValueError, match="join_seconds"):
+        BatchLimits(join_seconds=-1)
+
+
 def test_a_running_session_is_counted_every_few_cycles_and_exactly_when_its_run_ends(tiny_engines):
     """``cache_bytes`` / ``kv_shapes`` of a session in a standing run: counted every COUNT_EVERY of its
     cycles (the count is per-row Python the batch's cycle would otherwise pay every time), and exactly when

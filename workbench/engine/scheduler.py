@@ -11,8 +11,8 @@ for the cycle that served it. The worker, in a loop:
    (clients that open sessions together start them together: without the wait the first to ask would run
    a cycle alone while the others' rows are copied aside and back), but never longer than
    ``gather_seconds`` nor ``gather_share`` of the last cycle's time (a straggler costs the ready sessions
-   at most that), then takes the oldest tickets first; ``stats`` counts how often it waited, for how long,
-   and how often it ran without one;
+   at most that) -- or, while a new session has not asked yet, ``join_seconds`` -- then takes the oldest
+   tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
 3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
    most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
    alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are
@@ -63,20 +63,27 @@ class BatchLimits:
     # while running without it costs the straggler one cycle, so the wait stays a fraction of a cycle
     gather_share: float = 0.5
     gather_floor: float = 0.003  # but never below this (a client's round trip on loopback), within gather_seconds
+    # ... except for sessions admitted since the last gather, waited for once up to this long: clients that
+    # opened sessions together send their first requests a few ms apart (8 /run requests on loopback: 5-10 ms),
+    # and a cycle run without some of them splits the batch for good (their rows copied aside and back, their
+    # cycles one behind: 6% of an 8-client round on the embedded pair when a 5 ms window cut it)
+    join_seconds: float = 0.02
 
     def __post_init__(self):
         for name in ("max_rows", "max_nodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
-        for name, top in (("gather_seconds", 10), ("gather_share", 10), ("gather_floor", 10)):
+        for name, top in (("gather_seconds", 10), ("gather_share", 10), ("gather_floor", 10), ("join_seconds", 10)):
             g = getattr(self, name)
             if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < top:
                 raise ValueError(f"{name}={g!r} must be a number from 0 to {top}")
 
-    def window(self, last_cycle_seconds: float) -> float:
-        """How long a gather may wait after a cycle of ``last_cycle_seconds``."""
-        return min(self.gather_seconds, max(self.gather_floor, self.gather_share * last_cycle_seconds))
+    def window(self, last_cycle_seconds: float, joining: bool = False) -> float:
+        """How long a gather may wait after a cycle of ``last_cycle_seconds`` (``joining``: for a session just
+        admitted, too)."""
+        w = min(self.gather_seconds, max(self.gather_floor, self.gather_share * last_cycle_seconds))
+        return max(w, self.join_seconds) if joining else w
 
 
 @dataclass(eq=False)
@@ -309,12 +316,14 @@ class Scheduler:
         with self._cond:
             if not self._steps:  # nothing asks (a pass that only admitted or retired): nothing to gather
                 return []
-            expect = [s for s in self._last + self._new if not s.finished and self._holds(s)]
+            live = lambda group: [s for s in group if not s.finished and self._holds(s)]  # noqa: E731
+            expect = live(self._last + self._new)
+            joining = any(s not in self._steps for s in live(self._new))  # a new session has not asked yet
             self._new = []
             ready = lambda: self._stopped or all(s in self._steps for s in expect)  # noqa: E731
             if expect and lim.gather_seconds and not ready():
                 t0 = time.perf_counter()
-                complete = self._cond.wait_for(ready, timeout=lim.window(self._last_seconds))
+                complete = self._cond.wait_for(ready, timeout=lim.window(self._last_seconds, joining))
                 waited, st = time.perf_counter() - t0, self.stats
                 st.gathers_waited += 1
                 st.gather_wait_seconds += waited
