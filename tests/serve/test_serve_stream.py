@@ -204,6 +204,31 @@ def test_a_steps_reply_carries_what_changed_and_a_setting_brings_the_full_state(
     call(server, "DELETE", f"/sessions/{sid}", token=TOKEN)
 
 
+def test_a_runs_last_line_carries_what_changed_and_a_new_limit_brings_the_full_state(server):
+    """The last line of a /run holds the session's state as a step's reply would for the request's
+    ``have_tokens`` and ``revision``: the tokens and text made since, without the full part; a run that sets
+    ``max_new_tokens`` (a setting: the revision moves) or a client without the revision gets all of it."""
+    status, st = call(server, "POST", "/sessions", {"prompt": "t1 t2 t3", "policy": "ddtree:5", "max_new_tokens": 6},
+                      token=TOKEN)
+    sid, rev, have = st["id"], st["revision"], len(st["generated"])
+    status, _, lines = stream_lines(server, sid, {"since": 0, "have_tokens": have, "revision": rev})
+    last = lines[-1]["state"]
+    assert status == 200 and lines[-1]["end"] == "finished"
+    assert not {"trace", "prompt", "prompt_ids", "kv_shapes", "policy"} & set(last)
+    assert last["generated_from"] == have and st["generated"] + last["generated"] == \
+        call(server, "GET", f"/sessions/{sid}", token=TOKEN)[1]["generated"]
+    assert st["text"][:last["text_from"]] + last["text"] == call(server, "GET", f"/sessions/{sid}", token=TOKEN)[1]["text"]
+    n = last["n_cycles"]
+    status, _, lines = stream_lines(server, sid, {"since": n, "have_tokens": have + len(last["generated"]),
+                                                  "revision": rev, "max_new_tokens": 12})
+    again = lines[-1]["state"]
+    assert again["revision"] > rev and "trace" in again and again["generated_from"] == 0  # the new limit: all of it
+    assert again["new_tokens"] == 12 and [x["cycle"]["index"] for x in lines[:-1]] == list(range(n, again["n_cycles"]))
+    status, _, lines = stream_lines(server, sid, {"since": again["n_cycles"]})  # holds nothing: the full state
+    assert "trace" in lines[-1]["state"] and lines[-1]["state"]["generated"] == again["generated"]
+    call(server, "DELETE", f"/sessions/{sid}", token=TOKEN)
+
+
 def test_view_records_fetch_the_rest_when_read_and_only_then(eng, server):
     from workbench.serve.lazy_cycle import LazyCycle
 

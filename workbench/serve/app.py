@@ -365,7 +365,7 @@ def create_app(store: SessionStore, token: str) -> FastAPI:
                 finally:
                     e.revision += 1
             return RunStream(e, lambda: held.__exit__(None, None, None), req.since, req.records, req.timing,
-                             limits, store.stopping)
+                             limits, store.stopping, req.have_tokens, req.revision)
         except BaseException as ex:
             held.__exit__(type(ex), ex, ex.__traceback__)
             raise

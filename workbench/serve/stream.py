@@ -53,10 +53,13 @@ class RunStream(Response):
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, e, release, since: int, records: str, timing: bool, limits, stopping: threading.Event):
+    def __init__(self, e, release, since: int, records: str, timing: bool, limits, stopping: threading.Event,
+                 have_tokens: int | None = None, revision: int | None = None):
         super().__init__(status_code=200, media_type=self.media_type)
         self.e, self.s, self.limits, self.stopping = e, e.session, limits, stopping
         self.records, self.timing = records, timing
+        # what the client holds besides the cycles (the frames carry none of it): the last line carries the rest
+        self.have_tokens, self.revision = have_tokens, revision
         self.first = min(since, len(self.s.cycles))  # the first cycle this stream sends (the client lacks it)
         self.sent = self.first  # cycles handed to the connection (the event loop's count)
         self.made = len(self.s.cycles)  # cycles ready to send (the producer's count, once their frames are in)
@@ -138,7 +141,9 @@ class RunStream(Response):
     def final_frame(self) -> bytes:
         s = self.s
         n = len(s.cycles)
-        state = wire.loads(session_state(self.e, n, n, records=self.records))  # no cycles: they went as frames
+        # no cycles (they went as frames), and what changed since the request: the new tokens and text; the full
+        # state only if the client's revision is not the session's (a max_new_tokens in the request bumps it)
+        state = session_state(self.e, n, n, records=self.records, have_tokens=self.have_tokens, revision=self.revision)
         if self.reason == "client_gone":
             log.info("session %s: the client went away; its run stopped after %d cycles", self.e.id, self.stepped)
         if self.error is not None:
@@ -146,10 +151,11 @@ class RunStream(Response):
             if self.error.code == "stopping":
                 msg = (f"the server is shutting down: this run stopped after {self.stepped} cycle(s), which came back "
                        "before this line (they are in the session's trace)")
-            return wire.dumps({**ServeError(self.error.status, self.error.code, msg, self.error.field,
-                                            self.error.limit).to_dict(), "status": self.error.status,
-                               "state": state}) + b"\n"
-        return wire.dumps({"end": self.reason, "state": state}) + b"\n"
+            head = wire.dumps({**ServeError(self.error.status, self.error.code, msg, self.error.field,
+                                            self.error.limit).to_dict(), "status": self.error.status})
+        else:
+            head = wire.dumps({"end": self.reason})
+        return head[:-1] + b',"state":' + state + b"}\n"  # the state's encoding spliced in, not re-encoded
 
     # -------------------------------------------------------------- the connection's side (the event loop)
     async def watch(self, receive) -> None:
