@@ -100,3 +100,22 @@ def test_the_rounds_count_tokens_steps_and_where_the_time_went(server, pair):
     steps = text.split("where a served step goes")[1].splitlines()
     assert [line.split()[1] for line in steps[2:6]] == ["inproc", "run", "step", "serial"]  # in process beside
     assert steps[2].split()[-4:] == ["-"] * 4  # in process: nothing is encoded, sent or decoded
+
+
+def test_the_batching_ceiling_is_the_in_process_batch_over_one_request():
+    from workbench.bench.serve_load import add_batch_gain, table
+    from workbench.serve import wire
+
+    def row(n, rate):
+        return {"clients": n, "inproc": {"tok_s": rate, "p50_ms": 1.0, "p90_ms": 1.0, "p99_ms": 1.0, "max_ms": 1.0}}
+
+    rows = [row(1, 600.0), row(8, 1000.0), row(4, 900.0)]
+    add_batch_gain(rows)
+    assert "inproc_batch_gain" not in rows[0] and rows[1]["inproc_batch_gain"] == pytest.approx(1000 / 600)
+    assert rows[2]["inproc_batch_gain"] == pytest.approx(1.5)
+    text = table({"policy": wire.policy_to_wire(wb.DDTree(3)), "max_new_tokens": 10, "repeats": 1, "modes": ["inproc"],
+                  "rows": rows})
+    assert "in process, a batch of 8 over one request (medians): 1.67x" in text
+    alone = [row(8, 1000.0)]  # no one-client row: no ceiling is claimed
+    add_batch_gain(alone)
+    assert "inproc_batch_gain" not in alone[0]
