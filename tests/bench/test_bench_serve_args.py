@@ -35,3 +35,16 @@ def test_the_table_names_the_policy():
            "modes": ["inproc", "run"], "rows": [{"clients": 1, "inproc": row, "run": row}]}
     head = table(res).splitlines()[0]
     assert head.startswith(f"served engine under load: {parse_policy('ddtree:16')}, 48 new tokens") and "{" not in head
+
+
+def test_by_default_each_side_leaves_one_core_to_the_clients_and_says_how_many_threads_it_ran():
+    from workbench.bench.serve_command import spare_core_threads
+    from workbench.bench.serve_load import table
+    from workbench.engine.policies import parse_policy
+    from workbench.serve import wire
+
+    assert [spare_core_threads(n) for n in (1, 2, 4, 9, 64)] == [1, 1, 3, 8, 8]  # >8 cores: the engine's own default
+    row = {"tok_s": 10.0, "p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0}
+    res = {"policy": wire.policy_to_wire(parse_policy("ddtree:16")), "max_new_tokens": 48, "repeats": 1,
+           "modes": ["inproc"], "rows": [{"clients": 1, "inproc": row}], "threads": 3}
+    assert "1 repeat(s), 3 CPU thread(s) each side, modes interleaved" in table(res).splitlines()[0]

@@ -7,10 +7,20 @@ engine or one built on it, said before any server starts.
 from __future__ import annotations
 
 import json
+import os
 
 from workbench.engine.cli_models import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
 from workbench.engine.cli_values import UsageError, check_output, positive_int
 from workbench.serve.command import SERVED_MAX_NEW_TOKENS
+
+
+def spare_core_threads(cores: int) -> int:
+    """The CPU threads both sides get by default: every core but one, at most 8 (the engine's own default). The
+    clients run on this machine too, and the servers' event loops beside the engine; in a team of OpenMP threads
+    that has every core, a neighbour's burst stalls the whole team (docs/figures.md: a neighbour busy 1 ms in 5
+    cost the two-thread engine 22% of its tokens/s on a 2-core machine), so the ratio would measure the clients,
+    not the server. On a host with more than 8 cores this is the engine's own default."""
+    return max(1, min(cores - 1, 8))
 
 
 def add_parser(sub) -> None:
@@ -27,7 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--split", choices=["long", "short"], default="long", help="which held-out prompts (default long)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     add_model_args(p, engine_help="the engine both sides run: workbench (default) or one built on it, by its "
-                                  "registry name (an installed package's engines too)")
+                                  "registry name (an installed package's engines too)",
+                   threads_help="CPU threads of each side (default on CPU: every core but one, at most 8: the "
+                                "clients and the servers' event loops share this machine; or OMP_NUM_THREADS)")
 
 
 def run(args, out, err) -> int:
@@ -69,6 +81,8 @@ def run(args, out, err) -> int:
                                  ("--engine", None if args.engine == DEFAULT_ENGINE else args.engine))
                   if v is not None for a in (k, str(v))]
     prompts = [p["prompt"] for p in eval_prompts(args.split)]
+    if args.threads is None and (args.device or "cpu") == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        args.threads = spare_core_threads(os.cpu_count() or 1)
     res = bench_serve(model_args, lambda: load_engine(args), prompts, clients, policy, args.max_new_tokens,
                       args.repeats, args.threads, modes,
                       progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))

@@ -303,9 +303,10 @@ def table(res: dict) -> str:
     from workbench.serve import wire
 
     policy = wire.policy_from_wire(res["policy"])  # the wire's object, named as the CLI's --policy names it
+    threads = f", {res['threads']} CPU thread(s) each side" if res.get("threads") else ""
     lines = [f"served engine under load: {policy}, {res['max_new_tokens']} new tokens per session, "
-             f"{res['repeats']} repeat(s), modes interleaved (run: one streamed request per session; step: one "
-             "request per cycle)",
+             f"{res['repeats']} repeat(s){threads}, modes interleaved (run: one streamed request per session; step: "
+             "one request per cycle)",
              f"{'clients':>7}  {'mode':<9} {'tok/s':>7} {'[range]':<15} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
              f"{'max ms':>7}   tok/s / in-process    p50 / in-process"]
     for r in res["rows"]:

@@ -18,8 +18,9 @@ from workbench.engine.validate import as_arg
 DEFAULT_ENGINE = "workbench"
 
 
-def add_model_args(p: argparse.ArgumentParser, engine_help: str | None = None) -> None:
-    """The ``models`` option group; ``engine_help`` says what ``--engine`` means to this command."""
+def add_model_args(p: argparse.ArgumentParser, engine_help: str | None = None, threads_help: str | None = None) -> None:
+    """The ``models`` option group; ``engine_help`` says what ``--engine`` means to this command, ``threads_help``
+    what its ``--threads`` default is."""
     from workbench.interface.registry import engine_names
 
     g = p.add_argument_group("models")
@@ -38,7 +39,8 @@ def add_model_args(p: argparse.ArgumentParser, engine_help: str | None = None) -
                    help="run a checkpoint's own Python code (e.g. Kimi-K2); refused without this flag")
     g.add_argument("--kernel-backend", default="torch", help="accept-walk kernels: torch (default), sglang (SGLang's CUDA JIT kernel "
                    "on CUDA, its Triton kernel on CPU) or sglang-triton")
-    g.add_argument("--threads", type=as_arg(validate.threads), default=None, help="CPU threads (default: up to 8)")
+    g.add_argument("--threads", type=as_arg(validate.threads), default=None,
+                   help=threads_help or "CPU threads (default: up to 8)")
 
 
 def engine_policy(engine: str, text: str | None):
