@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 
@@ -255,6 +256,32 @@ def test_view_records_fetch_the_rest_when_read_and_only_then(eng, server):
     held = list(s2.cycles)
     s2.close()  # fetches what was not read first, so the trace held stays whole
     assert all(c.missing() == [] for c in held)
+
+
+def test_a_view_records_tensors_are_unpacked_when_first_read_and_a_bad_one_is_named(eng):
+    """The tensors a view record carries stay in their wire form until read (a run nobody reads costs a parse per
+    cycle): read, they equal the local record's, once unpacked they are plain attributes; a malformed form is
+    refused on arrival, and bytes that do not unpack are named (cycle and field) when read."""
+    from workbench.serve.lazy_cycle import RAW
+
+    s = eng.session("t1 t2 t3", policy=wb.DDTree(5), max_new_tokens=12)
+    c = s.step()
+    d = wire.loads(wire.dumps(wire.cycle_to_wire(c, "view")))
+    lazy = wire.cycle_from_wire(d, fetch=None)
+    held = set(lazy.__dict__[RAW])
+    assert {"tokens", "parents", "score", "accepted_tokens"} <= held and not held & set(lazy.__dict__)
+    assert lazy.index == c.index and lazy.committed == c.committed and set(lazy.__dict__[RAW]) == held  # none unpacked
+    assert torch.equal(lazy.tokens, c.tokens) and torch.equal(lazy.score, c.score)  # bit for bit (floats as bytes)
+    assert "tokens" in lazy.__dict__ and "tokens" not in lazy.__dict__[RAW] and "tokens" not in lazy.missing()
+    assert lazy.missing() == sorted(wire.VIEW_LEAVES_OUT & {f.name for f in wire.CYCLE_FIELDS})
+    for field, bad, why in (("tokens", {**d["tokens"], "dtype": "int65"}, "unknown dtype 'int65'"),
+                            ("parents", {**d["parents"], "shape": [-1]}, "shape [-1] is not a list of whole numbers"),
+                            ("score", {**d["score"], "b": 7}, "its values are a int, not text")):
+        with pytest.raises(ValueError, match=re.escape(f"field '{field}': {why}")):
+            wire.cycle_from_wire({**d, field: bad})
+    broken = wire.cycle_from_wire({**d, "score": {**d["score"], "b": "not base64!"}})  # the form is right
+    with pytest.raises(ValueError, match=f"cycle {c.index}'s score: "):
+        broken.score  # noqa: B018
 
 
 def test_records_must_be_view_or_full(server):

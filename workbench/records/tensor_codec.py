@@ -53,6 +53,26 @@ def tensor_to_wire(t: torch.Tensor) -> dict:
             "b": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
+def is_wire_tensor(v) -> bool:
+    """Whether a JSON value is a tensor in one of the forms ``unpack_tensor`` reads."""
+    return isinstance(v, dict) and "dtype" in v and ("z" in v or "b" in v or "data" in v)
+
+
+def check_wire_tensor(d: dict) -> None:
+    """The cheap part of ``unpack_tensor``'s checks, without unpacking: a known dtype, a shape of whole numbers,
+    and a payload of the right JSON type (ValueError, one line). What it leaves (the bytes themselves) is
+    checked when unpacked."""
+    dtype = getattr(torch, str(d.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {repr(d.get('dtype'))[:ECHO_CHARS]}")
+    shape = d.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"shape {repr(shape)[:ECHO_CHARS]} is not a list of whole numbers")
+    payload = d.get("data", d.get("b", d.get("z")))
+    if not isinstance(payload, list if "data" in d else str):
+        raise ValueError(f"its values are a {type(payload).__name__}, not {'a list' if 'data' in d else 'text'}")
+
+
 def unpack_tensor(d: dict) -> torch.Tensor:
     """The inverse of ``pack_tensor``; also reads version 1's ``{"dtype", "shape", "data": nested lists}``."""
     dtype = getattr(torch, str(d.get("dtype")), None)

@@ -7,16 +7,23 @@ forward records it may never look at. Reading one of those fields fetches the fu
 server (``fetch(cycle)``, a page of cycles from this one on) and fills them in place, so a
 ``LazyCycle`` reads as the full record every time: ``to_dict()``, ``dataclasses.replace``, the views and
 the analyses see no difference. A copy or a pickle is a plain ``Cycle`` (fetched first).
+
+The tensors that did travel stay in their wire form until first read too (their form is checked on
+arrival; a value is unpacked, once, when read): a ``run`` streaming hundreds of cycles that nobody
+looks at costs the client a JSON parse per cycle, not nine tensors (the client shares the CPU with
+the engine when both are on one machine).
 """
 from __future__ import annotations
 
 from dataclasses import fields
 
 from workbench.records.cycle import Cycle
+from workbench.records.tensor_codec import check_wire_tensor, is_wire_tensor, unpack_tensor
 
 FIELDS = fields(Cycle)  # (looked up once: fields() rebuilds its tuple at every call)
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 FETCH = "lazy_fetch"  # the instance dict's key for the fetch callback (not a dataclass field: never compared)
+RAW = "lazy_raw"  # ... and for the tensors that travelled, still in their wire form: name -> wire dict
 
 
 class NotFetched(LookupError):
@@ -32,21 +39,33 @@ class LazyCycle(Cycle):
     """A Cycle whose fields named in ``missing()`` are fetched from the server when first read."""
 
     @classmethod
-    def from_view(cls, decoded: dict, fetch) -> "LazyCycle":
-        """``decoded``: a view record's fields (tensors already unpacked); ``fetch(cycle)``: fills the rest in
-        place (None: reading them raises NotFetched). The fields it lacks are made by ``Cycle.from_dict``
-        from placeholders, then removed, so that a read reaches ``__getattr__``."""
-        absent = [f.name for f in FIELDS if f.name not in decoded]
-        c = cls.from_dict(decoded, defaults={name: () for name in absent})
+    def from_view(cls, record: dict, fetch) -> "LazyCycle":
+        """``record``: a view record's fields as they travelled (tensors in their wire form: checked here, unpacked
+        when first read); ``fetch(cycle)``: fills the fields it lacks in place (None: reading them raises
+        NotFetched). Those fields, and the tensors, are made by ``Cycle.from_dict`` from placeholders, then
+        removed, so that a read reaches ``__getattr__``."""
+        raw = {}
+        for name, v in record.items():
+            if name in FIELD_NAMES and is_wire_tensor(v):
+                try:
+                    check_wire_tensor(v)
+                except ValueError as e:
+                    raise ValueError(f"field {name!r}: {e}") from None
+                raw[name] = v
+        plain = {k: v for k, v in record.items() if k not in raw}
+        absent = [f.name for f in FIELDS if f.name not in plain]
+        c = cls.from_dict(plain, defaults={name: () for name in absent})
         for name in absent:
             if name in c.__dict__:  # a field with a default that the record lacked stays as the default
                 object.__delattr__(c, name)
+        c.__dict__[RAW] = raw
         c.__dict__[FETCH] = fetch
         return c
 
     def missing(self) -> list[str]:
-        """The fields not fetched yet (empty once complete)."""
-        return [name for name in sorted(FIELD_NAMES) if name not in self.__dict__]
+        """The fields not fetched yet (empty once complete); a tensor that travelled is not missing, read or not."""
+        raw = self.__dict__.get(RAW, {})
+        return [name for name in sorted(FIELD_NAMES) if name not in self.__dict__ and name not in raw]
 
     def fill(self, full: Cycle) -> None:
         """Take the fields this record lacks from ``full``, the same cycle's whole record."""
@@ -56,9 +75,20 @@ class LazyCycle(Cycle):
             object.__setattr__(self, name, getattr(full, name))
 
     def __getattr__(self, name: str):
-        # Called only for attributes not found the ordinary way: a missing field, or a name that is none.
+        # Called only for attributes not found the ordinary way: a tensor not unpacked yet, a missing field, or a
+        # name that is none.
         if name not in FIELD_NAMES:
             raise AttributeError(f"'Cycle' object has no attribute {name!r}")
+        raw = self.__dict__.get(RAW, {})
+        if name in raw:
+            try:
+                value = unpack_tensor(raw[name])
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:  # (its form was checked on arrival)
+                why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
+                raise ValueError(f"cycle {self.__dict__.get('index')}'s {name}: {why}") from None
+            object.__setattr__(self, name, value)  # (two threads reading it at once unpack the same value twice)
+            raw.pop(name, None)
+            return value
         fetch = self.__dict__.get(FETCH)
         if fetch is None:
             raise NotFetched(f"cycle {self.__dict__.get('index')}'s {name} did not travel (a view record) and no "

@@ -21,7 +21,7 @@ import torch
 
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.forward import ForwardRecord
-from workbench.records.tensor_codec import tensor_to_wire, unpack_tensor
+from workbench.records.tensor_codec import is_wire_tensor, tensor_to_wire, unpack_tensor
 from workbench.engine import policies
 from workbench.serve.lazy_cycle import LazyCycle
 
@@ -130,11 +130,9 @@ def cycle_from_wire(d: dict, fetch=None) -> Cycle:
     becomes a ``LazyCycle`` whose other fields ``fetch(index)`` fills when first read."""
     if not isinstance(d, dict):
         raise ValueError(f"a cycle record is a JSON object, not {type(d).__name__}")
-    view = d.get("view") is True
-    d = {k: unpack_tensor(v) if isinstance(v, dict) and "dtype" in v and ("z" in v or "b" in v or "data" in v)
-         else v for k, v in d.items() if k != "view"}
-    if view:
-        return LazyCycle.from_view(d, fetch)
+    if d.get("view") is True:  # its tensors are unpacked when first read
+        return LazyCycle.from_view({k: v for k, v in d.items() if k != "view"}, fetch)
+    d = {k: unpack_tensor(v) if is_wire_tensor(v) else v for k, v in d.items()}
     if "visibility" not in d and "parents" in d and "depth" in d:
         d["visibility"] = tree_visibility(d["parents"], d["depth"])
     return Cycle.from_dict(d)
