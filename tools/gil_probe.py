@@ -1,18 +1,28 @@
-"""How much Python work in another thread of the same process slows the engine's batched cycle.
+"""How much work beside the engine slows its batched cycle: Python in another thread of the same process, or
+another process on the machine's cores.
 
 The served engine runs its cycles in one thread (the scheduler's worker) while its event loop encodes and sends
 every stream's frames in another; on a tiny CPU pair the cycle is mostly Python, so the two share the
-interpreter lock. This measures an in-process batch-8 DDTree(16) cycle alone and beside a thread that holds the
-interpreter for ``busy`` ms every ``every`` ms (docs/figures.md, "The served engine under load"):
+interpreter lock (``--neighbour thread``). And the clients of ``bench-serve`` run on the same machine: with
+every core in torch's team of OpenMP threads, a process busy on one of them stalls the whole team
+(``--neighbour process --threads 2``). This measures an in-process batch-8 DDTree(16) cycle alone and beside a
+neighbour busy for ``busy`` ms every ``every`` ms (docs/figures.md, "The served engine under load"):
 
-    .venv/bin/python tools/gil_probe.py [--busy 0.3,1] [--every 5] [--repeats 3]
+    .venv/bin/python tools/gil_probe.py [--busy 0.3,1] [--every 5] [--repeats 3] [--neighbour thread|process]
+                                        [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import threading
 import time
+
+# the other process: busy for argv[1] s, asleep for argv[2] s, until killed
+BUSY = ("import sys, time\nbusy, idle = float(sys.argv[1]), float(sys.argv[2])\nwhile True:\n"
+        "    t = time.perf_counter()\n    while time.perf_counter() - t < busy:\n        pass\n    time.sleep(idle)\n")
 
 
 def main(argv=None) -> int:
@@ -20,15 +30,18 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", default="0.3,1", help="comma-separated ms the other thread holds the interpreter")
     ap.add_argument("--every", type=float, default=5.0, help="ms it sleeps between (default 5)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--neighbour", choices=["thread", "process"], default="thread",
+                    help="a thread of this process (it holds the interpreter lock) or another process (default thread)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads of the engine (default 1)")
     args = ap.parse_args(argv)
     busy = [float(x) for x in args.busy.split(",")]
-    if any(b <= 0 for b in busy) or args.every <= 0 or args.repeats < 1:
-        ap.error("--busy values and --every must be > 0, --repeats >= 1")
+    if any(b <= 0 for b in busy) or args.every <= 0 or args.repeats < 1 or args.threads < 1:
+        ap.error("--busy values and --every must be > 0, --repeats and --threads >= 1")
 
     import workbench as wb
     from workbench.shipped import eval_prompts
 
-    engine = wb.load(threads=1)
+    engine = wb.load(threads=args.threads)
     prompts = [p["prompt"] for p in eval_prompts("long")][:8]
 
     def cycle_ms() -> float:
@@ -54,11 +67,19 @@ def main(argv=None) -> int:
                     pass
                 time.sleep(args.every / 1e3)
 
-        th = threading.Thread(target=hold, daemon=True)
-        th.start()
-        print(f"beside a thread busy {b} ms every {args.every} ms:", median([cycle_ms() for _ in range(args.repeats)]))
-        stop.set()
-        th.join()
+        if args.neighbour == "thread":
+            th = threading.Thread(target=hold, daemon=True)
+            th.start()
+        else:
+            th = subprocess.Popen([sys.executable, "-c", BUSY, str(b / 1e3), str(args.every / 1e3)])
+        print(f"beside a {args.neighbour} busy {b} ms every {args.every} ms:",
+              median([cycle_ms() for _ in range(args.repeats)]))
+        if args.neighbour == "thread":
+            stop.set()
+            th.join()
+        else:
+            th.kill()
+            th.wait()
     print("alone:", median([cycle_ms() for _ in range(args.repeats)]))
     return 0
 
