@@ -338,7 +338,8 @@ def test_sessions_opened_together_start_together_and_are_waited_for_once(tiny_en
 def test_a_new_session_is_waited_for_longer_than_a_straggler(tiny_engines):
     """A session just admitted that has not asked yet is waited for up to ``join_seconds`` (its client's first
     request may come several ms after the others'), while a session of the last cycle gets only the short
-    window (``gather_share`` of a cycle, at least ``gather_floor``)."""
+    window (``gather_share`` of a cycle, at least ``gather_floor``), even when both are awaited at once; a new
+    session closed before it asks is waited for only until it is closed."""
     engine = tiny_engines["l4-h32"]
     prompts = tiny_prompts(engine, 2, seed=19)
     sch = Scheduler(engine, BatchLimits(gather_seconds=2.0, gather_share=0.0, gather_floor=0.001, join_seconds=2.0))
@@ -355,6 +356,13 @@ def test_a_new_session_is_waited_for_longer_than_a_straggler(tiny_engines):
         # the first time b was new: one cycle for both; the second, a ran alone after 1 ms
         assert sizes == [2, 1, 1]
         assert a.tokens == alone(engine, prompts[0], wb.DDTree(4), 0.0, n=20).tokens[:len(a.tokens)]
+        c = sch.session(prompts[1], policy=wb.DDTree(4), max_new_tokens=20)  # new, and closed before it asks
+        gone = threading.Timer(0.2, sch.release, args=(c,))
+        gone.start()
+        t = time.perf_counter()
+        a.step()  # waits for c (b, of the last cycle: 1 ms) until c is released, not the whole 2 s
+        gone.join()
+        assert 0.15 < time.perf_counter() - t < 1.5 and sizes[-1] == 1
     finally:
         sch.close()
     with pytest.raises(ValueError, match="join_seconds"):

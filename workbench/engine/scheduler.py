@@ -9,10 +9,11 @@ for the cycle that served it. The worker, in a loop:
 2. gathers the pending steps: after a cycle it waits for the sessions that were in it to ask again (a
    client's next request takes a round trip), and once for each new session that has not asked yet
    (clients that open sessions together start them together: without the wait the first to ask would run
-   a cycle alone while the others' rows are copied aside and back), but never longer than
-   ``gather_seconds`` nor ``gather_share`` of the last cycle's time (a straggler costs the ready sessions
-   at most that) -- or, while a new session has not asked yet, ``join_seconds`` -- then takes the oldest
-   tickets first; ``stats`` counts how often it waited, for how long, and how often it ran without one;
+   a cycle alone while the others' rows are copied aside and back), each within its own window: a session
+   of the last cycle never longer than ``gather_seconds`` nor ``gather_share`` of the last cycle's time (a
+   straggler costs the ready sessions at most that), a new one at most ``join_seconds``, and one released
+   meanwhile not at all; then it takes the oldest tickets first; ``stats`` counts how often it waited, for
+   how long, and how often it ran without one;
 3. runs one cycle over the chosen sessions: same kernel backend, at most ``max_rows`` of them and at
    most ``max_nodes`` verify nodes (rows x the largest tree); a session with a shape capture on runs
    alone (captures record one-row forwards). Rows whose sessions did not ask sit the cycle out: they are
@@ -317,18 +318,12 @@ class Scheduler:
             if not self._steps:  # nothing asks (a pass that only admitted or retired): nothing to gather
                 return []
             live = lambda group: [s for s in group if not s.finished and self._holds(s)]  # noqa: E731
-            expect = live(self._last + self._new)
-            joining = any(s not in self._steps for s in live(self._new))  # a new session has not asked yet
+            last = live(self._last)
+            new = [s for s in live(self._new) if not any(s is x for x in last)]
             self._new = []
-            ready = lambda: self._stopped or all(s in self._steps for s in expect)  # noqa: E731
-            if expect and lim.gather_seconds and not ready():
-                t0 = time.perf_counter()
-                complete = self._cond.wait_for(ready, timeout=lim.window(self._last_seconds, joining))
-                waited, st = time.perf_counter() - t0, self.stats
-                st.gathers_waited += 1
-                st.gather_wait_seconds += waited
-                st.gather_wait_max = max(st.gather_wait_max, waited)
-                st.gathers_cut += not complete
+            if (last or new) and lim.gather_seconds:
+                self._wait_for(last, new)
+            pending = sorted(self._steps.values(), key=lambda t: t.seq)
             pending = sorted(self._steps.values(), key=lambda t: t.seq)
             if not pending:
                 return []
@@ -350,6 +345,33 @@ class Scheduler:
                 t.waited += 1
                 self.stats.most_waited = max(self.stats.most_waited, t.waited)
         return chosen
+
+    def _wait_for(self, last: list, new: list) -> None:
+        """Wait (``self._cond`` held) for the sessions of the last cycle to ask again, at most ``window`` of the
+        last cycle, and for new sessions to ask, at most ``join_seconds``: each group only within its own window,
+        and a session released meanwhile is not waited for (release() notifies)."""
+        lim = self.limits
+        short = lim.window(self._last_seconds)
+        long = lim.window(self._last_seconds, joining=True) if new else short
+
+        def awaited(elapsed: float) -> list:
+            group = (last if elapsed < short else []) + (new if elapsed < long else [])
+            return [s for s in group if s not in self._steps and not any(s is r for r in self._releases)]
+
+        if not awaited(0.0):
+            return
+        t0 = time.perf_counter()
+        while not self._stopped:
+            elapsed = time.perf_counter() - t0
+            if not awaited(elapsed):
+                break
+            self._cond.wait(timeout=min(d for d in (short, long) if d > elapsed) - elapsed)
+        waited, st = time.perf_counter() - t0, self.stats
+        st.gathers_waited += 1
+        st.gather_wait_seconds += waited
+        st.gather_wait_max = max(st.gather_wait_max, waited)
+        # cut: the window ran out before some session it waited for asked
+        st.gathers_cut += any(s not in self._steps and not any(s is r for r in self._releases) for s in last + new)
 
     def _cycle(self, tickets: list[_Ticket]) -> None:
         t0 = time.perf_counter()
