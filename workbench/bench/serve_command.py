@@ -17,9 +17,9 @@ from workbench.serve.command import SERVED_MAX_NEW_TOKENS
 def spare_core_threads(cores: int) -> int:
     """The CPU threads both sides get by default: every core but one, at most 8 (the engine's own default). The
     clients run on this machine too, and the servers' event loops beside the engine; in a team of OpenMP threads
-    that has every core, a neighbour's burst stalls the whole team (docs/figures.md: a neighbour busy 1 ms in 5
-    cost the two-thread engine 22% of its tokens/s on a 2-core machine), so the ratio would measure the clients,
-    not the server. On a host with more than 8 cores this is the engine's own default."""
+    that has every core, a neighbour's burst stalls the whole team (docs/figures.md: a process busy 1 ms in 5
+    stretched the two-thread engine's batch-8 cycle by 18% on a 2-core machine, the one-thread engine's by 4%),
+    so the ratio would measure the clients, not the server. On a host with more than 8 cores this is the engine's own default."""
     return max(1, min(cores - 1, 8))
 
 

@@ -324,7 +324,6 @@ class Scheduler:
             if (last or new) and lim.gather_seconds:
                 self._wait_for(last, new)
             pending = sorted(self._steps.values(), key=lambda t: t.seq)
-            pending = sorted(self._steps.values(), key=lambda t: t.seq)
             if not pending:
                 return []
             first = pending[0].session
