@@ -279,6 +279,10 @@ def test_a_view_records_tensors_are_unpacked_when_first_read_and_a_bad_one_is_na
                             ("score", {**d["score"], "b": 7}, "its values are a int, not text")):
         with pytest.raises(ValueError, match=re.escape(f"field '{field}': {why}")):
             wire.cycle_from_wire({**d, field: bad})
+    other = wire.cycle_from_wire(d, fetch=None)  # a thread whose lookup missed while another unpacked the field:
+    object.__setattr__(other, "parents", c.parents)
+    other.__dict__[RAW].pop("parents")
+    assert torch.equal(other.__getattr__("parents"), c.parents)  # the value, not "did not travel"
     broken = wire.cycle_from_wire({**d, "score": {**d["score"], "b": "not base64!"}})  # the form is right
     with pytest.raises(ValueError, match=f"cycle {c.index}'s score: "):
         broken.score  # noqa: B018

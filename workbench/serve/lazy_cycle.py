@@ -79,16 +79,18 @@ class LazyCycle(Cycle):
         # name that is none.
         if name not in FIELD_NAMES:
             raise AttributeError(f"'Cycle' object has no attribute {name!r}")
-        raw = self.__dict__.get(RAW, {})
-        if name in raw:
+        packed = self.__dict__.get(RAW, {}).get(name)
+        if packed is not None:
             try:
-                value = unpack_tensor(raw[name])
+                value = unpack_tensor(packed)
             except (KeyError, TypeError, ValueError, RuntimeError) as e:  # (its form was checked on arrival)
                 why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
                 raise ValueError(f"cycle {self.__dict__.get('index')}'s {name}: {why}") from None
             object.__setattr__(self, name, value)  # (two threads reading it at once unpack the same value twice)
-            raw.pop(name, None)
+            self.__dict__[RAW].pop(name, None)
             return value
+        if name in self.__dict__:  # another thread unpacked it since this read began
+            return self.__dict__[name]
         fetch = self.__dict__.get(FETCH)
         if fetch is None:
             raise NotFetched(f"cycle {self.__dict__.get('index')}'s {name} did not travel (a view record) and no "
