@@ -17,6 +17,13 @@ def test_more_new_tokens_than_its_servers_allow_is_refused_before_they_start(cap
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_one_new_token_is_refused_before_any_server_starts(capsys):
+    assert main(["bench-serve", "--max-new-tokens", "1", "--clients", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-new-tokens 1: a session's first token comes from its prefill" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("modes,why", [("run,warp", "'warp' is none of them"), ("run,run", "at most once")])
 def test_an_unknown_or_repeated_mode_is_refused_in_one_line(capsys, modes, why):
     assert main(["bench-serve", "--modes", modes, "--clients", "1"]) == 2

@@ -119,3 +119,18 @@ def test_the_batching_ceiling_is_the_in_process_batch_over_one_request():
     alone = [row(8, 1000.0)]  # no one-client row: no ceiling is claimed
     add_batch_gain(alone)
     assert "inproc_batch_gain" not in alone[0]
+
+
+def test_a_round_in_which_no_session_makes_a_cycle_is_refused(server, pair):
+    """One new token is the prefill's: no cycle, nothing to time. The round says so in one line instead of a
+    tok/s of the first tokens over no time (and a crash when the latencies are summarised)."""
+    from workbench.bench.serve_load import inproc_round, served_round
+    from workbench.serve import wire
+
+    prompts, policy = ["t1 t2 t3", "t4 t5"], wb.DDTree(3)
+    local = wb.load(target=pair[0], draft=pair[1])
+    with pytest.raises(ValueError, match=r"no session made a cycle: each ended at its prefill \(reached max_new_tokens"):
+        inproc_round(local, prompts, 2, policy, 1)
+    with pytest.raises(ValueError, match="no session made a cycle"):
+        served_round(Handle(server), prompts, 2, wire.policy_to_wire(policy), 1, "run")
+    assert wb.connect(server.url, token=server.token).sessions() == []  # its sessions were closed all the same

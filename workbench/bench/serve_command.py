@@ -49,6 +49,9 @@ def run(args, out, err) -> int:
     for name in ("fastapi", "uvicorn"):  # its servers would fail to start, one by one: said before any starts
         if importlib.util.find_spec(name) is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)  # main() names the extra
+    if args.max_new_tokens < 2:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: a session's first token comes from its prefill, "
+                         "not a cycle, so there would be nothing to time; give 2 or more")
     if args.max_new_tokens > SERVED_MAX_NEW_TOKENS:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: bench-serve's servers allow "
                          f"{SERVED_MAX_NEW_TOKENS} new tokens per session (serve's default limit); give "

@@ -109,8 +109,17 @@ def inproc_round(engine, prompts: list[str], clients: int, policy, max_new_token
         parts += [{"wait": 0.0, "cycle": took - record, "record": record, "encode": None, "http": None,
                    "wire": None, "decode": None}] * live
     wall = time.perf_counter() - t0
+    require_cycles(lat, [s.finish_reason for s in b.sessions])
     tokens = sum(len(s.generated) for s in b.sessions)
     return {"tokens": tokens, "seconds": wall, "latencies": [lat], "parts": parts, "gather": {}}
+
+
+def require_cycles(latencies: list, reasons: list) -> None:
+    """A round in which no session made a cycle measured nothing (its tok/s would be the prefills' first tokens over
+    no time): refused in one line, with why the sessions ended."""
+    if not any(latencies):
+        raise ValueError(f"no session made a cycle: each ended at its prefill ({reasons[0]}), so there is nothing "
+                         "to time; give a pair and prompts that generate (--target/--draft, --split)")
 
 
 # ------------------------------------------------------------------------------------------ served
@@ -172,6 +181,7 @@ def served_round(server: Server, prompts: list[str], clients: int, policy: dict,
     after = server.batching()
     if errors:
         raise RuntimeError(f"a client failed: {type(errors[0]).__name__}: {errors[0]}")
+    require_cycles([x for c in lat for x in c], [s.finish_reason for s in sessions])
     parts = [step_parts(t, how) for s in sessions for t in s.timings]
     gather = {k: after.get(k, 0) - before.get(k, 0) for k in GATHER if k in after}
     return {"tokens": sum(len(s.generated) for s in sessions), "seconds": wall, "latencies": lat, "parts": parts,
