@@ -286,6 +286,10 @@ def test_a_view_records_tensors_are_unpacked_when_first_read_and_a_bad_one_is_na
     broken = wire.cycle_from_wire({**d, "score": {**d["score"], "b": "not base64!"}})  # the form is right
     with pytest.raises(ValueError, match=f"cycle {c.index}'s score: "):
         broken.score  # noqa: B018
+    packed = tensor_codec.pack_tensor(c.tokens)
+    broken = wire.cycle_from_wire({**d, "tokens": {**packed, "z": packed["z"][::-1]}})  # base64, not zlib
+    with pytest.raises(ValueError, match=f"cycle {c.index}'s tokens: .*do not decompress"):
+        broken.tokens  # noqa: B018
 
 
 def test_records_must_be_view_or_full(server):

@@ -82,7 +82,10 @@ def unpack_tensor(d: dict) -> torch.Tensor:
     if "data" in d:  # a small tensor (and wire version 1's, and the trace files' form)
         t = torch.tensor(d["data"], dtype=dtype)
         return t if len(shape) == 1 and t.shape == (shape[0],) else t.reshape(shape)
-    raw = base64.b64decode(d["b"], validate=True) if "b" in d else zlib.decompress(base64.b64decode(d["z"], validate=True))
+    try:
+        raw = base64.b64decode(d["b"], validate=True) if "b" in d else zlib.decompress(base64.b64decode(d["z"], validate=True))
+    except zlib.error as e:  # (not a ValueError: said as one, as every other malformed value is)
+        raise ValueError(f"its packed values do not decompress ({e})") from None
     count = math.prod(shape)
     if d["as"] == "bits":
         a = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=count).astype(np.bool_)
