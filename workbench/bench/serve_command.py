@@ -87,6 +87,7 @@ def run(args, out, err) -> int:
     prompts = [p["prompt"] for p in eval_prompts(args.split)]
     if args.threads is None and (args.device or "cpu") == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         args.threads = spare_core_threads(os.cpu_count() or 1)
+
     def load_frozen():
         engine = load_engine(args)
         gc.freeze()  # what is loaded by now stays: see below
