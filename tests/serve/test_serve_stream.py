@@ -311,6 +311,7 @@ def test_small_tensors_travel_as_lists_or_raw_bytes_and_come_back_bit_for_bit():
         d = tensor_codec.tensor_to_wire(t)
         small = t.numel() <= tensor_codec.LIST_MAX
         assert ("data" in d or "b" in d) == small and ("z" in d) == (not small), (t.dtype, list(d))
+        tensor_codec.check_wire_tensor(wire.loads(wire.dumps(d)))  # what a view record's arrival check passes
         back = tensor_codec.unpack_tensor(wire.loads(wire.dumps(d)))
         assert back.dtype == t.dtype and back.shape == t.shape
         bits = (lambda x: x.reshape(-1).view(torch.uint8)) if t.is_floating_point() else (lambda x: x)

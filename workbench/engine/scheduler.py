@@ -80,11 +80,9 @@ class BatchLimits:
             if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < top:
                 raise ValueError(f"{name}={g!r} must be a number from 0 to {top}")
 
-    def window(self, last_cycle_seconds: float, joining: bool = False) -> float:
-        """How long a gather may wait after a cycle of ``last_cycle_seconds`` (``joining``: for a session just
-        admitted, too)."""
-        w = min(self.gather_seconds, max(self.gather_floor, self.gather_share * last_cycle_seconds))
-        return max(w, self.join_seconds) if joining else w
+    def window(self, last_cycle_seconds: float) -> float:
+        """How long a gather may wait after a cycle of ``last_cycle_seconds``."""
+        return min(self.gather_seconds, max(self.gather_floor, self.gather_share * last_cycle_seconds))
 
 
 @dataclass(eq=False)
@@ -349,13 +347,14 @@ class Scheduler:
         """Wait (``self._cond`` held) for the sessions of the last cycle to ask again, at most ``window`` of the
         last cycle, and for new sessions to ask, at most ``join_seconds``: each group only within its own window,
         and a session released meanwhile is not waited for (release() notifies)."""
-        lim = self.limits
-        short = lim.window(self._last_seconds)
-        long = lim.window(self._last_seconds, joining=True) if new else short
+        short = self.limits.window(self._last_seconds)
+        long = max(short, self.limits.join_seconds) if new else short
+
+        def unasked(group: list) -> list:
+            return [s for s in group if s not in self._steps and not any(s is r for r in self._releases)]
 
         def awaited(elapsed: float) -> list:
-            group = (last if elapsed < short else []) + (new if elapsed < long else [])
-            return [s for s in group if s not in self._steps and not any(s is r for r in self._releases)]
+            return unasked((last if elapsed < short else []) + (new if elapsed < long else []))
 
         if not awaited(0.0):
             return
@@ -370,7 +369,7 @@ class Scheduler:
         st.gather_wait_seconds += waited
         st.gather_wait_max = max(st.gather_wait_max, waited)
         # cut: the window ran out before some session it waited for asked
-        st.gathers_cut += any(s not in self._steps and not any(s is r for r in self._releases) for s in last + new)
+        st.gathers_cut += bool(unasked(last + new))
 
     def _cycle(self, tickets: list[_Ticket]) -> None:
         t0 = time.perf_counter()

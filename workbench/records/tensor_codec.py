@@ -58,26 +58,32 @@ def is_wire_tensor(v) -> bool:
     return isinstance(v, dict) and "dtype" in v and ("z" in v or "b" in v or "data" in v)
 
 
+def wire_dtype(d: dict) -> torch.dtype:
+    """The torch dtype a tensor's JSON form names (ValueError, one line, for one torch does not have)."""
+    dtype = getattr(torch, str(d.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {repr(d.get('dtype'))[:ECHO_CHARS]}")
+    return dtype
+
+
 def check_wire_tensor(d: dict) -> None:
     """The cheap part of ``unpack_tensor``'s checks, without unpacking: a known dtype, a shape of whole numbers,
     and a payload of the right JSON type (ValueError, one line). What it leaves (the bytes themselves) is
     checked when unpacked."""
-    dtype = getattr(torch, str(d.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {repr(d.get('dtype'))[:ECHO_CHARS]}")
+    wire_dtype(d)
     shape = d.get("shape")
     if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ValueError(f"shape {repr(shape)[:ECHO_CHARS]} is not a list of whole numbers")
     payload = d.get("data", d.get("b", d.get("z")))
-    if not isinstance(payload, list if "data" in d else str):
+    # (a 0-d tensor's values, as tensor_to_wire writes them, are one number)
+    want = (list, int, float) if "data" in d else str
+    if not isinstance(payload, want):
         raise ValueError(f"its values are a {type(payload).__name__}, not {'a list' if 'data' in d else 'text'}")
 
 
 def unpack_tensor(d: dict) -> torch.Tensor:
     """The inverse of ``pack_tensor``; also reads version 1's ``{"dtype", "shape", "data": nested lists}``."""
-    dtype = getattr(torch, str(d.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {repr(d.get('dtype'))[:ECHO_CHARS]}")
+    dtype = wire_dtype(d)
     shape = [int(s) for s in d["shape"]]
     if "data" in d:  # a small tensor (and wire version 1's, and the trace files' form)
         t = torch.tensor(d["data"], dtype=dtype)
