@@ -35,7 +35,7 @@ print("not recorded:", "; ".join(t.meta["not_recorded"]))
 wb.views.tree_figure(t.cycles[1], vllm.tokenizer)
 
 # %% [markdown]
-# ## The conformance report
+# ## The comparison report
 #
 # Same pair, same prompts, both engines: tokens, drafts per request, committed tau (tokens per verify,
 # the bonus included), per-position acceptance, tokens/s over repeats; then, at the first cycle whose

@@ -2,7 +2,7 @@
 
 ``last_layer_pair`` reads the target's last layer (target_layer_ids [1, 3, 5] of 6), and its drafter's
 norms are random, so that a production engine that treats the last layer's feature or the per-layer
-``k_norm`` weights differently from the reference drafts differently from it: the conformance report
+``k_norm`` weights differently from the reference drafts differently from it: the comparison report
 must find that by itself. The tokenizer is the embedded pair's (vLLM needs one on disk)."""
 from __future__ import annotations
 

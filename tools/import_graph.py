@@ -146,7 +146,7 @@ FLOORS = [
     ["workbench.interface"],          # the engine interface and registry: what every engine implements
     ["workbench.engine"],             # the workbench's own engine
     ["workbench.conform"],            # cycle dumps and the checker
-    ["workbench.adapters"],           # production engines (vLLM in process) and the conformance report
+    ["workbench.adapters"],           # production engines (vLLM in process) and the comparison report
     ["workbench.shapes"],
     ["workbench.serve"],
     ["workbench.bench"],

@@ -32,8 +32,8 @@ def __getattr__(name: str):
         from workbench.payoff import pays_off
 
         return pays_off
-    if name == "compare":  # the conformance report against a production engine (vLLM is optional)
-        from workbench.adapters.conformance import compare
+    if name == "compare":  # the comparison report against a production engine (vLLM is optional)
+        from workbench.adapters.compare import compare
 
         return compare
     if name in ("views", "Stepper"):

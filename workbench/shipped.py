@@ -1,5 +1,5 @@
 """What ships inside the package, on the ground floor: where its assets lie, and the evaluation prompts (the
-held-out set, or a user's file, read by one loader) that the bench, pays-off, the conformance report and the
+held-out set, or a user's file, read by one loader) that the bench, pays-off, the comparison report and the
 served engine's checks all take."""
 from __future__ import annotations
 
@@ -100,6 +100,6 @@ def eval_prompts(split: str = "long") -> list[dict]:
 
 
 def default_prompts(n: int = 8) -> list[str]:
-    """The texts of the first ``n`` prompts of the shipped long split: what the conformance runs (in process
+    """The texts of the first ``n`` prompts of the shipped long split: what the comparison runs (in process
     and served) use when given none."""
     return [p["prompt"] for p in eval_prompts()[:n]]

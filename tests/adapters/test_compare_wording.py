@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from workbench.adapters.conformance import ConformanceReport, Divergence, EngineRun
+from workbench.adapters.compare import ComparisonReport, Divergence, EngineRun
 
 INPUTS = [
     {"input": "context tokens", "compared": 6, "differ": 0, "first": "", "missing": "", "equal": True},
@@ -31,9 +31,9 @@ def divergence(inputs=INPUTS, chunks=CHUNKS, layers=K_NORM_LAYERS, on_reference=
                       list(on_reference))
 
 
-def report(d: Divergence, workarounds=()) -> ConformanceReport:
+def report(d: Divergence, workarounds=()) -> ComparisonReport:
     runs = {n: EngineRun(n, [[1]], [[0]], [[1]]) for n in ("workbench AR", "workbench DFlash", "vLLM 0.32.0 DFlash")}
-    return ConformanceReport("vLLM 0.32.0", ["p"], runs, {}, (0, 1), d, tuple(workarounds))
+    return ComparisonReport("vLLM 0.32.0", ["p"], runs, {}, (0, 1), d, tuple(workarounds))
 
 
 def test_a_layer_that_differs_on_the_productions_own_positions_is_its_own_not_the_differing_input():

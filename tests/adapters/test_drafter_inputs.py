@@ -1,4 +1,4 @@
-"""The drafter-input comparison of the conformance report, on plain tensors: each planted difference is named
+"""The drafter-input comparison of the comparison report, on plain tensors: each planted difference is named
 by its own input and by no other."""
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_context_shorter_than_the_committed_one_is_named():
 
 
 def test_a_table_the_report_could_not_fill_says_why_in_the_verdict():
-    from workbench.adapters.conformance import Divergence
+    from workbench.adapters.compare import Divergence
 
     inputs = [{"input": "block tokens", "compared": 0, "differ": 0, "first": "", "equal": False,
                "missing": "not recorded by the production engine's hooks"}]

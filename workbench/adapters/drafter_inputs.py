@@ -3,7 +3,7 @@
 For a block rooted at position ``start`` (the last committed token, the root, sits there), the reference
 drafter (``workbench.models.drafter_reference``, z-lab's dflash) reads:
 - the context: the committed tokens before the root, at positions 0 .. start - 1, and the target's
-  features there (one chunk per target layer it reads; compared in ``workbench.adapters.conformance``);
+  features there (one chunk per target layer it reads; compared in ``workbench.adapters.compare``);
 - the block: the root, then K mask tokens, at positions start .. start + K.
 
 A production engine hands its drafter the context a verify at a time (vLLM: every token of the target's

@@ -1,4 +1,4 @@
-"""Conformance against a running server: outputs from its OpenAI-compatible API, acceptance from its own
+"""Comparison with a running server: outputs from its OpenAI-compatible API, acceptance from its own
 speculative counters. For models that do not fit the workbench's own engine (tensor parallel on 8 GPUs
 is the server's job), this is the path.
 
@@ -184,7 +184,7 @@ class ServedReport:
         rows = [[str(x) for x in (i, "yes" if r.text_equal else "NO", r.completion_tokens, r.drafts, r.accepted,
                                   f"{r.tau:.2f}", f"{r.reference_tau:.2f}")] for i, r in enumerate(self.requests)]
         pp = " / ".join(f"{p:.2f}" for p in self.per_position())
-        return "\n".join([f"Served conformance: {self.model} at {self.url}, {len(self.requests)} requests",
+        return "\n".join([f"Served comparison: {self.model} at {self.url}, {len(self.requests)} requests",
                           *([f"pair: {self.pair}"] if self.pair else []),
                           text_table(["request", "text = workbench AR", "tokens", "drafts", "accepted", "tau",
                                       "workbench DFlash tau"], rows),

@@ -53,7 +53,7 @@ class VllmEngine(BaseEngine):
 
     ``workarounds=True`` applies ``workbench.adapters.vllm_workarounds`` before the model loads;
     ``layers=True`` keeps every cycle's drafter inputs, logits and per-layer tensors on its session
-    (``s.proposals``, for the conformance report; memory grows with the run)."""
+    (``s.proposals``, for the comparison report; memory grows with the run)."""
 
     name = "vllm"
     default_policy = "dflash"
@@ -273,7 +273,7 @@ class VllmSession(SessionState, BaseSession):
         })
         self._pending = None  # the proposal the next step verifies
         self.dump = None  # a workbench.conform.vllm_dump.VllmDump writing each step, or None
-        # per cycle, the (Proposal, row) it verified: kept with layers=True (the conformance report reads them)
+        # per cycle, the (Proposal, row) it verified: kept with layers=True (the comparison report reads them)
         self.proposals: list = []
         if engine.tap is not None:
             engine.tap.take()  # nothing of an earlier request

@@ -113,7 +113,7 @@ class Tap:
     """Hooks on one model runner; ``take()`` returns and clears what the steps since the last take did.
 
     ``layers=True`` also keeps every drafter layer's attention and MLP inputs and outputs (the per-layer
-    comparison of the conformance report); off by default: it copies [tokens, hidden] tensors per layer.
+    comparison of the comparison report); off by default: it copies [tokens, hidden] tensors per layer.
     """
 
     def __init__(self, runner, layers: bool = False):

@@ -1,7 +1,7 @@
 """Workarounds for two silent losses of vLLM 0.32.0's DFlash path, applied at runtime (``apply()``).
 
 Both keep vLLM's output lossless and cost acceptance only, so nothing in its outputs shows them; the
-conformance report (``workbench.adapters.conformance``) finds them from its own measurements, and with
+comparison report (``workbench.adapters.compare``) finds them from its own measurements, and with
 ``workarounds=True`` checks that the drafts then equal the reference's cycle for cycle. They patch classes
 of the installed vLLM in this process, for that version only, and ``undo()`` restores them.
 

@@ -1,6 +1,6 @@
 """``python -m workbench bench``: policies side by side on a prompt set (``workbench.bench.policy_bench``), the
 batched bench (``--batch-size``), the plain decoder beside the engine (``--reference``), op counts and profiles;
-or, for vLLM, the conformance report (``wb.compare``, ``--served``).
+or, for vLLM, the comparison report (``wb.compare``, ``--served``).
 
 ``--engine NAME`` runs the policy bench on any registered engine, an installed package's included: the bench
 reads only what the engine interface declares. What drives the workbench engine's own model states
@@ -19,7 +19,7 @@ from workbench.engine.cli_models import DEFAULT_ENGINE, add_model_args, load_eng
 from workbench.engine.cli_values import EXIT_FAILED, UsageError, check_output, positive_int, progress
 from workbench.engine.validate import as_arg
 
-# Engines whose bench is the conformance report instead of the policy bench: vLLM runs its own DFlash method
+# Engines whose bench is the comparison report instead of the policy bench: vLLM runs its own DFlash method
 # (not the listed policies), and the report holds its drafts against the reference drafter's.
 REPORTED = ("vllm",)
 
@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
                                                    "(vllm serve) to compare against; acceptance from its /metrics")
     p.add_argument("--api-key", metavar="KEY", help="the served engine's API key (--served)")
     add_model_args(p, engine_help="the engine the policies run on, by its registry name (default workbench; an "
-                                  "installed package's engines too); vllm: the conformance report, the same pair "
+                                  "installed package's engines too); vllm: the comparison report, the same pair "
                                   "and prompts on the workbench's engine and on vLLM in this process (tokens, "
                                   "drafts, tau, per-position acceptance, tokens/s, and where drafts first "
                                   "differ); --served URL: against a running server instead")
@@ -204,7 +204,7 @@ def check_engine(args) -> None:
 
 
 def production_report(args, prompts: list[str], out, err) -> int:
-    """``bench --engine vllm``: the conformance report (``workbench.adapters``), checked before any load."""
+    """``bench --engine vllm``: the comparison report (``workbench.adapters``), checked before any load."""
     if args.engine not in REPORTED:
         raise UsageError(f"{'--workarounds' if args.workarounds else '--served'} compares against a production "
                          f"engine: add --engine {REPORTED[0]}")
@@ -240,7 +240,7 @@ def production_report(args, prompts: list[str], out, err) -> int:
                 "tau": report.tau, "reference_tau": report.reference_tau, "per_position": report.per_position(),
                 "requests": [vars(r) | {"tau": r.tau} for r in report.requests]}
     else:
-        from workbench.adapters.conformance import compare
+        from workbench.adapters.compare import compare
 
         report = compare(target, draft, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          workarounds=args.workarounds, engine=args.engine, progress=say)

@@ -1,4 +1,4 @@
-"""What an engine and its sessions offer the views, traces, stepper, bench and conformance report.
+"""What an engine and its sessions offer the views, traces, stepper, bench and comparison report.
 
 Every engine (the workbench's own, ``workbench.engine.core.Engine``; vLLM in process,
 ``workbench.adapters.vllm_engine.VllmEngine``; a served one over HTTP, ``workbench.serve.client.RemoteEngine``)
@@ -69,7 +69,7 @@ class BaseEngine(ABC):
 
 
 class BaseSession(ABC):
-    """One generation stepped a cycle at a time: what the stepper, the views, the bench and the conformance
+    """One generation stepped a cycle at a time: what the stepper, the views, the bench and the comparison
     report read and set. Settings an engine cannot change refuse a new value in one line."""
 
     engine: BaseEngine

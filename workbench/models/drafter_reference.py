@@ -1,4 +1,5 @@
-"""The workbench's side of a conformance comparison, computed from scratch for one context.
+"""The reference side of every comparison with an engine (``wb.compare``, ``wb.conform``), computed from scratch
+for one context.
 
 Everything here is what z-lab's dflash and the workbench's engine compute, without any cache, so that a
 production engine's tensors for the same context can be held against it:

@@ -153,7 +153,7 @@ class Divergence:
 
 
 @dataclass
-class ConformanceReport:
+class ComparisonReport:
     engine: str
     prompts: list
     runs: dict  # name -> EngineRun
@@ -206,7 +206,7 @@ class ConformanceReport:
         def text_table(headers, rows):
             return _table(headers, [[str(x) for x in r] for r in rows])
 
-        lines = [f"Conformance: {self.engine}" + (f" with workarounds {', '.join(self.workarounds)}"
+        lines = [f"Comparison: {self.engine}" + (f" with workarounds {', '.join(self.workarounds)}"
                                                    if self.workarounds else "") + f", {len(self.prompts)} prompts"]
         lines += [f"  tokens equal, {k}: {v}" for k, v in self.lossless.items()]
         rows = []
@@ -278,7 +278,7 @@ def _accepts(trace) -> tuple[list, list]:
 
 def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, repeats: int = 3,
             workarounds: bool = False, engine: str = "vllm", vllm_ar: bool = False, localise: bool = True,
-            progress=None) -> ConformanceReport:
+            progress=None) -> ComparisonReport:
     """Run the pair on the workbench's engine and on ``engine`` (``"vllm"``: in process) and compare.
 
     ``prompts``: texts (default: the first 8 of the shipped long evaluation split). ``repeats``: timed
@@ -368,7 +368,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         finally:
             plain.close()
         lossless[f"{label} AR vs {ar.name}"] = _equal(vtoks, ar.tokens)
-    return ConformanceReport(label, texts, runs, lossless, (same, total), divergence,
+    return ComparisonReport(label, texts, runs, lossless, (same, total), divergence,
                              patches, time.perf_counter() - t_start)
 
 

@@ -1,4 +1,4 @@
-"""``wb.compare`` localises a fault it was not told of (issue 42, item 5): with vLLM's two known losses worked
+"""``wb.compare`` localises a fault it was not told of: with vLLM's two known losses worked
 around, a third fault planted here (test-only: the drafter's block positions shifted by one) must be named by
 the report as the drafter input that differs, and by nothing downstream of it. vLLM 0.32 CPU."""
 from __future__ import annotations
