@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Tree policies: DDTree beside SGLang's EAGLE tree, your own tree, and is the drafter calibrated?
+# # 07 · Tree policies: DDTree beside SGLang's EAGLE tree, your own tree, and how reliable is the drafter?
 #
 # **Questions.** (1) Built from the *same* DFlash drafter, which tree accepts more per verified token:
 # DDTree (the best prefixes of the drafter's per-slot log-probs), the top-k-per-step tree that SGLang's
@@ -95,23 +95,23 @@ rows = [{"family": name.split("(")[0], "policy": name, "verified": n, "tau": res
 wb.views.policy_compare_figure(rows)
 
 # %% [markdown]
-# **Calibration.** One DDTree run per prompt at a large budget, recording the drafter's top-64 tokens per
+# **Reliability.** One DDTree run per prompt at a large budget, recording the drafter's top-64 tokens per
 # slot. A node's *drafted path probability* is the product of the drafter's probabilities along its path;
 # it is *accepted* when the target's own continuation starts with that path. A calibrated drafter's
 # nodes of probability p are accepted a share p of the time.
 
 # %%
 big = [engine.session(p["prompt"], policy=wb.DDTree(64), max_new_tokens=48, record_topk=64).run() for p in prompts]
-cal = wb.analysis.calibration(big, bins=10)
-print(cal)
-for row in cal.depth_table()[:6]:
+rel = wb.analysis.reliability(big, bins=10)
+print(rel)
+for row in rel.depth_table()[:6]:
     print(f"depth {row['depth']}: accepted {row['rate']:.0%} of {row['reached']} reached cycles "
           f"(drafter's mass on the drafted children: {row['predicted']:.0%})")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-wb.views.reliability_figure(cal)
+wb.views.reliability_figure(rel)
 
 # %% [markdown]
 # **Budget needed.** After the run the target's continuation is known, so for every cycle we can rank its

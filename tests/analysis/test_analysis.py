@@ -42,36 +42,36 @@ def hand_cycles():
     return a, b
 
 
-def test_calibration_path_kind_by_hand():
-    cal = wb.analysis.calibration(list(hand_cycles()), bins=2)
+def test_reliability_path_kind_by_hand():
+    rel = wb.analysis.reliability(list(hand_cycles()), bins=2)
     # bin [0, .5): .1 no, .32 no, .36 yes; bin [.5, 1]: .8 yes, .6 yes
-    assert cal.count.tolist() == [3, 2] and cal.nodes == 5 and cal.cycles == 2
-    assert cal.mean_prob.tolist() == pytest.approx([0.78 / 3, 0.7])
-    assert cal.rate.tolist() == pytest.approx([1 / 3, 1.0])
-    assert cal.ece == pytest.approx(3 / 5 * abs(0.78 / 3 - 1 / 3) + 2 / 5 * 0.3)
+    assert rel.count.tolist() == [3, 2] and rel.nodes == 5 and rel.cycles == 2
+    assert rel.mean_prob.tolist() == pytest.approx([0.78 / 3, 0.7])
+    assert rel.rate.tolist() == pytest.approx([1 / 3, 1.0])
+    assert rel.ece == pytest.approx(3 / 5 * abs(0.78 / 3 - 1 / 3) + 2 / 5 * 0.3)
     # depth 1: both cycles reached it and accepted; drafted mass .9 and .6
     # depth 2: both reached (node 1 accepted, a child drafted), only B accepted; mass .32/.8 and .36/.6
-    assert cal.depth_reached.tolist() == [2, 2] and cal.depth_accepted.tolist() == [2, 1]
-    assert cal.depth_rate.tolist() == pytest.approx([1.0, 0.5])
-    assert cal.depth_predicted.tolist() == pytest.approx([0.75, 0.5])
+    assert rel.depth_reached.tolist() == [2, 2] and rel.depth_accepted.tolist() == [2, 1]
+    assert rel.depth_rate.tolist() == pytest.approx([1.0, 0.5])
+    assert rel.depth_predicted.tolist() == pytest.approx([0.75, 0.5])
 
 
-def test_calibration_token_kind_by_hand():
-    cal = wb.analysis.calibration(list(hand_cycles()), bins=2, kind="token")
+def test_reliability_token_kind_by_hand():
+    rel = wb.analysis.reliability(list(hand_cycles()), bins=2, kind="token")
     # reached nodes: A1 .8 yes, A2 .1 no, A3 .32/.8 = .4 no; B1 .6 yes, B2 .36/.6 = .6 yes
-    assert cal.count.tolist() == [2, 3]
-    assert cal.mean_prob.tolist() == pytest.approx([0.25, 2 / 3])
-    assert cal.rate.tolist() == pytest.approx([0.0, 1.0])
-    assert cal.ece == pytest.approx(2 / 5 * 0.25 + 3 / 5 * (1 / 3))
+    assert rel.count.tolist() == [2, 3]
+    assert rel.mean_prob.tolist() == pytest.approx([0.25, 2 / 3])
+    assert rel.rate.tolist() == pytest.approx([0.0, 1.0])
+    assert rel.ece == pytest.approx(2 / 5 * 0.25 + 3 / 5 * (1 / 3))
 
 
-def test_calibration_bad_input():
+def test_reliability_bad_input():
     with pytest.raises(ValueError, match="kind='both'"):
-        wb.analysis.calibration(list(hand_cycles()), kind="both")
+        wb.analysis.reliability(list(hand_cycles()), kind="both")
     with pytest.raises(ValueError, match="bins=0"):
-        wb.analysis.calibration(list(hand_cycles()), bins=0)
+        wb.analysis.reliability(list(hand_cycles()), bins=0)
     with pytest.raises(ValueError, match="no drafted cycles"):
-        wb.analysis.calibration([make_cycle(3, 1, [-1], [], [0], 2)])
+        wb.analysis.reliability([make_cycle(3, 1, [-1], [], [0], 2)])
 
 
 def hand_trace():
@@ -199,11 +199,11 @@ def test_continuation_ranks_equal_node_index_in_the_engines_tree(seed, budget):
 
 # ------------------------------------------------------------------------- views
 def test_reliability_figure_shows_the_bins_and_the_ece():
-    cal = wb.analysis.calibration(list(hand_cycles()), bins=2)
-    fig = wb.views.reliability_figure(cal)
+    rel = wb.analysis.reliability(list(hand_cycles()), bins=2)
+    fig = wb.views.reliability_figure(rel)
     bars = [t for t in fig.data if t.type == "bar"][0]
     assert list(bars.y) == pytest.approx([1 / 3, 1.0]) and list(bars.x) == [0.25, 0.75]
-    assert fig.layout.meta["ece"] == pytest.approx(cal.ece) and "ECE 0.16" in fig.layout.annotations[0].text
+    assert fig.layout.meta["ece"] == pytest.approx(rel.ece) and "ECE 0.16" in fig.layout.annotations[0].text
     measured = [t for t in fig.data if t.name == "measured"][0]
     assert list(measured.y) == pytest.approx([1.0, 0.5])
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.analysis.calibration import cycles_of
+from workbench.analysis.reliability import cycles_of
 from workbench.records.cycle import Trace
 
 

@@ -16,35 +16,35 @@ def _nan_to_none(a) -> list:
     return [None if (x is None or (isinstance(x, float) and np.isnan(x))) else float(x) for x in np.asarray(a, float)]
 
 
-def reliability_figure(cal) -> go.Figure:
+def reliability_figure(rel) -> go.Figure:
     """Left: empirical acceptance against drafted probability per bin (the diagonal = calibrated), bar
     widths = bins, hover = node counts. Right: acceptance rate per depth, measured and predicted."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"reliability ({cal.kind} probability), ECE {cal.ece:.3f}", "acceptance per depth (given reached)"))
+        f"reliability ({rel.kind} probability), ECE {rel.ece:.3f}", "acceptance per depth (given reached)"))
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated", line=dict(color="#9e9e9e", dash="dash"),
                              hoverinfo="skip"), row=1, col=1)
-    mid = (cal.edges[:-1] + cal.edges[1:]) / 2
-    has = cal.count > 0
-    fig.add_trace(go.Bar(x=mid[has].tolist(), y=_nan_to_none(cal.rate[has]), width=np.diff(cal.edges)[has].tolist(),
+    mid = (rel.edges[:-1] + rel.edges[1:]) / 2
+    has = rel.count > 0
+    fig.add_trace(go.Bar(x=mid[has].tolist(), y=_nan_to_none(rel.rate[has]), width=np.diff(rel.edges)[has].tolist(),
                          name="accepted share", marker_color=PALETTE[0], opacity=0.55,
-                         customdata=np.stack([cal.count[has], cal.mean_prob[has]], 1).tolist(),
+                         customdata=np.stack([rel.count[has], rel.mean_prob[has]], 1).tolist(),
                          hovertemplate="%{customdata[0]} nodes, mean p %{customdata[1]:.3f}: "
                                        "accepted %{y:.1%}<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=_nan_to_none(cal.mean_prob[has]), y=_nan_to_none(cal.rate[has]), mode="markers",
+    fig.add_trace(go.Scatter(x=_nan_to_none(rel.mean_prob[has]), y=_nan_to_none(rel.rate[has]), mode="markers",
                              name="bin mean", marker=dict(color=PALETTE[1], size=8), hoverinfo="skip"), row=1, col=1)
-    r = cal.depth_reached > 0
-    for name, ys, color in (("measured", cal.depth_rate, PALETTE[0]), ("drafter's mass on drafted children",
-                                                                       cal.depth_predicted, PALETTE[1])):
-        fig.add_trace(go.Scatter(x=cal.depth[r].tolist(), y=_nan_to_none(ys[r]), mode="lines+markers", name=name,
-                                 line=dict(color=color), customdata=cal.depth_reached[r].tolist(),
+    r = rel.depth_reached > 0
+    for name, ys, color in (("measured", rel.depth_rate, PALETTE[0]), ("drafter's mass on drafted children",
+                                                                       rel.depth_predicted, PALETTE[1])):
+        fig.add_trace(go.Scatter(x=rel.depth[r].tolist(), y=_nan_to_none(ys[r]), mode="lines+markers", name=name,
+                                 line=dict(color=color), customdata=rel.depth_reached[r].tolist(),
                                  hovertemplate=f"{name}<br>depth %{{x}}: %{{y:.1%}} of %{{customdata}} cycles"
                                                "<extra></extra>"), row=1, col=2)
     fig.update_xaxes(title_text="drafted probability", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="accepted share", range=[0, 1.02], tickformat=".0%", row=1, col=1)
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
-    fig.update_layout(height=400, plot_bgcolor="white", title=f"drafter calibration: {cal.nodes} nodes, "
-                      f"{cal.cycles} cycles", margin=dict(l=50, r=20, t=70, b=40), meta={"ece": cal.ece})
+    fig.update_layout(height=400, plot_bgcolor="white", title=f"drafter reliability: {rel.nodes} nodes, "
+                      f"{rel.cycles} cycles", margin=dict(l=50, r=20, t=70, b=40), meta={"ece": rel.ece})
     return fig
 
 

@@ -1,4 +1,4 @@
-"""Calibration of the drafter: does a drafted node of path probability p get accepted with frequency p?
+"""The drafter's reliability: does a drafted node of path probability p get accepted with frequency p?
 
 A node is *accepted* when it was reached (its parent was accepted) and the target agreed
 with its token; under greedy decoding that means the target's own continuation starts with
@@ -64,7 +64,7 @@ def node_table(cycles: list[Cycle]) -> NodeTable:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Reliability:
     """Reliability bins, expected calibration error and per-depth acceptance."""
 
     kind: str  # "path": every node, p = path probability; "token": reached nodes, p = token given its path
@@ -93,11 +93,11 @@ class Calibration:
                                          self.depth_predicted) if r]
 
     def __str__(self) -> str:
-        return (f"calibration ({self.kind}): ECE {self.ece:.4f} over {self.nodes} nodes in {self.cycles} cycles, "
+        return (f"reliability ({self.kind}): ECE {self.ece:.4f} over {self.nodes} nodes in {self.cycles} cycles, "
                 f"{int((self.count > 0).sum())} non-empty bins")
 
 
-def calibration(traces, bins: int = 10, kind: str = "path", strategy: str = "uniform") -> Calibration:
+def reliability(traces, bins: int = 10, kind: str = "path", strategy: str = "uniform") -> Reliability:
     """Drafted probability against empirical acceptance, over every drafted node of ``traces``.
 
     ``kind="path"``: every node, p = its drafted path probability exp(score), outcome = accepted.
@@ -146,5 +146,5 @@ def calibration(traces, bins: int = 10, kind: str = "path", strategy: str = "uni
     with np.errstate(invalid="ignore", divide="ignore"):
         depth_rate = accepted / reached
         depth_pred = mass[:, 1:].sum(0) / reached
-    return Calibration(kind, edges, count, mean_prob, rate, ece, n, len(cycles), depths, reached, accepted,
+    return Reliability(kind, edges, count, mean_prob, rate, ece, n, len(cycles), depths, reached, accepted,
                        depth_rate, depth_pred)
