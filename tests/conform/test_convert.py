@@ -211,12 +211,12 @@ def test_parents_from_links_refuses_a_cycle():
 
 
 def test_sglang_hook_on_a_stand_in_worker_module(tmp_path):
-    """hooks_sglang.install wraps eagle_sample where the worker calls it; a stand-in module plays SGLang's (the
+    """sglang_dump.install wraps eagle_sample where the worker calls it; a stand-in module plays SGLang's (the
     real worker needs a GPU): the dump holds each request's tree, visibility, target top-k and accept."""
     import types
 
     from ddtree_kernels.mask_layout import flat_tree_mask as flat
-    from workbench.conform import hooks_sglang
+    from workbench.conform import sglang_dump
 
     g = torch.Generator().manual_seed(9)
     n, seq = 5, [3, 6]
@@ -235,11 +235,11 @@ def test_sglang_hook_on_a_stand_in_worker_module(tmp_path):
 
     mod = types.ModuleType("stand_in_worker")
     mod.eagle_sample = eagle_sample
-    dump = hooks_sglang.install(tmp_path / "sg.dump", {"vocab_size": 40}, "DDTree(4)", module=mod, topk=3)
+    dump = sglang_dump.install(tmp_path / "sg.dump", {"vocab_size": 40}, "DDTree(4)", module=mod, topk=3)
     batch = types.SimpleNamespace(seq_lens=torch.tensor(seq), reqs=[types.SimpleNamespace(rid="a"),
                                                                     types.SimpleNamespace(rid="b")])
     assert mod.eagle_sample(vi, batch, types.SimpleNamespace(next_token_logits=logits))[2] is accept_index
-    hooks_sglang.uninstall(mod)
+    sglang_dump.uninstall(mod)
     assert mod.eagle_sample is eagle_sample and dump.writer.closed
     head, recs = read_dump(tmp_path / "sg.dump")
     cycles = [r for r in recs if r.kind == "cycle"]
@@ -254,7 +254,7 @@ def test_sglang_hook_on_a_stand_in_worker_module(tmp_path):
 
 
 def test_vllm_tree_hook_wraps_a_proposer_method(tmp_path):
-    from workbench.conform.hooks_vllm import VllmTreeDump
+    from workbench.conform.vllm_tree_dump import VllmTreeDump
 
     g = torch.Generator().manual_seed(10)
     parents = torch.tensor([-1, 0, 0, 1])

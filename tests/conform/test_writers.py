@@ -168,9 +168,9 @@ def test_bad_dump_path_refused_in_one_line_before_the_prefill(engine, tmp_path, 
 
 @pytest.mark.slow  # loading vLLM's CPU build: 5 s idle, a minute on a busy machine
 def test_vllm_dflash_session_writes_a_chain_dump(tmp_path):
-    from workbench.adapters import vllm_hooks
+    from workbench.adapters import vllm_tap
 
-    vllm_hooks.check_version()  # one line naming the fix when vLLM is missing
+    vllm_tap.check_version()  # one line naming the fix when vLLM is missing
     e = wb.load(engine="vllm")
     try:
         s = e.session("def parse(line):\n    ", max_new_tokens=20, dump=tmp_path / "v.dump")

@@ -305,7 +305,7 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     if vllm_ar and engine != "vllm":
         raise ValueError(f"vllm_ar=True runs vLLM without speculation; engine={engine!r} is not vLLM: drop vllm_ar")
     if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
-        from workbench.adapters.vllm_hooks import check_version
+        from workbench.adapters.vllm_tap import check_version
 
         check_version()
     say = progress or (lambda msg: None)

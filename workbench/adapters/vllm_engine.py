@@ -31,9 +31,9 @@ from workbench.engine.policies import AR, DFlash, as_policy
 from workbench.engine.prompting import encode_prompt
 from workbench.engine.request import SessionState
 from workbench.engine.sampling import Sampling
-from workbench.adapters import vllm_hooks
+from workbench.adapters import vllm_tap
 from workbench.interface.base import BaseEngine, BaseSession
-from workbench.adapters.vllm_hooks import Tap, VllmUnsupported
+from workbench.adapters.vllm_tap import Tap, VllmUnsupported
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.engine_step import RECORD_TOPK, chain_cycle, chain_forwards, decode_cycle
 
@@ -82,7 +82,7 @@ class VllmEngine(BaseEngine):
     def __init__(self, target, draft, *, num_speculative_tokens: int | None = None, dtype: str = "auto",
                  max_model_len: int = 1024, seed: int = 0, workarounds: bool = False, layers: bool = False,
                  speculative: bool = True):
-        self.version = vllm_hooks.check_version()
+        self.version = vllm_tap.check_version()
         self.target_dir, self.draft_dir, self.settings = pair_dirs(target, draft)
         self.block_size = self.settings.block_size
         k = self.block_size - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
@@ -94,7 +94,7 @@ class VllmEngine(BaseEngine):
         # float32 checkpoint to bfloat16 on a CPU, which would compare another model silently.
         self.dtype = checkpoint_dtype(self.target_dir) if dtype in (None, "auto") else str(dtype).replace("torch.", "")
         self.workarounds = bool(workarounds)
-        vllm_hooks.in_process_env()
+        vllm_tap.in_process_env()
         if workarounds:
             from workbench.adapters import vllm_workarounds
 
@@ -122,7 +122,7 @@ class VllmEngine(BaseEngine):
         self.load_seconds = time.perf_counter() - t0
         self.max_model_len = int(max_model_len)  # prompt, new tokens and a block's drafts must fit in it
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
-        self.runner = vllm_hooks.model_runner(self.llm.llm_engine)
+        self.runner = vllm_tap.model_runner(self.llm.llm_engine)
         self.tap = Tap(self.runner, layers=layers) if speculative else None
         if self.tap is not None:
             self.tap.install()

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from workbench.adapters.vllm_hooks import check_version
+from workbench.adapters.vllm_tap import check_version
 
 VERSION = "0.32.0"
 _undo: list = []

@@ -9,7 +9,8 @@
 - ``check`` (``wb.conform``, ``python -m workbench conform``): a dump replayed against the reference, contract by
   contract; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
 - ``selection``: which cycles a check judges (``cycles=(A, B)``, ``requests=[...]``); ``progress``: its progress lines.
-- ``hooks_sglang`` / ``hooks_vllm``: modules to drop into an engine on a GPU host (not run here).
+- ``sglang_dump`` / ``vllm_tree_dump``: dump writers to drop into SGLang or a vLLM tree proposer on a GPU host
+  (not run here).
 """
 import sys
 import types

@@ -8,7 +8,7 @@
   attention bias, as vLLM's tree attention held it) -> cycle fields.
 - ``dense_visibility``: a dump record's visibility, in whichever form it was dumped, -> bool [n, m].
 
-Nothing here needs a GPU or an engine: the hook modules for GPU hosts (``hooks_sglang``, ``hooks_vllm``) call
+Nothing here needs a GPU or an engine: the dump writers for GPU hosts (``sglang_dump``, ``vllm_tree_dump``) call
 these functions, and tests/conform/test_convert.py feeds them tensors built by SGLang's own released code.
 A field the converter cannot read is left out and named in one line of the returned notes (the checker then
 reports its contract as not checked); inputs that make no request readable at all raise ValueError.

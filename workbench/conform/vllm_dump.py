@@ -1,14 +1,14 @@
 """vLLM's DFlash (in process, ``wb.load(engine="vllm")``) writes a cycle dump: ``session(..., dump=PATH)``.
 
 A DFlash step verifies a chain, and a chain is a tree (each draft's parent is the one before it). Per step,
-from what ``workbench.adapters.vllm_hooks.Tap`` captured on vLLM's proposer and rejection sampler:
+from what ``workbench.adapters.vllm_tap.Tap`` captured on vLLM's proposer and rejection sampler:
 
 - drafter context: the context tokens and positions vLLM's ``DFlashProposer.propose`` got (``target_token_ids``,
   ``target_positions``: every row of the verify before, of which the rows before this step's root are the
   committed ones the drafter keeps; the rejected rows after them are left out), the block's ids and positions
   its drafter model ran;
 - drafter features: the target's hidden states ``propose`` was handed for those rows (``target_hidden_states``,
-  the drafter's target layers side by side, as captured by ``vllm_hooks.Tap``), whole or as the digest
+  the drafter's target layers side by side, as captured by ``vllm_tap.Tap``), whole or as the digest
   (``workbench.conform.features``: the header's ``features`` says which);
 - drafter output: the top-k of the drafter's logits for every proposed slot (``draft_values = "logits"``);
 - tree: the root and the verified drafts as a chain; target logits: the top-k of the rejection sampler's
@@ -31,8 +31,8 @@ from workbench.conform.engine_dump import cycle_fields
 from workbench.models.config_facts import is_hybrid
 
 TOPK = 8
-NOT_CAPTURED = ("verify_positions, visibility: vLLM's chain verify (a causal prefill) is not read by vllm_hooks.Tap",
-                "next_context_len: vLLM's count of computed tokens is not read by vllm_hooks.Tap")
+NOT_CAPTURED = ("verify_positions, visibility: vLLM's chain verify (a causal prefill) is not read by vllm_tap.Tap",
+                "next_context_len: vLLM's count of computed tokens is not read by vllm_tap.Tap")
 
 
 def _config(target_dir) -> dict:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from workbench.models.base import DraftInput
-from workbench.models.held_hooks import HeldHooks
+from workbench.models.held_install import HeldInstall
 from workbench.models.kv_buffers import KVBuffers, StaticInputs, kv_specs
 from workbench.models.masks import additive
 from workbench.models.registry import StateSpec, kv_layout
@@ -40,7 +40,7 @@ def _mask_hooks(draft) -> Callable[[], None]:
 
 # Held by each DraftKV that batches layers of different kinds, removed when the last such state ends (the
 # engine's own drafter forward steps aside while a hook is on, so it gets the drafter back afterwards).
-MASK_HOOKS = HeldHooks(_mask_hooks)
+MASK_HOOKS = HeldInstall(_mask_hooks)
 
 
 class DraftKV:

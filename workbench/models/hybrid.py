@@ -39,7 +39,7 @@ from workbench.models.gdn_layer import gdn_layer_tree_forward
 from workbench.models.layout import TreeLayout
 from workbench.models.base import StepOut
 from workbench.models.dense_target import DenseKV
-from workbench.models.held_hooks import HeldHooks
+from workbench.models.held_install import HeldInstall
 from workbench.models.kv_buffers import KVBuffers, kv_specs
 from workbench.models.registry import StateSpec, check_supported, layer_kinds, linear_attention
 
@@ -156,7 +156,7 @@ def _route_gdn_forwards(model) -> Callable[[], None]:
 
 
 # Held by each HybridGDN; removed when the last state on the model ends (its session's end or collection).
-GDN_FORWARDS = HeldHooks(_route_gdn_forwards)
+GDN_FORWARDS = HeldInstall(_route_gdn_forwards)
 
 
 def install(model, owner) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""Hooks a state puts on a shared model, removed when the last state that needs them ends.
+"""What a state installs on a shared model, removed when the last state that needs it ends.
 
 A model is shared by every session of an engine, and some states need something installed on it for their
 forwards: the hybrid state replaces each GatedDeltaNet module's ``forward`` with a router (hybrid.py), the
@@ -13,7 +13,7 @@ import weakref
 from typing import Callable
 
 
-class HeldHooks:
+class HeldInstall:
     """One kind of install (``install(model) -> undo()``), held per model by any number of owners."""
 
     def __init__(self, install: Callable[[object], Callable[[], None]]):

@@ -7,8 +7,8 @@ one cycle record per request: the verify input (``draft_token``, ``custom_mask``
 ``retrieve_*`` links), the batch's ``seq_lens``, the target's top-k logits per verified token, and what the
 sampling accepted. On the GPU host, in the process that runs the worker (before the server starts)::
 
-    from workbench.conform import hooks_sglang
-    dump = hooks_sglang.install("/tmp/ddtree.dump", pair={"target": "Qwen/Qwen3-8B", "draft": "...",
+    from workbench.conform import sglang_dump
+    dump = sglang_dump.install("/tmp/ddtree.dump", pair={"target": "Qwen/Qwen3-8B", "draft": "...",
                                 "vocab_size": 151936, "block_size": 16, "dtype": "bfloat16", "device": "cuda",
                                 "hybrid": False},   # True for a target with linear-attention layers
                                 policy="DDTree(32)")
@@ -49,7 +49,7 @@ class SglangVerifyDump:
             sglang_version = "not installed"
         self.topk, self.mask_mode = topk, mask_mode
         self.writer = DumpWriter(path, make_header({"name": "sglang", "version": sglang_version,
-                                                    "hook": __name__}, pair, policy, sampling,
+                                                    "writer": __name__}, pair, policy, sampling,
                                                    topk={"target": topk}), replace)
         self.step = 0
         self.cycles: dict[str, int] = {}  # request id -> its cycles so far

@@ -6,7 +6,7 @@ verify row sees a column, -inf where not) for the removed ``TREE_ATTN`` backend;
 same. Their internals differ, so this module asks for the few values every such integration holds, per
 request and step, and writes them::
 
-    from workbench.conform.hooks_vllm import VllmTreeDump
+    from workbench.conform.vllm_tree_dump import VllmTreeDump
     dump = VllmTreeDump("/tmp/vllm-ddtree.dump", pair={...}, policy="DDTree(16)")
     # inside the proposer / model runner, once per request per step, after the verify:
     dump.record(req_id, step, tokens=tree_tokens, positions=tree_positions, attn_bias=bias,
@@ -44,7 +44,7 @@ class VllmTreeDump:
         except PackageNotFoundError:
             v = "not installed"
         self.topk = topk
-        self.writer = DumpWriter(path, make_header({"name": "vllm", "version": v, "hook": __name__}, pair, policy,
+        self.writer = DumpWriter(path, make_header({"name": "vllm", "version": v, "writer": __name__}, pair, policy,
                                                    sampling, topk={"target": topk}), replace)
         self.cycles: dict[str, int] = {}
         self._said: set[str] = set()

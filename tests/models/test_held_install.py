@@ -1,5 +1,5 @@
 """What a state installs on a shared model is removed when the last state holding it ends: the hybrid state's
-GatedDeltaNet forward router and the drafter's per-layer mask pre-hook (workbench.models.held_hooks)."""
+GatedDeltaNet forward router and the drafter's per-layer mask pre-hook (workbench.models.held_install)."""
 from __future__ import annotations
 
 import gc
@@ -11,7 +11,7 @@ from tiny_models import make_pair
 
 import workbench as wb
 from workbench.models import drafter, hybrid
-from workbench.models.held_hooks import HeldHooks
+from workbench.models.held_install import HeldInstall
 
 
 def _gdn_modules(engine) -> list:
@@ -81,9 +81,9 @@ def test_drafter_mask_hooks_are_removed_when_the_batch_ends(tmp_path):
     assert not any(a._forward_pre_hooks for a in attns)
 
 
-def test_held_hooks_install_once_and_undo_after_the_last_owner():
+def test_held_install_installs_once_and_undoes_after_the_last_owner():
     calls = []
-    held = HeldHooks(lambda model: calls.append("install") or (lambda: calls.append("undo")))
+    held = HeldInstall(lambda model: calls.append("install") or (lambda: calls.append("undo")))
     model, a, b = object(), type("A", (), {})(), type("B", (), {})()
     held.hold(a, model)
     release_b = held.hold(b, model)

