@@ -145,6 +145,7 @@ FLOORS = [
     ["workbench.models", "workbench.analysis"],
     ["workbench.interface"],          # the engine interface and registry: what every engine implements
     ["workbench.engine"],             # the workbench's own engine
+    ["workbench.cli_args"],           # what every command module shares: value parsers, the engine options
     ["workbench.conform"],            # cycle dumps and the checker
     ["workbench.adapters"],           # production engines (vLLM in process) and the comparison report
     ["workbench.shapes"],

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from workbench.engine.cli_values import UsageError
+from workbench.cli_args.values import UsageError
 
 EXIT_USAGE = 2  # bad input
 

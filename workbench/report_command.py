@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from workbench.engine.cli_values import UsageError, check_output
+from workbench.cli_args.values import UsageError, check_output
 
 
 def add_parser(sub) -> None:

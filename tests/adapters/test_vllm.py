@@ -143,7 +143,7 @@ def test_run_on_vllm_takes_its_policy_and_refuses_another_before_loading(capsys)
     assert main(["run", "--engine", "vllm", "--policy", "ddtree:32", "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert "the vllm engine runs dflash only; give --policy dflash" in err and len(err.strip().splitlines()) == 1
-    from workbench.engine.cli_models import engine_policy
+    from workbench.cli_args.engine_options import engine_policy
 
     assert engine_policy("vllm", None) == wb.DFlash() and engine_policy("workbench", None) == wb.DDTree(32)
 

@@ -91,7 +91,7 @@ def test_the_floor_check_names_a_planted_climb_and_an_unplaced_room(monkeypatch)
          "workbench.records.files": set(), "workbench.newroom.x": set()}
     found = ig.upward_imports(g)
     assert found == ["room workbench.newroom is on no floor (add it to FLOORS)",
-                     "workbench.engine.core -> workbench.conform.dump (floor 4 -> 5)"]
+                     "workbench.engine.core -> workbench.conform.dump (floor 4 -> 6)"]
 
 
 def test_the_kernels_are_a_room_of_the_graph():

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 from workbench.engine import validate
-from workbench.engine.cli_models import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
-from workbench.engine.cli_values import EXIT_FAILED, UsageError, check_output, positive_int, progress
+from workbench.cli_args.engine_options import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
+from workbench.cli_args.values import EXIT_FAILED, UsageError, check_output, positive_int, progress
 from workbench.engine.validate import as_arg
 
 # Engines whose bench is the comparison report instead of the policy bench: vLLM runs its own DFlash method

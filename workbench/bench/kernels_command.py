@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from workbench.engine.cli_values import UsageError, device, positive_int, progress
+from workbench.cli_args.values import UsageError, device, positive_int, progress
 
 
 def add_parser(sub) -> None:

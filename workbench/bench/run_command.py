@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from workbench.engine import validate
-from workbench.engine.cli_models import add_model_args, engine_policy, load_engine
-from workbench.engine.cli_values import UsageError, check_output, finite_float, non_negative_int, positive_int
+from workbench.cli_args.engine_options import add_model_args, engine_policy, load_engine
+from workbench.cli_args.values import UsageError, check_output, finite_float, non_negative_int, positive_int
 from workbench.engine.validate import as_arg
 
 

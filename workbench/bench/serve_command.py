@@ -10,8 +10,8 @@ import gc
 import json
 import os
 
-from workbench.engine.cli_models import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
-from workbench.engine.cli_values import UsageError, check_output, positive_int
+from workbench.cli_args.engine_options import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
+from workbench.cli_args.values import UsageError, check_output, positive_int
 from workbench.serve.command import SERVED_MAX_NEW_TOKENS
 
 

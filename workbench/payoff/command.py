@@ -74,7 +74,7 @@ def read_prompts(args) -> list[dict]:
 
 def run(args, out, err) -> int:
     from workbench.engine import validate
-    from workbench.engine.cli_models import require_own_engine
+    from workbench.cli_args.engine_options import require_own_engine
     from workbench.engine.core import load
     from workbench.payoff import pays_off
     from workbench.payoff.inputs import PaysOffInputError, check_inputs

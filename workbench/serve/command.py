@@ -9,8 +9,8 @@ model loads.
 from __future__ import annotations
 
 from workbench.engine import validate
-from workbench.engine.cli_models import add_model_args, load_engine, require_own_engine
-from workbench.engine.cli_values import UsageError, finite_float, positive_int
+from workbench.cli_args.engine_options import add_model_args, load_engine, require_own_engine
+from workbench.cli_args.values import UsageError, finite_float, positive_int
 from workbench.engine.validate import as_arg
 
 SERVED_MAX_NEW_TOKENS = 1024  # `serve --max-new-tokens`'s default: the limit of bench-serve's servers too

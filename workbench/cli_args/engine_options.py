@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from workbench.cli_args.values import UsageError, device
 from workbench.engine import validate
-from workbench.engine.cli_values import UsageError, device
 from workbench.engine.validate import as_arg
 
 DEFAULT_ENGINE = "workbench"

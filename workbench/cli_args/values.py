@@ -1,10 +1,7 @@
 """The command line's value parsers, beside validation (``workbench.engine.validate``): the argparse types and
 output checks every command module takes, and the error that means "bad input".
 
-They sit on the engine's floor, under every room that holds a command (``conform``, ``serve``, ``bench``,
-``payoff``, and ``workbench.report_command`` above the views), so a command's module imports them instead of
-reaching up to ``workbench.cli``. A
-``UsageError`` (or a ValueError, the Python API's refusal) is printed by ``workbench.cli.main`` as one line on
+A ``UsageError`` (or a ValueError, the Python API's refusal) is printed by ``workbench.cli.main`` as one line on
 stderr with exit code 2: the one place that convention is written.
 """
 from __future__ import annotations
