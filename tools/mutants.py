@@ -192,7 +192,7 @@ MUTANTS = [
       "s = self.engine.session(prompt, policy=policy, capture=cap, **kw)",
       "s = self.engine.session(prompt, policy=policy, capture=cap, **{**kw, 'seed': len(self._entries)})",
       "a served session seeded by the store, not its request"),
-    # ------------------------------------------------------------------ the served app (workbench/serve/app.py)
+    # ------------------------------------------------------------------ the served app (workbench/serve/app.py, replies.py)
     M("serve.app.patch_temperature_everywhere", "workbench/serve/app.py",
       "                s.temperature = req.temperature",
       "                [setattr(x.session, 'temperature', req.temperature) for x in store.entries()]",
@@ -204,9 +204,9 @@ MUTANTS = [
       "                s.policy = _policy(req.policy, store)",
       "                [setattr(x.session, 'policy', _policy(req.policy, store)) for x in store.entries()]",
       "a PATCH of one session's policy applied to every live session"),
-    M("serve.app.state_record_topk", "workbench/serve/app.py",
+    M("serve.app.state_record_topk", "workbench/serve/replies.py",
       '"record_topk": s.record_topk,', '"record_topk": 8,', "the state reports the default record_topk"),
-    M("serve.app.state_top_k", "workbench/serve/app.py",
+    M("serve.app.state_top_k", "workbench/serve/replies.py",
       '"top_k": s.sampling.top_k,', '"top_k": 0,', "the state reports top_k as 0"),
 ]
 
