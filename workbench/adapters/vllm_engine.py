@@ -32,7 +32,7 @@ from workbench.engine.prompting import encode_prompt
 from workbench.engine.request import SessionState
 from workbench.engine.sampling import Sampling
 from workbench.adapters import vllm_tap
-from workbench.interface.base import BaseEngine, BaseSession
+from workbench.interface.base import DEFAULT_MAX_NEW_TOKENS, BaseEngine, BaseSession
 from workbench.adapters.vllm_tap import Tap, VllmUnsupported
 from workbench.records.cycle import Cycle, Trace
 from workbench.records.engine_step import RECORD_TOPK, chain_cycle, chain_forwards, decode_cycle
@@ -144,7 +144,8 @@ class VllmEngine(BaseEngine):
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def session(self, prompt: str | None = None, policy=DFlash(), temperature: float = 0.0,
-                max_new_tokens: int = 128, *, prompt_ids=None, messages=None, dump=None, dump_replace: bool = False,
+                max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *, prompt_ids=None, messages=None, dump=None,
+                dump_replace: bool = False,
                 **settings) -> "VllmSession":
         """A new request. Settings of ``wb.Session`` that vLLM's engine has no counterpart for are accepted
         at their defaults only (the stepper passes them back on reset) and refused otherwise. ``dump``: a
@@ -198,7 +199,7 @@ class VllmEngine(BaseEngine):
             attach(self, self._live, dump, dump_replace)
         return self._live
 
-    def generate(self, prompt=None, max_new_tokens: int = 128, *, prompt_ids=None) -> list[int]:
+    def generate(self, prompt=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *, prompt_ids=None) -> list[int]:
         """Greedy new token ids, stepped to the end."""
         s = self.session(prompt, max_new_tokens=max_new_tokens, prompt_ids=prompt_ids)
         s.run()

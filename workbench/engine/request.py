@@ -13,6 +13,7 @@ from ddtree_kernels import check_backend
 from workbench.engine import validate
 from workbench.engine.loading import model_ref
 from workbench.models.identity import pair_identity
+from workbench.interface.base import DEFAULT_MAX_NEW_TOKENS  # noqa: F401  (re-exported by session and core)
 from workbench.engine.policies import Policy, as_policy
 from workbench.engine.prompting import Prompt
 from workbench.engine.hooks import HookPoints, as_pairs
@@ -21,9 +22,6 @@ from workbench.engine.sampling import Sampling
 from workbench.records.build import CycleParts, cycle_record
 from workbench.records.cycle import Cycle, Trace, setting_label
 from workbench.records.forward import ForwardRecord
-
-DEFAULT_MAX_NEW_TOKENS = 128  # the one default of engine.session, engine.generate and the CLI
-
 
 class SessionState:
     """What a session's state means, shared by a local ``Session`` and a ``RemoteSession``: both hold

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from workbench.records.cycle import Cycle, Trace
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # the one default of every engine's session and generate, and of the CLI
+
+
 class EngineLacks(NotImplementedError):
     """An operation this engine does not offer; the message names what to use instead."""
 
@@ -48,7 +51,7 @@ class BaseEngine(ABC):
 
     @abstractmethod
     def session(self, prompt: str | None = None, policy=None, temperature: float = 0.0,
-                max_new_tokens: int = 128, *, prompt_ids=None, **settings) -> "BaseSession":
+                max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *, prompt_ids=None, **settings) -> "BaseSession":
         """Start one generation (its prefill runs now)."""
 
     def batch_session(self, prompts=None, policy=None, **kw):

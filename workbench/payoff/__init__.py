@@ -17,14 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workbench.payoff.inputs import PaysOffInputError, check_inputs, fit_to_engine
+from workbench.payoff.inputs import MEASURED_NEW_TOKENS, PaysOffInputError, check_inputs, fit_to_engine
 from workbench.payoff.measure import decode_unit, lossless_failures, run_sweep
 from workbench.payoff.strict_json import strict_json
 from workbench.payoff.tables import render
 from workbench.payoff.verdict import BatchVerdict, analyse, what_decides
-
-DEFAULT_MAX_NEW_TOKENS = 64
-
 
 @dataclass
 class PaysOff:
@@ -113,7 +110,7 @@ def spine_share(first: BatchVerdict, shapes) -> tuple[int | None, list[str]]:
     return k, []
 
 
-def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = MEASURED_NEW_TOKENS,
              temperature: float = 0.0, seed: int = 0, repeats: int = 1, warmup: bool = True,
              progress=None) -> PaysOff:
     """Measure whether DDTree pays off (see the module docstring). Every input is checked before any model

@@ -14,6 +14,7 @@ PAIRS = ("dense", "hybrid")
 
 def add_parser(sub) -> None:
     from workbench.interface.registry import engine_names
+    from workbench.payoff.inputs import MEASURED_NEW_TOKENS
 
     p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch, what decides (acceptance, "
                                         "cost per step, predicted and measured speedup), the fastest policy (AR "
@@ -39,7 +40,8 @@ def add_parser(sub) -> None:
                         "cost down (other sizes: name them here); a calibrated policy runs only on a pair its "
                         "calibration was made on: left out of the default set otherwise, refused when named; AR "
                         "and DFlash are always added)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, >= 3 (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=MEASURED_NEW_TOKENS,
+                   help=f"new tokens per prompt, >= 3 (default {MEASURED_NEW_TOKENS})")
     p.add_argument("--repeats", type=int, default=1, help="timed decodes per unit and shape, medians kept (default 1)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: after the greedy tables, a second set sampled at this temperature")

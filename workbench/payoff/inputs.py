@@ -21,6 +21,9 @@ from workbench.analysis.paired import MIN_PAIRS
 # (workbench.engine.runner), so below 3 new tokens no cycle drafts anything: no shape differs from AR and
 # the branching pass has no drafted cycle to read.
 MIN_NEW_TOKENS = 3
+# New tokens per prompt a pays-off decode measures unless told otherwise: its measurement window, shorter than
+# the engine's DEFAULT_MAX_NEW_TOKENS because every shape decodes every prompt at every batch size.
+MEASURED_NEW_TOKENS = 64
 
 
 class PaysOffInputError(ValueError):
@@ -133,8 +136,8 @@ def parse_policy_list(policies) -> list | None:
         raise PaysOffInputError(str(e)) from None
 
 
-def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = 64, temperature: float = 0.0,
-                 seed: int = 0, repeats: int = 1) -> Inputs:
+def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int = MEASURED_NEW_TOKENS,
+                 temperature: float = 0.0, seed: int = 0, repeats: int = 1) -> Inputs:
     """Every input that needs no model, checked and normalised (see the module docstring)."""
     from workbench.engine import validate
 
