@@ -87,7 +87,7 @@ def with_choices(verified: Verified, rows: dict[int, Tensor]) -> Verified:
     choice = verified.choice.clone()  # [B, N]
     for b, c in rows.items():
         choice[b, : c.shape[1]] = c[0]
-    return Verified(choice, verified.choice_prob, verified.features, verified.mask, verified.record,
+    return Verified(choice, verified.choice_prob, verified.features, verified.record,
                     verified.top2_tokens, verified.top2_logits)
 
 

@@ -2,7 +2,7 @@
 
 A ``Session`` is a request (``workbench.engine.request.Request``: settings, outputs, trace) with a driver
 that steps it: ``Solo`` (its own one-row ``workbench.engine.runner.Rows``), its ``BatchSession``, or a
-server's scheduler (``workbench.serve.scheduler``). A driver answers ``step_request(s)``, ``view(s)`` and
+server's scheduler (``workbench.engine.scheduler``). A driver answers ``step_request(s)``, ``view(s)`` and
 ``cache_bytes(s)``; the session's API is the same whichever drives it.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One cycle, stage by stage: draft -> tree_build -> tree_compile -> verify -> accept -> commit.
 
 Each stage is a small function with typed inputs and outputs, in the module of
-the same name. The session calls them in order and times them; they do not time
-themselves.
+the same name. The runner (``workbench.engine.runner.Rows``) calls them in order and
+times them; they do not time themselves.
 """
 from workbench.engine.stages.accept import accept
 from workbench.engine.stages.commit import Committed, commit

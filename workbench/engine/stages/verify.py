@@ -17,7 +17,6 @@ class Verified:
     choice: Tensor  # int64 [B, N]
     choice_prob: Tensor  # float32 [B, N]
     features: Tensor | None  # [B, N, F]: drafter context for the accepted rows
-    mask: Tensor | None  # unused (kept for records made before the model states owned the mask)
     record: ForwardRecord
     top2_tokens: Tensor | None = None  # int64 [B, N, 2]: the target's two best tokens at every node
     top2_logits: Tensor | None = None  # [B, N, 2] in the model's dtype: their logits (explain divergences)
@@ -27,7 +26,7 @@ class Verified:
         if self.choice.shape == (1, n):
             return self
         f = None if self.features is None else self.features[b : b + 1, :n]
-        return Verified(self.choice[b : b + 1, :n], self.choice_prob[b : b + 1, :n], f, None, self.record,
+        return Verified(self.choice[b : b + 1, :n], self.choice_prob[b : b + 1, :n], f, self.record,
                         self.top2_tokens[b : b + 1, :n], self.top2_logits[b : b + 1, :n])
 
 
@@ -42,7 +41,7 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
         choice, top2_logits, top2_tokens = greedy_choice(out.logits, sync_free)  # the first of equal logits
         # The choice's probability: its logit is the largest, top2's first value.
         prob = torch.exp(top2_logits[..., 0].float() - torch.logsumexp(out.logits.float(), dim=-1))
-        return Verified(choice, prob, out.features, None, out.record, top2_tokens, top2_logits)
+        return Verified(choice, prob, out.features, out.record, top2_tokens, top2_logits)
     top2_logits, top2_tokens = out.logits.topk(2, dim=-1)
     if len(samplings) == 1:
         choice, prob = target_choice(out.logits, samplings[0], generators[0])
@@ -52,4 +51,4 @@ def verify(state, layout: TreeLayout, mode: ForwardMode, samplings: list[Samplin
         for b, (s, g, n) in enumerate(zip(samplings, generators, layout.n)):
             c, p = target_choice(out.logits[b : b + 1, :n], s, g)
             choice[b, :n], prob[b, :n] = c[0], p[0]
-    return Verified(choice, prob, out.features, None, out.record, top2_tokens, top2_logits)
+    return Verified(choice, prob, out.features, out.record, top2_tokens, top2_logits)
