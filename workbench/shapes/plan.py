@@ -13,7 +13,7 @@ from workbench.shapes import families
 from workbench.shapes.rows import CompareTable, LayoutTable, fmt_bytes
 from workbench.shapes.tables import compare, forward_mode, sglang_view, table
 
-CONFIGS = families.CONFIGS  # kept importable from here
+CONFIGS = families.CONFIGS  # the shipped configs by name (wb.shapes.CONFIGS)
 
 @dataclass
 class ShapePlan:
@@ -201,9 +201,6 @@ def _plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft
     KV / MLA latent / MambaPool tensors and MoE routing tensors; ``ShapePlan.states`` has the states each
     target forward leaves (workbench.shapes.families.state_specs), ``ShapePlan.experts`` the experts touched.
     """
-    from transformers import DynamicCache, Qwen3Config
-
-    from workbench.models.run import run_draft, run_target
     from workbench.engine.loading import resolve_dtype
 
     for name, v in (("batch", batch), ("prompt_len", prompt_len), ("budget", budget)):
@@ -211,85 +208,117 @@ def _plan(config, batch: int = 8, prompt_len: int = 512, budget: int = 64, draft
     if block_size is not None:  # None: the drafter's, else 16; never a silent replacement of a bad one
         families.integer(block_size, "block_size", least=2)
     tdt = resolve_dtype(dtype)
-    raw = families.load_config(config, "target")
-    tcfg = families.text_config(raw)
-    facts = families.facts(raw)  # unknown families and missing fields: one line naming them
-    dcfg = families.load_config(draft_config, "draft") if draft_config is not None else None
-    dfacts = families.facts(dcfg, "draft") if dcfg is not None else None
-    families.check_pair(facts, dfacts)  # a drafter as target; a drafter that does not fit the target
+    raw, tcfg, facts, dcfg, dfacts = _configs(config, draft_config)
     layer_ids = list(dfacts.draft.target_layer_ids) if dfacts else None
     if block_size is None:
         block_size = dfacts.draft.block_size if dfacts else 16
-    n_tree = 1 + budget
-    need = prompt_len + max(n_tree, block_size)
+    need = prompt_len + max(1 + budget, block_size)
     if need > tcfg["max_position_embeddings"]:
         raise ValueError(f"prompt_len + verify tokens = {need} exceeds max_position_embeddings "
                          f"{tcfg['max_position_embeddings']}")
-
-    meta = torch.device("meta")
-    tconf, target = _meta_model(tcfg, tdt)
-    models = {"target": target}
-    if dcfg is not None:
-        from dflash.model import DFlashDraftModel
-
-        dkeep = {k: v for k, v in dcfg.items() if not k.startswith("_")}
-        dconf = Qwen3Config(**dkeep)
-        for k in ("dflash_config", "num_target_layers", "block_size"):
-            if k in dcfg:
-                setattr(dconf, k, dcfg[k])
-        with meta:
-            draft = DFlashDraftModel(dconf).to(tdt).eval()
-        models["draft"] = draft
-    cap = ShapeCapture(models, target_modules=TARGET_MODULES + FAMILY_MODULES[facts.family])
-    P, bs = prompt_len, batch
-    ids = lambda n: torch.zeros(bs, n, dtype=torch.long, device=meta)  # noqa: E731  (meta: no data)
-    pos = lambda a, n: torch.arange(a, a + n, device=meta)[None].expand(bs, n)  # noqa: E731
-    forwards, tokens, states = [], {}, {}
     sdt = str(tdt).replace("torch.", "")
-
-    def record(label, out, n, nodes=0):
-        forwards.append((label, out.record))
-        tokens[label] = bs * n
-        states[label] = families.state_specs(facts, bs, out.record.kv_after, nodes, sdt)
-
-    with torch.inference_mode():
-        cache = DynamicCache(config=tconf)
-        # SGLang's EXTEND keeps the last row per request unless prompt log-probs are asked for
-        # (logits_processor.py, rule "logits last row"); the LM head then runs on those rows only.
-        out = run_target(target, ids(P), pos(0, P), cache, ForwardMode.EXTEND, layer_ids, capture=cap,
-                         logits_to_keep=0 if prompt_logprobs else 1)
-        record("prefill", out, P)
-        context = out.features  # [bs, P, len(layer_ids) * H]: the drafter's first-cycle context
-        # Every scenario starts from the prompt-only state: a copy of it (a hybrid's recurrent state cannot
-        # be cropped back; on the meta device the copy costs nothing).
-        prompt_state = copy.deepcopy(cache)
-
-        def verify(label, n, mode):
-            mask = torch.ones(bs, 1, n, P + n, dtype=torch.bool, device=meta) if n > 1 else None
-            out = run_target(target, ids(n), pos(P, n), copy.deepcopy(prompt_state), mode, layer_ids, mask, cap)
-            record(label, out, n, nodes=n if mode == ForwardMode.TARGET_VERIFY else 0)
-
-        verify("AR decode", 1, ForwardMode.DECODE)
-        verify(f"DFlash verify ({block_size} tokens)", block_size, ForwardMode.TARGET_VERIFY)
-        verify(f"DDTree({budget}) verify ({n_tree} tokens)", n_tree, ForwardMode.TARGET_VERIFY)
-        if dcfg is not None:
-            dcache = DynamicCache(config=dconf)
-            _, rec = run_draft(draft, target, ids(block_size), pos(0, P + block_size), context, dcache, cap)
-            forwards.append((f"draft block (1st cycle, context {P})", rec))
-    name = families.config_name(config, raw)
-    settings = {"model": name, "batch": bs, "prompt_logprobs": prompt_logprobs,
-                "prompt_len": P, "budget": budget, "block_size": block_size, "dtype": sdt,
+    run = _MetaRun(facts, batch, prompt_len, sdt, layer_ids)
+    run.forwards_of(tcfg, dcfg, tdt, budget, block_size, prompt_logprobs)
+    settings = {"model": families.config_name(config, raw), "batch": batch, "prompt_logprobs": prompt_logprobs,
+                "prompt_len": prompt_len, "budget": budget, "block_size": block_size, "dtype": sdt,
                 "target_layer_ids": layer_ids, "model_type": facts.model_type, "family": facts.family}
+    notes = _plan_notes(facts, raw, prompt_logprobs)
+    if dcfg is None:
+        notes.append(f"no draft config: no drafter forward, no drafter context; block_size={block_size} assumed")
+    return ShapePlan(settings, run.forwards, notes, facts, run.states, run.tokens)
+
+
+def _configs(config, draft_config) -> tuple:
+    """(target's raw config, its text config, its facts, the drafter's config, its facts), the pair checked:
+    unknown families and missing fields are one line naming them, as is a drafter given as the target or one
+    that does not fit it."""
+    raw = families.load_config(config, "target")
+    tcfg = families.text_config(raw)
+    facts = families.facts(raw)
+    dcfg = families.load_config(draft_config, "draft") if draft_config is not None else None
+    dfacts = families.facts(dcfg, "draft") if dcfg is not None else None
+    families.check_pair(facts, dfacts)
+    return raw, tcfg, facts, dcfg, dfacts
+
+
+def _meta_draft(dcfg: dict, dtype):
+    """(its Qwen3Config, the DFlash drafter built on the meta device) for a draft config."""
+    from transformers import Qwen3Config
+    from dflash.model import DFlashDraftModel
+
+    dkeep = {k: v for k, v in dcfg.items() if not k.startswith("_")}
+    dconf = Qwen3Config(**dkeep)
+    for k in ("dflash_config", "num_target_layers", "block_size"):
+        if k in dcfg:
+            setattr(dconf, k, dcfg[k])
+    with torch.device("meta"):
+        return dconf, DFlashDraftModel(dconf).to(dtype).eval()
+
+
+class _MetaRun:
+    """The planned forwards of one batch on the meta device, recorded by a shape capture: each forward's
+    record, its tokens (SGLang's flat count) and the states the target holds after it."""
+
+    def __init__(self, facts, batch: int, prompt_len: int, dtype: str, layer_ids):
+        self.facts, self.bs, self.P, self.dtype, self.layer_ids = facts, batch, prompt_len, dtype, layer_ids
+        self.forwards, self.tokens, self.states = [], {}, {}
+
+    def ids(self, n: int) -> torch.Tensor:  # [bs, n] on the meta device: no data
+        return torch.zeros(self.bs, n, dtype=torch.long, device="meta")
+
+    def pos(self, start: int, n: int) -> torch.Tensor:  # [bs, n]
+        return torch.arange(start, start + n, device="meta")[None].expand(self.bs, n)
+
+    def record(self, label: str, out, n: int, nodes: int = 0) -> None:
+        self.forwards.append((label, out.record))
+        self.tokens[label] = self.bs * n
+        self.states[label] = families.state_specs(self.facts, self.bs, out.record.kv_after, nodes, self.dtype)
+
+    def forwards_of(self, tcfg: dict, dcfg, tdt, budget: int, block_size: int, prompt_logprobs: bool) -> None:
+        """EXTEND prefill, AR DECODE, the DFlash and DDTree verifies after the prompt, and with a draft config
+        the drafter's first block."""
+        from transformers import DynamicCache
+
+        from workbench.models.run import run_draft, run_target
+
+        tconf, target = _meta_model(tcfg, tdt)
+        models = {"target": target}
+        if dcfg is not None:
+            dconf, models["draft"] = _meta_draft(dcfg, tdt)
+        cap = ShapeCapture(models, target_modules=TARGET_MODULES + FAMILY_MODULES[self.facts.family])
+        P, n_tree = self.P, 1 + budget
+        with torch.inference_mode():
+            cache = DynamicCache(config=tconf)
+            # SGLang's EXTEND keeps the last row per request unless prompt log-probs are asked for
+            # (logits_processor.py, rule "logits last row"); the LM head then runs on those rows only.
+            out = run_target(target, self.ids(P), self.pos(0, P), cache, ForwardMode.EXTEND, self.layer_ids,
+                             capture=cap, logits_to_keep=0 if prompt_logprobs else 1)
+            self.record("prefill", out, P)
+            context = out.features  # [bs, P, len(layer_ids) * H]: the drafter's first-cycle context
+            # Every scenario starts from the prompt-only state: a copy of it (a hybrid's recurrent state cannot
+            # be cropped back; on the meta device the copy costs nothing).
+            prompt_state = copy.deepcopy(cache)
+            for label, n, mode in (("AR decode", 1, ForwardMode.DECODE),
+                                   (f"DFlash verify ({block_size} tokens)", block_size, ForwardMode.TARGET_VERIFY),
+                                   (f"DDTree({budget}) verify ({n_tree} tokens)", n_tree, ForwardMode.TARGET_VERIFY)):
+                mask = torch.ones(self.bs, 1, n, P + n, dtype=torch.bool, device="meta") if n > 1 else None
+                out = run_target(target, self.ids(n), self.pos(P, n), copy.deepcopy(prompt_state), mode,
+                                 self.layer_ids, mask, cap)
+                self.record(label, out, n, nodes=n if mode == ForwardMode.TARGET_VERIFY else 0)
+            if dcfg is not None:
+                _, rec = run_draft(models["draft"], target, self.ids(block_size), self.pos(0, P + block_size),
+                                   context, DynamicCache(config=dconf), cap)
+                self.forwards.append((f"draft block (1st cycle, context {P})", rec))
+
+
+def _plan_notes(facts: families.ModelFacts, raw: dict, prompt_logprobs: bool) -> list[str]:
     notes = ["meta device: shapes and dtypes only; bytes = numel x element size per tensor",
              "'ours [bs, n]': this engine's Hugging Face layout, a 4-D bool mask [bs, 1, n, prefix + n] on verifies; "
              "'sglang flat': SGLang's layout of the same forward (tokens flattened, int32 indptrs, flat custom "
              "mask; p.sglang() for every tensor)",
              "prefill logits: " + ("every prompt row (prompt_logprobs=True)" if prompt_logprobs else
                                    "the last row per request, as SGLang's LogitsProcessor keeps in EXTEND")]
-    notes += _family_notes(facts, raw)
-    if dcfg is None:
-        notes.append(f"no draft config: no drafter forward, no drafter context; block_size={block_size} assumed")
-    return ShapePlan(settings, forwards, notes, facts, states, tokens)
+    return notes + _family_notes(facts, raw)
 
 
 def _family_notes(f: families.ModelFacts, raw: dict) -> list[str]:

@@ -282,97 +282,128 @@ def layout(mode, prefix_lens, token_lens, *, model: str = "target", vocab_size: 
     """
     mode = _mode_name(mode)
     p, t = _batch(prefix_lens, token_lens)
-    bs, T = len(t), sum(t)
     ours = ours or {}
     sg = use_sglang and sglang_available()
-    rows = []
-
-    def computed(sglang_fn, our_value, *a, **k):
-        if not sg:
-            return our_value, "workbench rule", ""
-        v, why = _try(sglang_fn, *a, **k)
-        return (our_value, "workbench rule", why) if why else (v, "sglang source", "")
-
-    # ids and positions: one flat token dimension
-    ids_rule = ("draft input_ids" if model == "draft" else "verify input_ids") if mode == "TARGET_VERIFY" else None
-    rows.append(_row("input_ids", [T], "int64", ids_rule, "workbench rule", ours.get("input_ids"),
-                     "flattened: request i's tokens at qo_indptr[i]:qo_indptr[i+1]"))
-    pos, by, why = computed(lambda: sglang_positions(p, t)[0], flat_positions(p, t))
-    rows.append(_row("positions", [len(pos)], "int64", "positions", by, ours.get("positions"),
-                     why or ("prefix_i + j" + (" (a tree: prefix + depth, set by the tree build)" if tree else ""))))
-    # indptrs
-    if mode == "TARGET_VERIFY" and model == "target":
-        v, by, why = computed(lambda: sglang_verify_args(p, t), None)
-        qo = v["qo_indptr"].tolist() if v else indptr(t)
-        kv = v["kv_indptr"].tolist() if v else indptr([a + n for a, n in zip(p, t)])
-        kvi = int(v["kv_indices"].numel()) if v else sum(p) + T
-        note = "" if len(set(t)) == 1 else "ragged: RaggedVerifyLayout.qo_indptr_device"
-        rows.append(_row("qo_indptr", [len(qo)], "int32", "verify qo_indptr", by, ours.get("qo_indptr"),
-                         why or f"{qo[:6]}{'...' if len(qo) > 6 else ''} {note}".strip()))
-        rows.append(_row("kv_indptr", [len(kv)], "int32", "verify kv lens", by, ours.get("kv_indptr"),
-                         why or f"cumsum(prefix + n): {kv[:6]}{'...' if len(kv) > 6 else ''}"))
-        rows.append(_row("kv_indices", [kvi], "int32", "verify kv lens", by, None,
-                         why or "sum(prefix) + sum(n) KV slots read"))
-    else:
-        qo = indptr(t) if mode != "DECODE" else list(range(bs + 1))
-        kv = indptr([a + n for a, n in zip(p, t)])
-        if mode == "EXTEND" or model == "draft":
-            rows.append(_row("qo_indptr", [bs + 1], "int32", "extend qo_indptr", "workbench rule",
-                             ours.get("qo_indptr"), f"{qo[:6]}{'...' if len(qo) > 6 else ''}"))
-        rows.append(_row("kv_indptr", [bs + 1], "int32", "kv_indptr", "workbench rule", ours.get("kv_indptr"),
-                         f"cumsum(prefix + n): {kv[:6]}{'...' if len(kv) > 6 else ''}"))
-    # custom mask
-    if mode == "TARGET_VERIFY" and model == "target":
-        if not tree:
-            rows.append(_row("custom_mask", None, "", "dflash verify mask", "workbench rule", ours.get("attention_mask"),
-                             "None: DFlash verify is causal (a chain needs no mask)"))
-        else:
-            for mm in MASK_MODES:
-                try:
-                    ms = custom_mask_elements(p, t, mm)
-                except ValueError as e:
-                    rows.append(_row(f"custom_mask ({mm})", None, "", f"mask {mm}", "workbench rule",
-                                     None, str(e)))
-                    continue
-                by, why = "workbench rule", ""
-                if sg and len(set(t)) == 1:
-                    m, why = _try(sglang_tree_mask, p, t[0], mm)
-                    if m is not None and int(m.numel()) == ms.numel:
-                        by = "sglang source"
-                    elif m is not None:
-                        why = f"sglang allocates {int(m.numel())}, the workbench rule says {ms.numel}"
-                elif sg:
-                    why = "ragged: per-request sum (SGLang's code takes one n)"
-                rows.append(_row(f"custom_mask ({mm})", [ms.numel], ms.dtype, f"mask {mm}", by,
-                                 ours.get("attention_mask") if mm == "FULL_MASK" else None,
-                                 why or ms.layout, itemsize=ms.bytes // max(ms.numel, 1)))
-    # logits
-    if model == "draft":
-        rows.append(_row("draft logits rows", [bs * (max(t) - 1), vocab_size] if vocab_size else [bs * (max(t) - 1)],
-                         dtype, "dflash draft logits rows", "workbench rule", ours.get("logits"),
-                         "the LM head on block slots 1..B-1 of each request (slot 0 is the anchor)"))
-    else:
-        kept, by, why = computed(lambda: sglang_logits_rows(mode, t, return_logprob), logits_rows(mode, t, return_logprob))
-        rule = "logits all rows" if mode != "EXTEND" else ("logits with logprobs" if return_logprob else "logits last row")
-        what = {"logits all rows": "every row", "logits last row": "last row per request",
-                "logits with logprobs": "every prompt row (log-probs requested)"}[rule]
-        rows.append(_row("next_token_logits", [len(kept), vocab_size] if vocab_size else [len(kept)], dtype, rule, by,
-                         ours.get("logits"), why or f"{what}: rows {kept[:4]}{'...' if len(kept) > 4 else ''}"))
-    # hidden states for the DFlash drafter
-    if model == "target" and mode in ("EXTEND", "TARGET_VERIFY") and aux_layers and hidden_size:
-        shape, by, why = computed(sglang_hidden_states, [T, aux_layers * hidden_size], T, hidden_size, aux_layers)
-        if by == "sglang source":
-            by = "sglang import"
-        rows.append(_row("hidden_states (aux, FULL)", shape, dtype, "dflash verify hidden", by,
-                         ours.get("draft_context"), why or f"{aux_layers} target layers concatenated, every token; "
-                         "written into the drafter's KV cache"))
-    elif model == "draft" and hidden_size:
-        rows.append(_row("hidden_states (draft out)", [T, hidden_size], dtype, "dflash draft capture", "workbench rule",
-                         ours.get("hidden_states"), "capture NULL: the block's last hidden states feed the LM head"))
+    verify = mode == "TARGET_VERIFY" and model == "target"
+    rows = _token_rows(mode, model, p, t, ours, sg, tree)
+    rows += _verify_indptr_rows(p, t, ours, sg) if verify else _indptr_rows(mode, model, p, t, ours)
+    if verify:
+        rows += _mask_rows(p, t, ours, sg, tree)
+    rows.append(_logits_row(mode, model, t, ours, sg, vocab_size, dtype, return_logprob))
+    rows += _hidden_rows(mode, model, sum(t), ours, sg, hidden_size, aux_layers, dtype)
     tbl = LayoutTable(rows)
-    tbl.title = (f"SGLang layout: {model} {mode}, bs {bs}, tokens {t if len(set(t)) > 1 else f'{t[0]} each'}, "
+    tbl.title = (f"SGLang layout: {model} {mode}, bs {len(t)}, tokens {t if len(set(t)) > 1 else f'{t[0]} each'}, "
                  f"prefix {p if len(set(p)) > 1 else f'{p[0]} each'} (sglang {SGLANG_VERSION})")
     return tbl
+
+
+def _computed(sg: bool, sglang_fn, our_value, *a, **k) -> tuple:
+    """(value, by, why): SGLang's own code's value where ``sg`` and it runs, else the workbench rule's and why."""
+    if not sg:
+        return our_value, "workbench rule", ""
+    v, why = _try(sglang_fn, *a, **k)
+    return (our_value, "workbench rule", why) if why else (v, "sglang source", "")
+
+
+def _token_rows(mode: str, model: str, p, t, ours: dict, sg: bool, tree: bool) -> list[dict]:
+    """ids and positions: one flat token dimension."""
+    ids_rule = ("draft input_ids" if model == "draft" else "verify input_ids") if mode == "TARGET_VERIFY" else None
+    rows = [_row("input_ids", [sum(t)], "int64", ids_rule, "workbench rule", ours.get("input_ids"),
+                 "flattened: request i's tokens at qo_indptr[i]:qo_indptr[i+1]")]
+    pos, by, why = _computed(sg, lambda: sglang_positions(p, t)[0], flat_positions(p, t))
+    rows.append(_row("positions", [len(pos)], "int64", "positions", by, ours.get("positions"),
+                     why or ("prefix_i + j" + (" (a tree: prefix + depth, set by the tree build)" if tree else ""))))
+    return rows
+
+
+def _verify_indptr_rows(p, t, ours: dict, sg: bool) -> list[dict]:
+    """The target's TARGET_VERIFY indptrs and KV indices (SGLang's verify arguments where it runs)."""
+    v, by, why = _computed(sg, lambda: sglang_verify_args(p, t), None)
+    qo = v["qo_indptr"].tolist() if v else indptr(t)
+    kv = v["kv_indptr"].tolist() if v else indptr([a + n for a, n in zip(p, t)])
+    kvi = int(v["kv_indices"].numel()) if v else sum(p) + sum(t)
+    note = "" if len(set(t)) == 1 else "ragged: RaggedVerifyLayout.qo_indptr_device"
+    return [_row("qo_indptr", [len(qo)], "int32", "verify qo_indptr", by, ours.get("qo_indptr"),
+                 why or f"{qo[:6]}{'...' if len(qo) > 6 else ''} {note}".strip()),
+            _row("kv_indptr", [len(kv)], "int32", "verify kv lens", by, ours.get("kv_indptr"),
+                 why or f"cumsum(prefix + n): {kv[:6]}{'...' if len(kv) > 6 else ''}"),
+            _row("kv_indices", [kvi], "int32", "verify kv lens", by, None,
+                 why or "sum(prefix) + sum(n) KV slots read")]
+
+
+def _indptr_rows(mode: str, model: str, p, t, ours: dict) -> list[dict]:
+    """The indptrs of every other forward (EXTEND, DECODE, the drafter's block)."""
+    bs = len(t)
+    qo = indptr(t) if mode != "DECODE" else list(range(bs + 1))
+    kv = indptr([a + n for a, n in zip(p, t)])
+    rows = []
+    if mode == "EXTEND" or model == "draft":
+        rows.append(_row("qo_indptr", [bs + 1], "int32", "extend qo_indptr", "workbench rule",
+                         ours.get("qo_indptr"), f"{qo[:6]}{'...' if len(qo) > 6 else ''}"))
+    rows.append(_row("kv_indptr", [bs + 1], "int32", "kv_indptr", "workbench rule", ours.get("kv_indptr"),
+                     f"cumsum(prefix + n): {kv[:6]}{'...' if len(kv) > 6 else ''}"))
+    return rows
+
+
+def _mask_rows(p, t, ours: dict, sg: bool, tree: bool) -> list[dict]:
+    """The target verify's custom mask: none for a chain, else its size in each mask mode."""
+    if not tree:
+        return [_row("custom_mask", None, "", "dflash verify mask", "workbench rule", ours.get("attention_mask"),
+                     "None: DFlash verify is causal (a chain needs no mask)")]
+    rows = []
+    for mm in MASK_MODES:
+        try:
+            ms = custom_mask_elements(p, t, mm)
+        except ValueError as e:
+            rows.append(_row(f"custom_mask ({mm})", None, "", f"mask {mm}", "workbench rule", None, str(e)))
+            continue
+        by, why = "workbench rule", ""
+        if sg and len(set(t)) == 1:
+            m, why = _try(sglang_tree_mask, p, t[0], mm)
+            if m is not None and int(m.numel()) == ms.numel:
+                by = "sglang source"
+            elif m is not None:
+                why = f"sglang allocates {int(m.numel())}, the workbench rule says {ms.numel}"
+        elif sg:
+            why = "ragged: per-request sum (SGLang's code takes one n)"
+        rows.append(_row(f"custom_mask ({mm})", [ms.numel], ms.dtype, f"mask {mm}", by,
+                         ours.get("attention_mask") if mm == "FULL_MASK" else None,
+                         why or ms.layout, itemsize=ms.bytes // max(ms.numel, 1)))
+    return rows
+
+
+def _logits_row(mode: str, model: str, t, ours: dict, sg: bool, vocab_size, dtype: str,
+                return_logprob: bool) -> dict:
+    """The logits rows kept: the drafter's block slots, else what SGLang's LogitsProcessor keeps in ``mode``."""
+    bs = len(t)
+    if model == "draft":
+        return _row("draft logits rows", [bs * (max(t) - 1), vocab_size] if vocab_size else [bs * (max(t) - 1)],
+                    dtype, "dflash draft logits rows", "workbench rule", ours.get("logits"),
+                    "the LM head on block slots 1..B-1 of each request (slot 0 is the anchor)")
+    kept, by, why = _computed(sg, lambda: sglang_logits_rows(mode, t, return_logprob),
+                              logits_rows(mode, t, return_logprob))
+    rule = "logits all rows" if mode != "EXTEND" else ("logits with logprobs" if return_logprob else "logits last row")
+    what = {"logits all rows": "every row", "logits last row": "last row per request",
+            "logits with logprobs": "every prompt row (log-probs requested)"}[rule]
+    return _row("next_token_logits", [len(kept), vocab_size] if vocab_size else [len(kept)], dtype, rule, by,
+                ours.get("logits"), why or f"{what}: rows {kept[:4]}{'...' if len(kept) > 4 else ''}")
+
+
+def _hidden_rows(mode: str, model: str, T: int, ours: dict, sg: bool, hidden_size, aux_layers,
+                 dtype: str) -> list[dict]:
+    """Hidden states for the DFlash drafter: the target's aux layers, or the drafter block's output."""
+    if model == "target" and mode in ("EXTEND", "TARGET_VERIFY") and aux_layers and hidden_size:
+        shape, by, why = _computed(sg, sglang_hidden_states, [T, aux_layers * hidden_size], T, hidden_size,
+                                   aux_layers)
+        if by == "sglang source":
+            by = "sglang import"
+        return [_row("hidden_states (aux, FULL)", shape, dtype, "dflash verify hidden", by,
+                     ours.get("draft_context"), why or f"{aux_layers} target layers concatenated, every token; "
+                     "written into the drafter's KV cache")]
+    if model == "draft" and hidden_size:
+        return [_row("hidden_states (draft out)", [T, hidden_size], dtype, "dflash draft capture", "workbench rule",
+                     ours.get("hidden_states"), "capture NULL: the block's last hidden states feed the LM head")]
+    return []
 
 
 def layout_of_record(rec, label: str = "", tree: bool | None = None, vocab_size=None, hidden_size=None,
