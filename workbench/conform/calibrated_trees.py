@@ -27,7 +27,7 @@ NOT_REBUILT = {
     "cut": "the rows that drafted together in each cycle and whether shapes were static (its cut is read at a "
            "threshold chosen per batch size, and static shapes verify the whole tree)",
 }
-# CutTree with its threshold given: the cut no longer depends on the rows, only on static shapes
+# CutTree with its threshold given: the cut depends only on static shapes, not on the rows
 CUT_AT_GIVEN_THRESHOLD = ("whether shapes were static (static shapes verify the whole tree, dynamic ones cut it at "
                           "the threshold)")
 REBUILT = ("path", "pairtree", "pairchain")

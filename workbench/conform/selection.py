@@ -12,7 +12,7 @@ A slice is a choice of what to *judge*, not of what to *read*: the checker still
 the slice, cheaply (no model runs), because two contracts need history. Each request's committed context (the
 tokens before a cycle) is the prompt, the first token and every earlier cycle's committed tokens; and the
 drafter-context contract asks that every committed position reached the drafter, which may have happened in
-any earlier step. The record-order check (``workbench.conform.integrity``) reads the whole file as before. One
+any earlier step. The record-order check (``workbench.conform.integrity``) reads the whole file. One
 judgement is left to the slice's own evidence: the state each request's last step before the slice committed
 is judged only through the next root's logits, which the slice checks as its target logits; the report's
 note says so.

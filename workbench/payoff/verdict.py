@@ -247,8 +247,8 @@ def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> t
 
 
 def fastest_line(batch: int, rows: list, ar: str = "AR", alpha: float = ALPHA) -> str:
-    """The fastest policy measured, AR included (issue 47: a tree that beats DFlash can still lose to plain
-    decoding at batch 8). Every speculative shape is compared with AR, paired, Bonferroni over the shapes;
+    """The fastest policy measured, AR included (a tree that beats DFlash can still lose to plain decoding at
+    batch 8). Every speculative shape is compared with AR, paired, Bonferroni over the shapes;
     '' when AR was not measured."""
     rivals = [r for r in rows if r.label != ar and r.measured_vs_ar is not None]
     if not rivals:
@@ -291,8 +291,8 @@ class Challenge:
 
 def versus_best(batch: int, rows: list, best: str | None, tps: dict, meds: dict,
                 alpha: float = ALPHA) -> tuple[list, str]:
-    """Each calibrated policy (``CALIBRATED_FAMILIES``) against the best DDTree budget, paired per unit (issue 47:
-    the goal is a policy that beats the best budget, not only the chain). Faster or slower only where the
+    """Each calibrated policy (``CALIBRATED_FAMILIES``) against the best DDTree budget, paired per unit (the
+    goal is a policy that beats the best budget, not only the chain). Faster or slower only where the
     Wilcoxon p is below ``alpha`` / the number of calibrated policies (several are tried at once); what decides
     splits log(predicted) against the best budget into acceptance, verify width and per-step overhead, as
     the verdict does against the chain. -> (Challenges, '' or a line saying why there are none).

@@ -431,8 +431,8 @@ class RemoteSession(SessionState, BaseSession):
             st = self.engine._http("GET", f"/sessions/{self.id}?since={index}&until={max(len(held), index + 1)}"
                                    "&records=full")
         except UnknownSession as e:
-            raise UnknownSession(f"{e}: cycle {index} arrived as a view record and the rest of it can no longer be "
-                                 "fetched; read what you need while the session lives, or start sessions with "
+            raise UnknownSession(f"{e}: cycle {index} arrived as a view record and the rest of it cannot be fetched "
+                                 "now; read what you need while the session lives, or start sessions with "
                                  "records='full'", e.status, e.code, e.field) from None
         for k, d in enumerate(st["cycles"]):
             at = int(st["since"]) + k

@@ -7,7 +7,7 @@ thread keeps one HTTP/1.1 connection and reuses it while it is fresh: one idle f
 ``REUSE_SECONDS`` is replaced (uvicorn closes idle ones after 5 s), and a reused one that turns
 out closed (the server dropped it as idle or to make room) is replaced once and the request sent
 again. Anything else goes through ``urllib`` with the opener the client gives (proxies honoured,
-redirects refused), a connection per request, as before.
+redirects refused), a connection per request.
 
 Only bytes pass here: statuses, redirects and errors are the client's (``workbench.serve.client``).
 """

@@ -1,8 +1,8 @@
 """``POST /sessions/{id}/run`` as one streamed reply: the session's cycles, one JSON line each, as they are made.
 
-A run used to be one cycle per round trip (or one reply at the end, holding everything); here the
-request is made once and its cycles come back as they finish, each as soon as it exists, so a run
-costs one round trip however many cycles it has. Two threads share the work: a *producer* (one of
+The request is made once and its cycles come back as they finish, each as soon as it exists, so a run
+costs one round trip however many cycles it has (not one per cycle, nor one reply at the end holding
+everything). Two threads share the work: a *producer* (one of
 the server's worker threads, holding the session for the whole stream) steps the session, each cycle
 encoded as it is made, and the event loop writes the encoded cycles while the next one runs.
 

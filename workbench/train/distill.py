@@ -22,7 +22,7 @@ def make_prompts(files, test_files, rng: random.Random, n: int, short_share: flo
     for _ in range(50 * n):
         if len(prompts) >= n or not files:
             break
-        if short_share and rng.random() < short_share:  # no draw at 0: the same prompts as before short shapes
+        if short_share and rng.random() < short_share:  # no draw at 0: the long-only prompts, draw for draw
             shape = rng.choice(corpus.SHORT_SHAPES)
             src = test_files if shape == "test_opening" and test_files else files
             prompts += [(p, True) for p in corpus.short_prompts(rng.choice(src).text, rng, 1, shape)]

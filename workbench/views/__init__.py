@@ -34,4 +34,4 @@ __all__ = [
     "stage_times_figure", "to_html", "token_stream", "token_text", "tree_figure", "tree_layout", "tree_node_count",
     "visible", "write_report", "budget_needed_figure", "policy_compare_figure", "reliability_figure",
 ]
-__all__ += ["speedup_figure", "verify_cost_figure"]  # issue 25: roofline cost
+__all__ += ["speedup_figure", "verify_cost_figure"]  # the roofline cost model's figures
