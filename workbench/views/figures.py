@@ -177,33 +177,33 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
     cycle = one_cycle(cycle, "tree_figure")
     n = int(cycle.tokens.shape[0])
     parents = cycle.parents.tolist()
-    tokens = cycle.tokens.tolist()
-    depth = cycle.depth.tolist()
-    rank = cycle.rank.tolist()
-    score = cycle.score.tolist()
-    dprob = cycle.draft_prob().tolist()
-    tprob = cycle.target_prob.tolist()
-    choice = cycle.target_choice.tolist()
     acc_nodes = cycle.accepted_nodes.tolist()
-    outcome = node_outcomes(cycle)
-    label = _labeller(tokenizer)
-    tag = _labeller(tokenizer, short=True)  # beside the markers: short; the hover keeps ``label``
-
-    # Which nodes to show: all, or the best `max_nodes` (flattened order = score order, prefix-closed)
-    # plus the accepted path (ancestor-closed), so the shown set is still a tree.
-    if max_nodes is not None and n - 1 > max_nodes:
-        keep = sorted(set(range(max_nodes + 1)) | set(acc_nodes))
-    else:
-        keep = list(range(n))
-    shown = len(keep) - 1
+    keep = _shown_nodes(n, acc_nodes, max_nodes)
     pos = {node: j for j, node in enumerate(keep)}
     # Layout over kept nodes + the bonus as an extra (last) child of the last accepted node.
-    last = acc_nodes[-1]
-    lay_parents = [pos[parents[i]] if parents[i] >= 0 else -1 for i in keep] + [pos[last]]
+    lay_parents = [pos[parents[i]] if parents[i] >= 0 else -1 for i in keep] + [pos[acc_nodes[-1]]]
     order = [float(i) for i in keep] + [float(n)]
     x, y = tree_layout(lay_parents, order)
+    label = _labeller(tokenizer)
+    tag = _labeller(tokenizer, short=True)  # beside the markers: short; the hover keeps ``label``
+    data = _edge_traces(keep, parents, pos, acc_nodes, x, y)
+    data += _node_traces(cycle, keep, x, y, label, tag)
+    data.append(_bonus_trace(cycle, n, x[len(keep)], y[len(keep)], label, tag))
+    fig = go.Figure(data=data)
+    _tree_layout(fig, cycle, x, y, len(keep) - 1, max_nodes)
+    return fig
 
-    # Edges of the whole (shown) tree, thin.
+
+def _shown_nodes(n: int, acc_nodes: list[int], max_nodes: int | None) -> list[int]:
+    """Which nodes to show: all, or the best ``max_nodes`` (flattened order = score order, prefix-closed)
+    plus the accepted path (ancestor-closed), so the shown set is still a tree."""
+    if max_nodes is not None and n - 1 > max_nodes:
+        return sorted(set(range(max_nodes + 1)) | set(acc_nodes))
+    return list(range(n))
+
+
+def _edge_traces(keep: list[int], parents: list[int], pos: dict, acc_nodes: list[int], x, y) -> list:
+    """Edges of the whole (shown) tree, thin, and the accepted path to the bonus (layout index ``len(keep)``)."""
     ex: list = []
     ey: list = []
     for j, i in enumerate(keep):
@@ -211,17 +211,30 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
             pj = pos[parents[i]]
             ex += [x[pj], x[j], None]
             ey += [y[pj], y[j], None]
-    b = len(keep)  # layout index of the bonus
     data = [go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#cfcfcf", width=1), hoverinfo="skip",
                        name="tree edges", showlegend=False, meta="edges")]
-    path = [pos[i] for i in acc_nodes] + [b]
+    path = [pos[i] for i in acc_nodes] + [len(keep)]
     data.append(go.Scatter(x=[x[j] for j in path], y=[y[j] for j in path], mode="lines",
                            line=dict(color=OUTCOME_COLORS["accepted"], width=5), opacity=0.45, hoverinfo="skip",
                            name="accepted path", showlegend=False, meta="path"))
+    return data
 
+
+def _node_traces(cycle: Cycle, keep: list[int], x, y, label, tag) -> list:
+    """One marker trace per outcome (rejected, agreed, accepted: always all three, in that order)."""
+    parents = cycle.parents.tolist()
+    tokens = cycle.tokens.tolist()
+    depth = cycle.depth.tolist()
+    rank = cycle.rank.tolist()
+    score = cycle.score.tolist()
+    dprob = cycle.draft_prob().tolist()
+    tprob = cycle.target_prob.tolist()
+    choice = cycle.target_choice.tolist()
+    outcome = node_outcomes(cycle)
     groups: dict[str, list[int]] = {k: [] for k in OUTCOME_COLORS}
     for j, i in enumerate(keep):
         groups[outcome[i]].append(j)
+    data = []
     for key in ("rejected", "agreed", "accepted"):
         js = groups[key]
         nodes = [keep[j] for j in js]
@@ -241,37 +254,44 @@ def tree_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = None) -> g
                         opacity=[0.45 + 0.55 * float(min(max(dprob[i], 0.0), 1.0)) for i in nodes]),
             name=OUTCOME_NAMES[key], meta=NODE_META,
         ))
+    return data
+
+
+def _bonus_trace(cycle: Cycle, n: int, xb, yb, label, tag) -> go.Scatter:
+    """The new bonus token, a star after the last accepted node (its customdata is ``n``)."""
     bonus = int(cycle.bonus)
-    pb = acc_nodes[-1]
-    data.append(go.Scatter(
-        x=[x[b]], y=[y[b]], mode="markers+text", text=[tag(bonus)], textposition="middle right",
+    pb = cycle.accepted_nodes.tolist()[-1]
+    tprob = cycle.target_prob.tolist()
+    return go.Scatter(
+        x=[xb], y=[yb], mode="markers+text", text=[tag(bonus)], textposition="middle right",
         textfont=dict(size=11, color=OUTCOME_COLORS["bonus"]), customdata=[n],
         hovertext=[f"<b>{label(bonus)}</b><br>bonus token id {bonus} (the target's choice after node {pb})"
                    f"<br>target prob {tprob[pb]:.3f}<br>root of the next cycle"],
         hoverinfo="text", marker=dict(size=16, symbol="star", color=OUTCOME_COLORS["bonus"],
                                       line=dict(width=1, color="black")),
         name=OUTCOME_NAMES["bonus"], meta=NODE_META,
-    ))
+    )
 
+
+def _tree_layout(fig: go.Figure, cycle: Cycle, x, y, shown: int, max_nodes: int | None) -> None:
+    """The tree figure's title (how many nodes are shown), size, legend and axes."""
     rows = int(y.max()) + 1 if len(y) else 1
     title = (f"cycle {cycle.index} · {cycle.policy} · {cycle.n_nodes} drafted nodes · accepted {cycle.accepted}"
              f" + bonus (accept length {cycle.accept_length})")
     if shown < cycle.n_nodes:
         title += (f"<br><sup>showing {shown} of {cycle.n_nodes} nodes: the top {max_nodes} by path score"
                   " and the accepted path</sup>")
-    fig = go.Figure(data=data)
     fig.update_layout(
         title=dict(text=title, font=dict(size=14), yref="container", y=1.0, yanchor="top", pad=dict(t=10)),
         height=int(min(max(360, 22 * rows + 160), 4000)),
         margin=dict(l=20, r=20, t=110, b=40), plot_bgcolor="white",
-        # The legend sits above the plot area, under the title: below it, it covered the depth ticks.
+        # The legend sits above the plot area, under the title, clear of the depth ticks below it.
         hovermode="closest", legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom"),
         xaxis=dict(title="depth", dtick=1, range=[-0.3, float(x.max()) + 1.2], showgrid=True, gridcolor="#f0f0f0",
                    zeroline=False),
         yaxis=dict(visible=False, autorange="reversed"),
         meta={"cycle": cycle.index, "n_nodes": cycle.n_nodes, "shown_nodes": shown},
     )
-    return fig
 
 
 def tree_node_count(fig) -> int:
@@ -365,62 +385,12 @@ def token_stream(trace: Trace, tokenizer=None, width: int = 64, rows_in_view: in
     if not spans:
         return empty_figure("no cycles yet", height=160)
     accept = {c.index: c.accept_length for c in trace.cycles}
-    raw_cache: dict[int, str] = {}
-
-    def raw(t: int) -> str:
-        if t not in raw_cache:
-            raw_cache[t] = token_text(tokenizer, t)
-        return raw_cache[t]
-
-    # Lay out characters: row r, column col. A newline is drawn as ⏎ and ends the row.
-    rows_l: list[int] = []
-    cols_l: list[int] = []
-    chars: list[str] = []
-    owner: list[int] = []  # span index
-    tok_of: list[str] = []
-    r = col = 0
-    for si, (_, toks) in enumerate(spans):
-        for t in toks:
-            s = raw(t)
-            tv = visible(s)
-            for ch in s:
-                if col >= width:
-                    r, col = r + 1, 0
-                rows_l.append(r)
-                cols_l.append(col)
-                chars.append(html.escape(ch.translate(_VISIBLE), quote=False))
-                owner.append(si)
-                tok_of.append(tv)
-                col += 1
-                if ch == "\n":
-                    r, col = r + 1, 0
-    n_rows = r + 1
-    # Three layers (prefill, even cycles, odd cycles): adjacent cycles alternate hue; darker = longer accept.
-    z = [np.full((n_rows, width), np.nan) for _ in range(3)]
-    text = [np.full((n_rows, width), "", dtype=object) for _ in range(3)]
-    hover = [np.full((n_rows, width), "", dtype=object) for _ in range(3)]
-    for rr, cc, ch, si, tv in zip(rows_l, cols_l, chars, owner, tok_of):
-        ci = spans[si][0]
-        if ci < 0:
-            k, zv, hv = 0, 1, f"prefill token <b>{tv}</b>"
-        else:
-            k, zv = 1 + ci % 2, accept[ci]
-            hv = f"cycle {ci}, accept length {zv}<br>token <b>{tv}</b>"
-        z[k][rr, cc] = zv
-        text[k][rr, cc] = ch
-        hover[k][rr, cc] = hv
+    cells, n_rows = _char_grid(spans, tokenizer, width)
+    z, text, hover = _stream_layers(cells, spans, accept, n_rows, width)
     zmax = max(max(accept.values()) if accept else 1, 1)
     common = dict(x=list(range(width)), y=list(range(n_rows)), hoverinfo="text", texttemplate="%{text}",
                   textfont=dict(size=11, family="monospace"), xgap=0, ygap=2, hoverongaps=False)
-    styles = [
-        dict(name="prefill", colorscale=[[0, "#e0e0e0"], [1, "#e0e0e0"]], showscale=False, zmin=0, zmax=1),
-        # Integer ticks, at most ~5, and a title along the bar: with few cycles (a short figure) fractional
-        # ticks and a stacked title overlapped.
-        dict(name="even cycles", colorscale=[[0, "#f7fbff"], [1, "#6baed6"]], showscale=True, zmin=0, zmax=zmax,
-             colorbar=dict(title=dict(text="accept length", side="right"), len=1.0, thickness=12,
-                           tickmode="linear", tick0=0, dtick=max(1, math.ceil(zmax / 4)))),
-        dict(name="odd cycles", colorscale=[[0, "#fff5eb"], [1, "#fd8d3c"]], showscale=False, zmin=0, zmax=zmax),
-    ]
+    styles = _stream_styles(zmax)
     fig = go.Figure([
         go.Heatmap(z=np.where(np.isnan(z[k]), None, z[k]).tolist(), text=text[k].tolist(),
                    hovertext=hover[k].tolist(), **common, **styles[k])
@@ -445,6 +415,60 @@ def token_stream(trace: Trace, tokenizer=None, width: int = 64, rows_in_view: in
         meta={"cycles": len(trace.cycles), "rows": n_rows},
     )
     return fig
+
+
+def _char_grid(spans, tokenizer, width: int) -> tuple[list[tuple], int]:
+    """The characters laid out: (row, column, char, span index, its token made visible) each, and the row
+    count. A newline is drawn as ⏎ and ends the row."""
+    raw_cache: dict[int, str] = {}
+    cells = []
+    r = col = 0
+    for si, (_, toks) in enumerate(spans):
+        for t in toks:
+            if t not in raw_cache:
+                raw_cache[t] = token_text(tokenizer, t)
+            s = raw_cache[t]
+            tv = visible(s)
+            for ch in s:
+                if col >= width:
+                    r, col = r + 1, 0
+                cells.append((r, col, html.escape(ch.translate(_VISIBLE), quote=False), si, tv))
+                col += 1
+                if ch == "\n":
+                    r, col = r + 1, 0
+    return cells, r + 1
+
+
+def _stream_layers(cells: list[tuple], spans, accept: dict, n_rows: int, width: int) -> tuple[list, list, list]:
+    """Three layers (prefill, even cycles, odd cycles) of z, text and hover [n_rows, width]: adjacent cycles
+    alternate hue; z is the accept length (darker = longer)."""
+    z = [np.full((n_rows, width), np.nan) for _ in range(3)]
+    text = [np.full((n_rows, width), "", dtype=object) for _ in range(3)]
+    hover = [np.full((n_rows, width), "", dtype=object) for _ in range(3)]
+    for rr, cc, ch, si, tv in cells:
+        ci = spans[si][0]
+        if ci < 0:
+            k, zv, hv = 0, 1, f"prefill token <b>{tv}</b>"
+        else:
+            k, zv = 1 + ci % 2, accept[ci]
+            hv = f"cycle {ci}, accept length {zv}<br>token <b>{tv}</b>"
+        z[k][rr, cc] = zv
+        text[k][rr, cc] = ch
+        hover[k][rr, cc] = hv
+    return z, text, hover
+
+
+def _stream_styles(zmax: int) -> list[dict]:
+    """The three layers' colour scales; the even cycles' carries the colour bar."""
+    return [
+        dict(name="prefill", colorscale=[[0, "#e0e0e0"], [1, "#e0e0e0"]], showscale=False, zmin=0, zmax=1),
+        # Integer ticks, at most ~5, and a title along the bar, so that a short figure (few cycles) shows
+        # neither fractional ticks nor a stacked title over them.
+        dict(name="even cycles", colorscale=[[0, "#f7fbff"], [1, "#6baed6"]], showscale=True, zmin=0, zmax=zmax,
+             colorbar=dict(title=dict(text="accept length", side="right"), len=1.0, thickness=12,
+                           tickmode="linear", tick0=0, dtick=max(1, math.ceil(zmax / 4)))),
+        dict(name="odd cycles", colorscale=[[0, "#fff5eb"], [1, "#fd8d3c"]], showscale=False, zmin=0, zmax=zmax),
+    ]
 
 
 # ----------------------------------------------------------------------------- comparisons across runs
