@@ -1,0 +1,109 @@
+"""The reference's side of one replayed cycle: the target's own forwards (``greedy_continuation``, ``chain_logits``)
+and ``Cycle``, one cycle record with what its contracts read, the reference's parts computed on first use."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from workbench.conform import contracts as C
+
+
+def greedy_continuation(model, context: list[int], n: int) -> list[int]:
+    """The target's next ``n`` greedy tokens after ``context`` (root last), by its own cache."""
+    from workbench.models.path_oracle import prefill
+
+    with torch.no_grad():
+        logits, cache = prefill(model, torch.tensor(context))
+        out = [int(logits.argmax())]
+        while len(out) < n:
+            step = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True)
+            out.append(int(step.logits[0, -1].argmax()))
+    return out
+
+
+def chain_logits(model, context: list[int], tokens: list[int], parents: list[int]) -> Tensor:
+    """Every node's target logits [n, V] from its own root-to-node path, as plain chains through transformers'
+    own model: the committed ``context`` (the root excluded) prefilled once, then one batch whose row i is
+    node i's path (root first), right-padded; causal attention (and a causal recurrence) keeps the padding
+    out of every real position, so row i's logits at its depth are the path oracle's
+    (``workbench.models.path_oracle.path_logits``, which tests/conform checks it against) in one forward.
+    A cache that cannot be repeated over rows (transformers' linear-attention layers) runs each row's whole
+    context instead."""
+    from workbench.models.path_oracle import prefill
+
+    n, depth = len(tokens), C.depths_from(parents)
+    batch = torch.zeros(n, max(depth) + 1, dtype=torch.long)  # [n, D + 1]
+    for i in range(n):
+        j = i
+        batch[i, depth[i] + 1:] = tokens[i]  # padding: never read
+        while j >= 0:
+            batch[i, depth[j]] = tokens[j]
+            j = parents[j]
+    ctx = torch.tensor(context)
+    rows = (torch.arange(n), torch.tensor(depth))
+    # the decoder's hidden states, and the head over each row's one read position only
+    split = hasattr(model, "model") and hasattr(model, "lm_head")
+    body = model.model if split else model
+    with torch.no_grad():
+        _, cache = prefill(model, ctx)
+        if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
+            cache.batch_repeat_interleave(n)
+            out = body(input_ids=batch, past_key_values=cache, use_cache=True)  # [n, D + 1, ...]
+            skip = 0
+        else:
+            out = body(input_ids=torch.cat([ctx.expand(n, len(context)), batch], 1), use_cache=False)
+            skip = len(context)
+        if split:
+            return model.lm_head(out.last_hidden_state[:, skip:][rows]).float()  # [n, V]
+        return out.logits[:, skip:][rows].float()
+
+
+class Cycle:
+    """One cycle record as its contracts read it: the request's committed context (``ctx``, root last; None when
+    unknown), the root's position (``start``), the tree and whether its shape is malformed (``shape``: the tree
+    contract's evidence, None when well formed or absent). The reference's parts are computed on first use and
+    kept for the cycle: one target forward serves the features' reference and the reference drafter's input."""
+
+    def __init__(self, rec, rq, models, ref):
+        self.rec, self.rq, self.models, self.ref = rec, rq, models, ref
+        self.ctx = rq.context
+        self.start = len(self.ctx) - 1 if self.ctx is not None else rec.get("context_len")
+        self.tokens = rec["tree_tokens"].tolist() if "tree_tokens" in rec else None
+        self.parents = rec["tree_parents"].tolist() if "tree_parents" in rec else None
+        self.shape = None if self.tokens is None or self.parents is None else C.tree_shape_problem(
+            self.tokens, self.parents, rec["tree_depths"].tolist() if "tree_depths" in rec else None)
+        self.kind = rec.get("draft_values", "logprobs")  # what the drafter's top-k values are: logprobs or logits
+        self._cache: dict = {}
+
+    def states(self):
+        """The target's every layer over the committed context (``Reference.states``)."""
+        if "states" not in self._cache:
+            self._cache["states"] = self.ref.states(self.ctx[:-1])
+        return self._cache["states"]
+
+    def ref_logits(self, D: int) -> Tensor:
+        """[D, V]: the reference drafter on the committed context (the whole block always: its slots attend to
+        each other)."""
+        if "draft" not in self._cache:
+            self._cache["draft"] = self.ref.draft_logits(self.ctx, self.models.block_size - 1,
+                                                         self.states().drafter_features()).float()
+        return self._cache["draft"][:D]
+
+    def ref_logprobs(self, D: int) -> Tensor:
+        return torch.log_softmax(self.ref_logits(D), -1)
+
+    def cost(self) -> tuple:
+        """(the reference step's committed tokens on this context, the engine's); computed once a cycle."""
+        if "cost" not in self._cache:
+            self._cache["cost"] = self._step_cost()
+        return self._cache["cost"]
+
+    def _step_cost(self) -> tuple:
+        rec, m = self.rec, self.models
+        eng = len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None
+        if self.ctx is None or not C.rebuilds(self.rq.policy):
+            return None, eng
+        D = rec["draft_topk_ids"].shape[0] if "draft_topk_ids" in rec else m.block_size - 1
+        want = C.reference_tree(self.ref_logprobs(D), self.ctx[-1], self.rq.policy)
+        greedy = greedy_continuation(m.target, self.ctx, D + 1)
+        return C.accept_length(want["tokens"], want["parents"], greedy), eng
