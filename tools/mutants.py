@@ -72,7 +72,7 @@ MUTANTS = [
     M("sampling.top_p_untempered", "workbench/engine/sampling.py",
       "        keep = sp.cumsum(-1) - sp < s.top_p  # the smallest set whose mass reaches top_p",
       "        keep = (lambda u: u.cumsum(-1) - u < s.top_p)(torch.softmax(logits.float(), -1).gather(-1, order))",
-      "issue 36 survivor: top-p's set taken from the untempered probabilities"),
+      "top-p's set taken from the untempered probabilities"),
     M("sampling.top_p_boundary", "workbench/engine/sampling.py",
       "keep = sp.cumsum(-1) - sp < s.top_p", "keep = sp.cumsum(-1) < s.top_p",
       "top-p drops the token that reaches the mass"),
@@ -96,7 +96,7 @@ MUTANTS = [
     # ------------------------------------------------------------------ records (workbench/records/cycle.py)
     M("records.accepted_off_by_one", "workbench/records/cycle.py",
       "        return int(self.accepted_nodes.shape[0]) - 1", "        return int(self.accepted_nodes.shape[0])",
-      "issue 36 lucky catch: the accepted length counts the root"),
+      "the accepted length counts the root"),
     M("records.accept_length_no_bonus", "workbench/records/cycle.py",
       "        return self.accepted + 1", "        return self.accepted", "tau without the bonus"),
     M("records.meta_keeps_last_value", "workbench/records/cycle.py",
@@ -116,7 +116,7 @@ MUTANTS = [
       "a loaded trace's bonus checked only at the root"),
     # ------------------------------------------------------------------ session (workbench/engine/session.py)
     M("session.seed_not_in_meta", "workbench/engine/session.py",
-      '"seed": seed, ', "", "issue 36 survivor: the seed dropped from the trace's meta"),
+      '"seed": seed, ', "", "the seed dropped from the trace's meta"),
     M("session.cycle_records_first_top_p", "workbench/engine/session.py",
       "top_p=self.sampling.top_p, top_k=self.sampling.top_k,", 'top_p=self.trace.meta["top_p"], top_k=self.sampling.top_k,',
       "a cycle records the session's first top_p, not the one it ran with"),
@@ -126,7 +126,7 @@ MUTANTS = [
     M("stages.context_loses_previous_bonus", "workbench/engine/stages/commit.py",
       "ctx = features[b : b + 1, x] if features is not None else None",
       "ctx = features[b : b + 1, x[1:]] if features is not None else None",
-      "issue 36 lucky catch: the drafter's context loses the previous bonus token (the root's features)"),
+      "the drafter's context loses the previous bonus token (the root's features)"),
     M("stages.commit_tokens_shifted", "workbench/engine/stages/commit.py",
       "out.append(Committed(x, h[3 : L + 3] + [bonus], bonus, ctx))",
       "out.append(Committed(x, h[2 : L + 2] + [bonus], bonus, ctx))", "committed tokens start at the root"),
@@ -144,7 +144,7 @@ MUTANTS = [
     # ------------------------------------------------------------------ the model states (workbench/models/)
     M("models.commit_reversed", "workbench/models/dense_target.py",
       "        self.cache.keep_rows(layout.starts, nodes)", "        self.cache.keep_rows(layout.starts, [x.flip(0) for x in nodes])",
-      "issue 36 lucky catch: the accepted nodes' K/V rows kept in reverse order"),
+      "the accepted nodes' K/V rows kept in reverse order"),
     M("models.context_order", "workbench/models/drafter.py",
       "self.context = [c if f is None else torch.cat([c, f], dim=1) for c, f in zip(self.context, features)]",
       "self.context = [c if f is None else torch.cat([f, c], dim=1) for c, f in zip(self.context, features)]",
@@ -196,7 +196,7 @@ MUTANTS = [
     M("serve.app.patch_temperature_everywhere", "workbench/serve/app.py",
       "                s.temperature = req.temperature",
       "                [setattr(x.session, 'temperature', req.temperature) for x in store.entries()]",
-      "issue 36 survivor: a PATCH of one session's temperature applied to every live session",
+      "a PATCH of one session's temperature applied to every live session",
       alt=(("                    setattr(s, name, v)  # the session's own checks and messages, and its trace's record",
             "                    [setattr(x.session, name, v) for x in store.entries()] if name == 'temperature' else "
             "setattr(s, name, v)"),)),

@@ -1,4 +1,4 @@
-"""``wb.compare`` says only what it saw (issue 48, item 4): once a drafter input differs, a chunk or layer whose
+"""``wb.compare`` says only what it saw: once a drafter input differs, a chunk or layer whose
 comparison could not be given the production's version of that input is worded as following from it, never as
 differing "for identical inputs"; a layer that differs on the production's own inputs (positions included) is
 the layer's own computation, whatever differs upstream.

@@ -1,5 +1,5 @@
-"""compare_served checks before the local reference runs, and its report carries the reference column
-(issue 44). A fake vLLM server: /v1/models (root, max_model_len), /metrics, /v1/completions."""
+"""compare_served checks before the local reference runs, and its report carries the reference column.
+A fake vLLM server: /v1/models (root, max_model_len), /metrics, /v1/completions."""
 from __future__ import annotations
 
 import http.server

@@ -1,4 +1,4 @@
-"""The production-engine surfaces check their arguments before anything loads (issue 44): wb.compare,
+"""The production-engine surfaces check their arguments before anything loads: wb.compare,
 bench --engine vllm (in process and --served), the vLLM engine's load options. No vLLM model loads here."""
 from __future__ import annotations
 

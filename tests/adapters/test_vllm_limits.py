@@ -1,4 +1,4 @@
-"""A vLLM session at its limits (issue 44): the last cycle of a request cut at max_new_tokens records what
+"""A vLLM session at its limits: the last cycle of a request cut at max_new_tokens records what
 the request kept, so its accept lengths equal the workbench's on the same drafts at every limit; bad
 arguments refused in one line before a request starts. One vLLM engine, with the workarounds (identical
 drafts), for the whole module."""
@@ -25,7 +25,7 @@ def engines():
 
 def test_accept_lengths_equal_the_workbenchs_at_every_limit(engines):
     v, ours = engines
-    # (32, the first prompt): the issue's case, where vLLM recorded 7 drafts accepted past the limit
+    # (32, the first prompt): vLLM's sampler accepts 7 drafts past the limit there
     for n, p in ((5, PROMPTS[0]), (32, PROMPTS[0]), (13, PROMPTS[1])):
         a = ours.session(p, policy=wb.DFlash(), max_new_tokens=n).run()
         s = v.session(p, max_new_tokens=n)

@@ -1,4 +1,4 @@
-"""Branching rates from traces (issue 41, item 2) and the paired statistics (item 4) on hand-made data."""
+"""Branching rates from traces and the paired statistics on hand-made data."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""pays-off (issue 41): shapes decoded apart and interleaved, forwards counted, what decides, and bad input."""
+"""pays-off: shapes decoded apart and interleaved, forwards counted, what decides, and bad input."""
 from __future__ import annotations
 
 import json
@@ -75,7 +75,7 @@ def test_units_are_interleaved_and_rotated(monkeypatch):
 
 def test_pays_off_end_to_end_on_a_tiny_pair(tiny_engines):
     eng = tiny_engines["l4-h32"]  # block 8: 7 slots
-    # batch sizes out of order, a copy of a prompt, one comma-separated string with a width-2 DDTree (issue 50)
+    # batch sizes out of order, a copy of a prompt, one comma-separated string with a width-2 DDTree
     res = pays_off(eng, PROMPTS + [PROMPTS[3]], batch=(2, 1), policies="ddtree:4,DDTree(4, width=2),spine:1",
                    max_new_tokens=10, warmup=False, progress=False)
     assert list(res.batches) == [1, 2]
@@ -180,7 +180,7 @@ def test_the_verdict_counts_a_budget_only_where_the_paired_test_separates_it():
     assert "is not shown to pay off over DFlash (no budget significantly faster; slower: DDTree(64))" in head
 
 
-# ------------------------------------------------------------------------ issue 50: nothing silent, round 5
+# ------------------------------------------------------------------------ nothing silent: every check before a decode
 class Reached(Exception):
     """Raised by the stand-in decode: every check passed and the first decode was about to run."""
 
@@ -348,7 +348,7 @@ def test_without_a_ddtree_budget_the_verdict_says_why(tiny_engines):
 
 
 def test_the_verdict_names_the_fastest_policy_ar_included():
-    """Issue 47: DDTree(8) 1.46x DFlash at batch 8 while AR ran 1.76x DFlash; the verdict must say AR was fastest."""
+    """DDTree(8) 1.46x DFlash at batch 8 while AR runs 1.76x DFlash: the verdict says AR is fastest."""
     from workbench.analysis.paired import PairedRatio
     from workbench.payoff.verdict import ShapeRow, fastest_line
 
@@ -378,7 +378,7 @@ def test_notebook_11_states_the_rules_its_verdicts_use():
     assert "Bonferroni" in src and "p < 0.025" in src
 
 
-# ------------------------------------------------------------- issue 47 item 5: the calibrated policies side by side
+# ------------------------------------------------------------------------- the calibrated policies side by side
 CALIBRATED_LABELS = ["PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)"]
 
 

@@ -129,8 +129,8 @@ def write_json(path: Path, obj) -> str:
 
 
 def test_a_drafter_that_does_not_fit_the_target_is_refused_before_any_weight(monkeypatch):
-    """The default drafter (Qwen3-8B's, 4096 wide) beside a tiny target used to build 20 s of random weights and
-    then fail with a torch shape error; the pair is now checked on the configs as given."""
+    """The default drafter (Qwen3-8B's, 4096 wide) beside a tiny target is refused on the configs as given,
+    before 20 s of random weights are built only to fail with a torch shape error."""
     import transformers
 
     def built(*a, **k):
@@ -221,8 +221,8 @@ CLI_REFUSALS = {  # case: (argv, the line's start); {bad} etc. are files the tes
 
 @pytest.mark.parametrize("case", sorted(CLI_REFUSALS))
 def test_cli_refuses_what_the_sweep_cannot_use_in_one_line(case, tmp_path, capsys, monkeypatch):
-    """Each used to be a traceback (exit 1), a raw decoder message without the file, weights built then a shape
-    error, or an option silently ignored; now one line and exit 2, before any weight is built."""
+    """Each is one line and exit 2, before any weight is built: never a traceback, a raw decoder message
+    without the file, weights built then a shape error, or an option silently ignored."""
     import transformers
 
     def built(*a, **k):

@@ -16,7 +16,7 @@ from ddtree_kernels import Tree
 
 
 def positions_by_index(monkeypatch) -> str:
-    """Tree positions by node index instead of depth (siblings no longer share a position)."""
+    """Tree positions by node index instead of depth (siblings at different positions)."""
     stage = importlib.import_module("workbench.engine.stages.tree_compile")  # the module (the package exports the function)
     original = stage.compile_tree
 
@@ -30,7 +30,7 @@ def positions_by_index(monkeypatch) -> str:
 
 
 def ancestor_dropped(monkeypatch) -> str:
-    """One ancestor dropped from the visibility: the deepest node no longer sees its parent."""
+    """One ancestor dropped from the visibility: the deepest node does not see its parent."""
     stage = importlib.import_module("workbench.engine.stages.tree_compile")  # the module (the package exports the function)
     original = stage.compile_tree
 
@@ -135,7 +135,7 @@ def vllm_block_positions_shifted(monkeypatch) -> str:
 
 
 # ------------------------------------------------------------------------------------------ integrators' bugs
-# The bugs integrators report publicly (issue 48; shared/reference/field-2026-12-05.md, section 2), planted the way
+# The bugs integrators report publicly (shared/reference/field-2026-12-05.md, section 2), planted the way
 # each happens in an engine. CAUSE names the catalogue entry (workbench.conform.causes) its evidence must match.
 
 

@@ -1,4 +1,4 @@
-"""The tree contract for the calibrated policies (issue 47 item 5): PathTree, PairTree and PairChain trees rebuilt
+"""The tree contract for the calibrated policies: PathTree, PairTree and PairChain trees rebuilt
 from the pair's calibration and the dump's drafter top-k; CostTree and CutTree, a top-k too short and a calibration
 of another pair reported as not checked with what a rebuild needs, never as passed; a tree built by the wrong rule
 named under the tree contract."""

@@ -1,6 +1,6 @@
 """The checker (``wb.conform``): contracts on plain tensors, clean runs that name nothing, planted faults named by
 their own contract first, missing fields reported as not checked, and bad input refused in one line before any
-model loads (issue 42, items 3, 4, 6 and 7)."""
+model loads."""
 from __future__ import annotations
 
 import json
@@ -324,7 +324,7 @@ def test_foreign_truncated_unknown_version_and_unreadable_layouts_are_one_line_e
 
 def test_features_of_another_digest_or_width_are_refused_in_one_line_before_loading(small_dump, tmp_path,
                                                                                    monkeypatch):
-    """Issue 48 item 8: a digest made with another projection seed or size, whole rows of another width than the
+    """A digest made with another projection seed or size, whole rows of another width than the
     drafter's target layers, a digest under a header without its projection: one line each, before any model
     loads (ConformInputError, a ValueError; the CLI's exit 2)."""
     from workbench.conform import features
@@ -400,7 +400,7 @@ def test_the_cli_checks_a_dump_and_refuses_bad_input_in_one_line(small_dump, tmp
 # ------------------------------------------------------------------------------------------ cost
 @pytest.mark.slow
 def test_checking_64_cycles_of_the_embedded_pair_takes_under_a_minute(engine, tmp_path):
-    """Issue 42, item 6 (docs/conformance.md has the measured figure and its command)."""
+    """The bound docs/conformance.md states for 64 cycles (it has the measured figure and its command)."""
     import time
 
     path = tmp_path / "run.dump"
@@ -459,7 +459,7 @@ def test_vllm_cpu_dflash_shows_each_known_loss_under_the_drafter_contracts(tmp_p
 
 @pytest.mark.slow
 def test_vllm_with_shifted_block_positions_is_named_under_the_drafter_context(tmp_path, monkeypatch):
-    """The third fault of issue 42 item 5, planted into vLLM with both known losses worked around: the dump's
+    """Shifted block positions planted into vLLM with both known losses worked around: the dump's
     block positions name it, and the drafter's output is the first thing it spoils."""
     sys.path.insert(0, str(ROOT / "tests"))
     from vllm_pairs import last_layer_pair

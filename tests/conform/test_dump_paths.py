@@ -1,4 +1,4 @@
-"""A dump never overwrites or interleaves silently (issue 50, item 2): an existing path is refused unless
+"""A dump never overwrites or interleaves silently: an existing path is refused unless
 ``dump_replace=True``, one writer per path in the process, the path probed for writing before the prefill,
 a resumed session never appends to a file another writer replaced, and every record is numbered (``seq``)."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""``wb.conform`` stays the checker however the package is imported (issue 50): importing the subpackage
-``workbench.conform`` (a dump writer does, and so did the first call of ``wb.conform``) once bound the module
-over the lazily imported function ("'module' object is not callable"). The package is now callable itself, so
-``wb.conform(dump)`` and ``import workbench.conform.dump as d`` both work in any order. Every submodule
-imported, the documented entry points are still what docs/API.md says they are."""
+"""``wb.conform`` stays the checker however the package is imported: importing the subpackage
+``workbench.conform`` (a dump writer does) binds the module where ``wb.conform`` stands, so the package is
+callable itself, and ``wb.conform(dump)`` and ``import workbench.conform.dump as d`` both work in any order
+(never "'module' object is not callable"). Every submodule imported, the documented entry points are what
+docs/API.md says they are."""
 from __future__ import annotations
 
 import importlib

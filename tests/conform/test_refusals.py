@@ -1,4 +1,4 @@
-"""The checker never judges what it cannot (issue 50, item 1 and the checker's arguments): a dump with nothing to
+"""The checker never judges what it cannot (its input and its arguments): a dump with nothing to
 check, a file not as its writer wrote it, a dump of another pair (down to the weights) and a header that says
 the target is not what it is are refused in one line naming the value and the fix, before any model loads
 where the file alone shows it; a check that judged nothing is no verdict; the report names the pair it used

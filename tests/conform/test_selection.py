@@ -1,4 +1,4 @@
-"""A checker for real runs (issue 48, item 6): ``conform(dump, cycles=(A, B), requests=[...])`` and ``conform
+"""A checker for real runs: ``conform(dump, cycles=(A, B), requests=[...])`` and ``conform
 --cycles A:B --requests ID,...`` judge a slice of a long dump, reading every record before it for the history
 two contracts need (the committed context; the positions the drafter took in); a slice that is malformed or
 outside the dump is refused in one line before any model loads; a long check prints its progress on stderr.

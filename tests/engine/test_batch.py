@@ -212,7 +212,7 @@ def test_cli_bench_batch_size(tiny_pairs, capsys, tmp_path):
     assert rc == 0 and res["batch_size"] == 3 and res["batches"] == 1 and set(res["policies"]) == {"DFlash", "DDTree(8)"}
     for label, r in res["policies"].items():
         assert r["lossless"] is True and r["tau"] >= 1 and r["cycle_ms_p50"] > 0
-        # every repeat's figure is there (issue 41: a 0.48x repeat hid behind "p50 2.45x p90 2.46x")
+        # every repeat's figure is there (a percentile summary such as "p50 2.45x p90 2.46x" hides a 0.48x repeat)
         assert len(r["speedup_per_repeat"]) == len(r["batch_tok_s_per_repeat"]) == 2
         assert r["speedup"] == sorted(r["speedup_per_repeat"])[0] + (sorted(r["speedup_per_repeat"])[1] -
                                                                      sorted(r["speedup_per_repeat"])[0]) / 2

@@ -1,5 +1,5 @@
 """Pairing follows the checkpoint: a target given without draft= gets the drafter laid out beside it
-(``<dir>/target`` -> ``<dir>/draft``, as the embedded pairs are) or is refused (issue 44)."""
+(``<dir>/target`` -> ``<dir>/draft``, as the embedded pairs are) or is refused."""
 from __future__ import annotations
 
 import shutil

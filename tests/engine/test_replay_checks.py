@@ -1,5 +1,5 @@
 """Replay re-runs only what it can re-run: a trace of another pair or another engine, or a change it
-cannot apply, is refused in one line; a saved trace's path works as the trace (issue 44)."""
+cannot apply, is refused in one line; a saved trace's path works as the trace."""
 from __future__ import annotations
 
 import copy

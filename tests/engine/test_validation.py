@@ -1,5 +1,5 @@
-"""Nothing silent: one line naming the value, from Python and from the command line alike (issue 26,
-items 4 and 5), damaged traces refused at load with file:line, outputs checked before any work."""
+"""Nothing silent: one line naming the value, from Python and from the command line alike, damaged
+traces refused at load with file:line, outputs checked before any work."""
 from __future__ import annotations
 
 import json

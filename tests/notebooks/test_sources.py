@@ -1,4 +1,4 @@
-"""Notebook sources are files (issue 43, item 6): each notebook's cells live in ``notebooks/NN_name.py`` (jupytext's
+"""Notebook sources are files: each notebook's cells live in ``notebooks/NN_name.py`` (jupytext's
 percent format), the committed .ipynb is that source's build, and a source is Python that imports no test helper
 and no private name."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Figures everywhere (issue 26, item 3): a built notebook stores a PNG beside every plotly figure and a
+"""Figures everywhere: a built notebook stores a PNG beside every plotly figure and a
 run-the-cell sentence for every widget; one small notebook built into a temporary folder."""
 from __future__ import annotations
 

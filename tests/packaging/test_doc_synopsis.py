@@ -1,4 +1,4 @@
-"""docs/wire-format.md's synopsis of `serve` names every option the command takes (issue 44)."""
+"""docs/wire-format.md's synopsis of `serve` names every option the command takes, and no other."""
 from __future__ import annotations
 
 import re

@@ -17,7 +17,7 @@ def run_doc(path: Path) -> doctest.TestResults:
 
 
 def test_api_doc_examples_run(monkeypatch):
-    """A stale signature, default or result in docs/API.md fails here (it once said dtype=None and layers [1, 3, 5])."""
+    """A stale signature, default or result in docs/API.md fails here (dtype=None or layers [1, 3, 5], say)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     text = (ROOT / "docs" / "API.md").read_text()
     assert text.count(">>> ") >= 20  # the examples are there to be run
@@ -26,7 +26,7 @@ def test_api_doc_examples_run(monkeypatch):
 
 
 def test_a_stale_example_fails(tmp_path):
-    """The check can fail: the old claim of the embedded drafter's layers, run as an example."""
+    """The check can fail: a wrong claim of the embedded drafter's layers, run as an example."""
     doc = tmp_path / "stale.md"
     doc.write_text(">>> import workbench as wb\n>>> wb.load().models.target_layer_ids\n[1, 3, 5]\n")
     assert run_doc(doc).failed == 1
@@ -77,8 +77,8 @@ def command_list_problems(commands: set[str], readme: str, cli_md: str, pages: d
 
 
 def test_every_command_is_listed_and_every_listed_command_exists(monkeypatch):
-    """The README's one-line command list and docs/cli.md's table name exactly the parser's subcommands (they
-    once omitted pays-off, sweep and conform), every page's ``python -m workbench NAME`` runs a command, and
+    """The README's one-line command list and docs/cli.md's table name exactly the parser's subcommands (none
+    left out), every page's ``python -m workbench NAME`` runs a command, and
     the usage line (a hand-written metavar) lists them all."""
     commands, usage = cli_commands(monkeypatch)
     assert {"run", "bench", "pays-off", "sweep", "conform"} <= commands
@@ -89,7 +89,7 @@ def test_every_command_is_listed_and_every_listed_command_exists(monkeypatch):
 
 
 def test_a_stale_command_list_fails():
-    """The check can fail: the README's list as it stood, and a page naming a command that is not there."""
+    """The check can fail: a README list missing three commands, and a page naming a command that is not there."""
     old = "- **A command line**: `python -m workbench run | bench | report | serve | bench-serve | kernels` (x)."
     table = "".join(f"| `{c}` | ... |\n" for c in ("run", "bench", "report", "kernels", "serve", "bench-serve", "sweep",
                                                    "conform", "pays-off", "replay"))
@@ -126,7 +126,7 @@ def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
         s.run(), ar.run()
         assert s.tokens == ar.tokens and max(c.n_nodes for c in s.cycles) <= 3
         # the how-to is where people copy validation from: its class refuses a bad depth where it is made
-        # (Prefix(-2) once verified a 13-slot chain; Prefix("3") failed inside build_tree)
+        # (unchecked, Prefix(-2) would verify a 13-slot chain and Prefix("3") fail inside build_tree)
         for bad in (-2, 0, "3", 2.5, True, None):
             with pytest.raises(ValueError) as e:
                 Prefix(bad)
@@ -140,7 +140,7 @@ def test_the_policy_how_to_runs_as_written(tiny_engines, tmp_path, monkeypatch):
 
 
 def test_loading_the_served_engine_says_to_connect_as_the_page_says():
-    """docs/architecture.md says wb.load(engine="served") explains itself in one line; it once said "not known"."""
+    """docs/architecture.md says wb.load(engine="served") explains itself in one line (not a bare "not known")."""
     import workbench as wb
 
     text = " ".join((ROOT / "docs" / "architecture.md").read_text().split())

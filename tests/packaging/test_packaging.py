@@ -149,7 +149,7 @@ def test_gpu_host_install_keeps_its_torch_and_transformers(gpu_host):
 
 @pytest.mark.slow
 def test_the_host_check_sees_a_pinned_install(gpu_host):
-    """The check can fail: the old exact pins (torch==2.13.0, transformers==5.15.0, dflash==0.1.0 with its
+    """The check can fail: exact pins (torch==2.13.0, transformers==5.15.0, dflash==0.1.0 with its
     dependencies) would replace the host's torch, transformers, tokenizers, tqdm and requests."""
     installs = _would_install(_dry_run(gpu_host, ["torch==2.13.0", "transformers==5.15.0", "dflash==0.1.0"]))
     changed = _changes_to_host(installs)
@@ -236,7 +236,7 @@ def test_each_extra_named_for_a_missing_import_installs_it():
 
 
 def test_docs_say_what_the_code_does():
-    """Issue 33's smaller items: no placeholder line, the notebook count, the served default, the 401 line,
+    """No placeholder line, the notebook count, the served default, the 401 line,
     and no notebook figure without a source."""
     import json
     import re

@@ -1,4 +1,4 @@
-"""wb.connect's own arguments, refused in one line before any connection is tried (issue 44)."""
+"""wb.connect's own arguments, refused in one line before any connection is tried."""
 from __future__ import annotations
 
 import time

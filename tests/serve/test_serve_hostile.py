@@ -1,4 +1,4 @@
-"""The served engine under hostile and careless load (issue 27), on loopback only, bounded in time.
+"""The served engine under hostile and careless load, on loopback only, bounded in time.
 
 Stalled and excess connections cost nothing, a huge body is refused unread, a huge tree's cycle
 stays small on the wire, replies come in pages, a client that goes away stops its run, and the

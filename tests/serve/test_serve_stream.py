@@ -1,4 +1,4 @@
-"""What wire version 3 changed (issue 51): a run is one streamed request within its stated bounds, a step's
+"""Wire version 3's cheap steps: a run is one streamed request within its stated bounds, a step's
 reply carries what changed and view records whose other fields come when read, and nothing of the server's
 bounds is loosened (a stream nobody reads stops, then its connection is closed). Tiny models, loopback only."""
 from __future__ import annotations

@@ -363,7 +363,7 @@ def test_structure_defaults_follow_transformers():
     assert families.facts(dict(TINY, **LINEAR, model_type="qwen3_5_text")).linear.conv_kernel == 4
 
 
-# ------------------------------------------------------------------------------- bad configs and inputs (issue 33)
+# ------------------------------------------------------------------------------------------ bad configs and inputs
 def _one_line(call, match):
     with pytest.raises(ValueError, match=match) as e:
         call()

@@ -1,4 +1,4 @@
-"""SGLang's own DFlash verify checks against a ragged tree, read from the installed source (issue 26, item 2)."""
+"""SGLang's own DFlash verify checks against a ragged tree, read from the installed source."""
 from __future__ import annotations
 
 import pytest

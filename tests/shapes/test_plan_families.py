@@ -70,7 +70,7 @@ def test_params_match_the_published_sizes(name, total_b, active_b):
 @pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
 def test_mla_cache_is_the_latent(name):
     cfg = load(name)
-    assert "head_dim" not in cfg  # MLA has none: the old plan stopped here
+    assert "head_dim" not in cfg  # MLA has none: a plan that reads head_dim stops here
     f = families.facts(cfg)
     assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 512 + 64
     assert families.kv_bytes_per_token(f, "bfloat16") == (512 + 64) * cfg["num_hidden_layers"] * 2

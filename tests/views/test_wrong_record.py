@@ -1,4 +1,4 @@
-"""A view given the wrong kind of record says which one it draws, in one line (issue 44)."""
+"""A view given the wrong kind of record says which one it draws, in one line."""
 from __future__ import annotations
 
 import pytest
