@@ -1,4 +1,4 @@
-"""Acceptance as the ecosystem reports it (issue 48, item 7): per request in AIPerf's record shape, pooled as
+"""Acceptance as the ecosystem reports it: per request in AIPerf's record shape, pooled as
 ``vllm bench serve`` writes it, in vLLM's and SGLang's per-request names, from a trace, a dump and vLLM's counters.
 Hand-made traces with known accepted counts give the exact histogram and means; a dump gives what its traces give."""
 from __future__ import annotations

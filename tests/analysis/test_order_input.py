@@ -1,5 +1,5 @@
 """order_verdict reads what a user holds: res.summary, the BenchResult, or the object `bench --json`
-prints (issue 44: it refused that object, then said to add AR, which was there)."""
+prints (that object included: AR in it is found, not asked for)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""bench-serve's own checks, before any server starts, and its table's policy by name (issue 44)."""
+"""bench-serve's own checks, before any server starts, and its table's policy by name."""
 from __future__ import annotations
 
 import time

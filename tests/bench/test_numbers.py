@@ -1,4 +1,4 @@
-"""Numbers that read right (issue 26, item 6): aligned tables at any width, every column defined,
+"""Numbers that read right: aligned tables at any width, every column defined,
 spread and contradictions shown, budget_needed honest about what it cannot see."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_summary_table_defines_every_column_and_labels_means():
         defined |= set(re.split(r", ", re.split(r"\s{2,}", ln.strip())[0]))
     for n in names[1:]:
         assert n in defined or (n in ("draft", "tree", "verify", "accept", "commit") and "draft .. commit" in defined), n
-    assert "accept" in names and "acc/drafted" in names  # the rate no longer shares the stage's name
+    assert "accept" in names and "acc/drafted" in names  # the rate and the stage have names of their own
     assert "MEAN ms per cycle" in t
 
 

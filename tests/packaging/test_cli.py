@@ -223,7 +223,7 @@ def test_bench_on_embedded_default_eval_prompts(capsys):
     (["bench", "--policies", "ar,foo"], "unknown policy 'foo'"),
     (["bench", "--policies", "ar,ddtree:0"], "positive integer"),
     (["bench", "--policies", ","], "names no policy"),
-    # issue 50: an empty list or entry is refused as pays-off refuses it (one parser, validate.policy_list)
+    # an empty list or entry is refused as pays-off refuses it (one parser, validate.policy_list)
     (["bench", "--policies", ""], "--policies '' names no policy; give e.g. 'dflash,ddtree:8'"),
     (["bench", "--policies", "dflash,,ddtree:8"], "--policies 'dflash,,ddtree:8': entry 2 is empty; remove the "
                                                   "extra comma"),
@@ -417,8 +417,8 @@ def test_bench_samples_with_temperature_and_seed(capsys, pair_args, prompts_file
 
 
 def test_no_summary_figure_contradicts_its_own_range(monkeypatch):
-    """Notebook 08 once printed 'DDTree(4) ... vs AR 0.74x [0.86-1.11 over repeats]': per-prompt medians,
-    summed, fall outside every repeat's own figure when slow passes hit different prompts. With repeats,
+    """A figure such as 'DDTree(4) ... vs AR 0.74x [0.86-1.11 over repeats]' cannot be printed: per-prompt
+    medians, summed, fall outside every repeat's own figure when slow passes hit different prompts. With repeats,
     tokens_per_s and speedup_vs_ar are the medians over repeats: inside their ranges, and the very
     figures the order verdict ranks by."""
     import itertools
@@ -455,7 +455,7 @@ def test_no_summary_figure_contradicts_its_own_range(monkeypatch):
         assert lo <= s["speedup_vs_ar"] <= hi, (label, s["speedup_vs_ar"], lo, hi)
     verdict = order_verdict(res.summary)
     assert verdict.order[0] == max(res.summary, key=lambda k: res.summary[k]["speedup_vs_ar"])
-    # the summed per-prompt medians (the old figure) would have been outside: this case tests something
+    # the summed per-prompt medians would have been outside: this case tests something
     old = 30 / sum(sorted(w)[1] for w in walls["DFlash"])
     lo, hi = res.summary["DFlash"]["tokens_per_s_range"]
     assert not lo <= old <= hi

@@ -1,4 +1,4 @@
-"""Records and surfaces you can trust (issue 11): mixed-policy traces, damaged trace files, session
+"""Records and surfaces you can trust: mixed-policy traces, damaged trace files, session
 setters, compact reprs, policy labels that parse back, prompts files, the bench ceiling, the stepper."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_mixed_policy_trace_reports_per_policy_figures(eng, tmp_path):
     t = s.trace
     assert [c.setting for c in t[:3]] == ["DFlash", "DDTree(64)", "DDTree(64) T=0.9 top_p=0.95"]
     assert (t[2].temperature, t[2].top_p, t[2].top_k) == (0.9, 0.95, 0)
-    # the header no longer claims one policy or temperature
+    # the header lists every policy and temperature the session ran with
     assert t.meta["policy"] == ["DFlash", "DDTree(64)"]
     assert t.meta["temperature"] == [0.0, 0.9] and t.meta["top_p"] == [1.0, 0.95] and t.meta["top_k"] == 0
     summ = t.summary()
@@ -308,7 +308,7 @@ def test_prompts_text_file_with_a_brace_line_stays_text(tmp_path):
 
 
 def test_a_txt_file_of_json_lines_is_refused_by_the_one_loader_every_reader_uses(tmp_path, capsys):
-    """Read as text, each JSON line would be a prompt: load_prompts refuses it (issue 50), so the bench says
+    """Read as text, each JSON line would be a prompt: load_prompts refuses it, so the bench says
     so too, before any model loads, not only pays-off."""
     from workbench.cli import main
     from workbench.shipped import PromptFileError, load_prompts

@@ -9,7 +9,7 @@ The values are paired: entry i of every label is the same unit (a prompt, or a r
 the prompts), so load that slows a whole unit cancels in the ratio of its two values. Neighbours in the
 median order are compared pair by pair (``workbench.analysis.paired``: Wilcoxon signed-rank, sign test
 beside it); an order is claimed only where every neighbour pair is separated at p < 0.05 over at least
-``MIN_PAIRS`` units. Ranges are shown, never used to decide.
+``MIN_PAIRS`` units. Ranges are shown; they decide nothing.
 """
 from __future__ import annotations
 
