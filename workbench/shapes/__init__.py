@@ -40,7 +40,7 @@ __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePl
            "capture", "check_contracts", "compare", "custom_mask_elements", "hooks_installed", "layout", "plan",
            "sglang_forward_modes", "sglang_layout", "table", "families"]
 
-# Kept importable under their old names (workbench/shapes.py was one module).
-__all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]  # issue 25: roofline cost
-__all__ += ["SweepError", "sweep_error", "ParallelTable", "parallelism_table"]  # issue 41: vs the sweep; TP
+# The cost model (roofline cost, its error against a measured sweep, the TP table) and the shape helpers.
+__all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]
+__all__ += ["SweepError", "sweep_error", "ParallelTable", "parallelism_table"]
 __all__ += ["CONFIGS", "target_record", "ancestor_matrix", "fmt_bytes"]
