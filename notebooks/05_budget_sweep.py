@@ -46,7 +46,7 @@ for split, r in results.items():
 # speedup over AR only where a paired test separates them: each prompt's speedup (its median over the
 # interleaved repeats, here one) is paired across the policies, and every neighbour in the order needs a
 # Wilcoxon signed-rank p below 0.05 over at least 10 prompts; otherwise it says the machine was too noisy
-# and no order is claimed (the ranges are shown beside it, never used to decide). This notebook's four
+# and no order is claimed (the ranges are shown beside it; they decide nothing). This notebook's four
 # prompts are too few for that test, so it shows the figures and claims no order: `python -m workbench
 # pays-off` is the paired measurement (`docs/pays-off.md`).
 

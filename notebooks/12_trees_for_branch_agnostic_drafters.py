@@ -47,7 +47,7 @@ print(b.table(depths=6))
 # The rank-1 sibling is often the target's token where the chain misses, so keeping siblings is worth it; but
 # after a sibling the next depth's top-1 is right far less often than on the spine. The drafter's next slot was
 # drafted for its own argmax, not for the sibling, and DDTree still ranks the sibling's children by that slot's
-# marginal: it spends nodes on continuations that no longer fit. Two ways out: estimate what a path state does
+# marginal: it spends nodes on continuations that do not fit. Two ways out: estimate what a path state does
 # to acceptance (PathTree, and CostTree and CutTree on top of it), or score each slot's candidates *given the
 # token before them* (PairTree, PairChain).
 #
