@@ -14,7 +14,7 @@ PYTHONPATH and ``ddtree_kernels`` is a symlink to the copy's ``kernels/`` there;
 tool checks that both names import from the copy. No bytecode is written or read (a mutant and its restore
 within one second, same size, would otherwise reuse a stale .pyc).
 
-A mutant is *killed* when its tests fail, *survives* when they pass, is *stale* when its line is no longer in
+A mutant is *killed* when its tests fail, *survives* when they pass, is *stale* when its line is not in
 the file (the code moved: update the mutant), and *timeout* when its tests ran past ``--timeout`` (counted as
 killed). The score per module is killed / (killed + survived). Not part of CI: it runs the covering test
 files once per mutant (minutes to an hour on two cores).
