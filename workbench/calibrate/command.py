@@ -15,6 +15,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import platform
 import re
 import sys
@@ -81,26 +82,66 @@ def compact_json(d: dict) -> str:
 
 
 def command_line() -> str:
-    """How this run was started, for the file (as ``python -m workbench calibrate`` once the CLI offers it)."""
+    """How this run was started, for the file (``python -m workbench calibrate`` or ``python -m workbench.calibrate``)."""
     argv = sys.argv[1:]
     if argv[:1] == ["calibrate"]:
         return "python -m workbench " + " ".join(argv)
     return "python -m workbench.calibrate " + " ".join(argv)
 
 
-def run(args, out, err) -> int:
-    import os
+class Refused(Exception):
+    """A one-line refusal of the run: ``calibrate: <why>`` on stderr and exit code 2."""
 
-    from workbench.calibrate.choose import choose_beta, choose_thresholds, summary
-    from workbench.calibrate.collect import POLICIES, collect
-    from workbench.calibrate.costs import CostInputError, read_costs
-    from workbench.calibrate.fit import fit
-    from workbench.calibrate.prompts import calibration_prompts
-    from workbench.engine.policies.calibration import ASSETS, FORMAT, MIN_CYCLES, MIN_HITS, VERSION, file_sha256
-    from workbench.engine.policies.pair_head import PairHeadError, load_head
-    from workbench.models.identity import pair_identity
+
+def run(args, out, err) -> int:
+    try:
+        return make_calibration(args, out, err)
+    except Refused as e:
+        print(f"calibrate: {e}", file=err)
+        return 2
+
+
+def make_calibration(args, out, err) -> int:
+    """Read the inputs, decode, fit and choose, write the file and say what it holds."""
+    from workbench.calibrate.choose import choose_thresholds
+    from workbench.calibrate.collect import collect
+    from workbench.engine.policies.calibration import FORMAT, VERSION
 
     t0 = time.perf_counter()
+    cost, items, kept_apart, head_path, head = read_inputs(args)
+    engine, pair, head = load_pair(args, head)
+
+    def progress(i, n):
+        if not args.quiet:
+            print(f"\rcalibrate: decoded {i}/{n} prompts", end="" if i < n else "\n", file=err, flush=True)
+
+    cycles = collect(engine, [it["prompt"] for it in items], args.max_new_tokens, args.width, progress)
+    model, figures = fit_enough(args, cycles)
+    thresholds, replay = choose_thresholds(cycles, model, cost) if cost is not None else ({}, None)
+    pair_head = head_figures(args, cycles, head, head_path) if head is not None else None
+    doc = {
+        "format": FORMAT, "version": VERSION, "pair": pair,
+        "made": made(args, engine, items, kept_apart, cycles),
+        "acceptance": {**model.to_dict(), "width": args.width, **figures},
+        "cost": cost.to_dict() if cost is not None else None,
+        "thresholds": thresholds,
+        "pair_head": pair_head,
+        "replay": replay,
+    }
+    doc["made"]["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(args.out).write_text(compact_json(doc))
+    print_summary(doc, len(items), cycles, out, args.out)
+    return 0
+
+
+def read_inputs(args) -> tuple:
+    """(cost table or None, prompt items, what was kept apart, head path or None, head or None): everything
+    read before a model loads; a bad one is refused in one line."""
+    from workbench.calibrate.costs import CostInputError, read_costs
+    from workbench.calibrate.prompts import calibration_prompts
+    from workbench.engine.policies.calibration import ASSETS
+    from workbench.engine.policies.pair_head import load_head
+
     try:
         check_args(args)
         source = args.costs or (args.target if args.target in PAIRS else None)
@@ -109,10 +150,16 @@ def run(args, out, err) -> int:
         head_path = None if args.head == "none" else Path(args.head or ASSETS / "pair_head.npz")
         head = load_head(head_path) if head_path is not None and (args.head or head_path.is_file()) else None
     except (ValueError, CostInputError) as e:
-        print(f"calibrate: {e}", file=err)
-        return 2
+        raise Refused(str(e)) from None
+    return cost, items, kept_apart, head_path, head
 
+
+def load_pair(args, head) -> tuple:
+    """(the engine, its pair's identity, the head or None): the head checked against the pair; one asked for
+    that does not fit is refused, the shipped one for another tokenizer left out (the summary says so)."""
     from workbench.engine.core import load
+    from workbench.engine.policies.pair_head import PairHeadError
+    from workbench.models.identity import pair_identity
 
     target, draft = (None, None) if args.target == "dense" else ((args.target, None) if args.target in PAIRS
                                                                  else (args.target, args.draft))
@@ -122,64 +169,73 @@ def run(args, out, err) -> int:
         try:
             head.check_pair(pair)
         except PairHeadError as e:
-            if args.head:  # asked for: refused; the shipped one for another tokenizer: left out, said below
-                print(f"calibrate: {e}", file=err)
-                return 2
+            if args.head:
+                raise Refused(str(e)) from None
             head = None
+    return engine, pair, head
 
-    def progress(i, n):
-        if not args.quiet:
-            print(f"\rcalibrate: decoded {i}/{n} prompts", end="" if i < n else "\n", file=err, flush=True)
 
-    cycles = collect(engine, [it["prompt"] for it in items], args.max_new_tokens, args.width, progress)
+def fit_enough(args, cycles) -> tuple:
+    """(acceptance model, its figures), refused when the decodes gave too few cycles or hits per path state."""
+    from workbench.calibrate.fit import fit
+    from workbench.engine.policies.calibration import MIN_CYCLES, MIN_HITS
+
     C = cycles.topv.shape[0]
     if C < MIN_CYCLES:
-        print(f"calibrate: {args.prompts} prompts gave {C} drafted cycles; the estimate needs at least {MIN_CYCLES}: "
-              f"give more --prompts or --max-new-tokens", file=err)
-        return 2
+        raise Refused(f"{args.prompts} prompts gave {C} drafted cycles; the estimate needs at least {MIN_CYCLES}: "
+                      f"give more --prompts or --max-new-tokens")
     model, figures = fit(cycles)
     thin = [s for s, h in figures["hits"].items() if h < MIN_HITS]
     if thin:
-        print(f"calibrate: the target took a candidate in the {', '.join(thin)} state only "
-              f"{', '.join(str(figures['hits'][s]) for s in thin)} time(s); the estimate needs {MIN_HITS}: give more "
-              "--prompts", file=err)
-        return 2
-    thresholds, replay = choose_thresholds(cycles, model, cost) if cost is not None else ({}, None)
-    pair_head = None
-    if head is not None:
-        beta, pair_figures = choose_beta(cycles, head)
-        pair_head = {"file": os.path.relpath(head_path.resolve(), Path(args.out).resolve().parent),
-                     "sha256": file_sha256(head_path), "beta": beta, "head_made": head.meta.get("made"),
-                     **pair_figures}
+        raise Refused(f"the target took a candidate in the {', '.join(thin)} state only "
+                      f"{', '.join(str(figures['hits'][s]) for s in thin)} time(s); the estimate needs {MIN_HITS}: "
+                      "give more --prompts")
+    return model, figures
+
+
+def head_figures(args, cycles, head, head_path: Path) -> dict:
+    """The pair head's entry: its file (relative to the calibration's folder) and hash, the beta chosen and
+    the figures that chose it."""
+    from workbench.calibrate.choose import choose_beta
+    from workbench.engine.policies.calibration import file_sha256
+
+    beta, pair_figures = choose_beta(cycles, head)
+    return {"file": os.path.relpath(head_path.resolve(), Path(args.out).resolve().parent),
+            "sha256": file_sha256(head_path), "beta": beta, "head_made": head.meta.get("made"), **pair_figures}
+
+
+def made(args, engine, items: list[dict], kept_apart: dict, cycles) -> dict:
+    """How the file was made: date, command, the decodes and prompts, the cycles (``seconds`` set last)."""
+    from workbench.calibrate.collect import POLICIES
+
     texts = "\n\0".join(it["prompt"] for it in items)
-    doc = {
-        "format": FORMAT, "version": VERSION, "pair": pair,
-        "made": {
-            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-            "command": command_line(),
-            "python": platform.python_version(), "device": str(engine.device),
-            "decodes": {"policies": [str(p) for p in POLICIES], "greedy": True, "max_new_tokens": args.max_new_tokens,
-                        "recorded_candidates_per_slot": args.width},
-            "prompts": {"count": len(items), "sha256": hashlib.sha256(texts.encode()).hexdigest(), **kept_apart,
-                        "items": [{k: it[k] for k in ("id", "kind", "source")} for it in items]},
-            "cycles": int(C), "tokens": int(cycles.tokens), "decode_seconds": round(cycles.seconds, 1),
-            "seconds": None,
-        },
-        "acceptance": {**model.to_dict(), "width": args.width, **figures},
-        "cost": cost.to_dict() if cost is not None else None,
-        "thresholds": thresholds,
-        "pair_head": pair_head,
-        "replay": replay,
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "command": command_line(),
+        "python": platform.python_version(), "device": str(engine.device),
+        "decodes": {"policies": [str(p) for p in POLICIES], "greedy": True, "max_new_tokens": args.max_new_tokens,
+                    "recorded_candidates_per_slot": args.width},
+        "prompts": {"count": len(items), "sha256": hashlib.sha256(texts.encode()).hexdigest(), **kept_apart,
+                    "items": [{k: it[k] for k in ("id", "kind", "source")} for it in items]},
+        "cycles": int(cycles.topv.shape[0]), "tokens": int(cycles.tokens), "decode_seconds": round(cycles.seconds, 1),
+        "seconds": None,
     }
-    doc["made"]["seconds"] = round(time.perf_counter() - t0, 1)
-    Path(args.out).write_text(compact_json(doc))
+
+
+def print_summary(doc: dict, n_items: int, cycles, out, path) -> None:
+    """What the file holds, on stdout: the cycles, hits per state and held-out log-loss, the pair head's gain,
+    the thresholds (or why there are none)."""
+    from workbench.calibrate.choose import summary
+
+    figures = doc["acceptance"]
     h = figures["held_out"]
-    print(f"calibrate: {C} cycles from {len(items)} prompts ({cycles.tokens} tokens) in {doc['made']['seconds']} s "
-          f"-> {args.out}", file=out)
+    print(f"calibrate: {cycles.topv.shape[0]} cycles from {n_items} prompts ({cycles.tokens} tokens) in "
+          f"{doc['made']['seconds']} s -> {path}", file=out)
     print("calibrate: hits per state " + ", ".join(f"{s} {figures['hits'][s]}/{figures['slots'][s]}" for s in figures["hits"])
           + "; held-out log-loss model vs drafter marginal: "
           + ", ".join(f"{s} {v['log_loss_model']:.4f} vs {v['log_loss_drafter_marginal']:.4f}" for s, v in h.items()),
           file=out)
+    pair_head = doc["pair_head"]
     if pair_head is not None:
         w, b = pair_head["top1_without_head"], pair_head["top1_with_head"]
         t0_, tb = pair_head["by_beta"]["0.0"], pair_head["by_beta"][str(pair_head["beta"])]
@@ -189,12 +245,11 @@ def run(args, out, err) -> int:
             f"{t0_['PairChain(8) tau']:.2f} -> {tb['PairChain(8) tau']:.2f}", file=out)
     else:
         print("calibrate: no pair head (--head): PairTree and PairChain refuse this file", file=out)
-    if replay is not None:
-        print(summary(replay), file=out)
-        print("calibrate: thresholds " + json.dumps(thresholds), file=out)
+    if doc["replay"] is not None:
+        print(summary(doc["replay"]), file=out)
+        print("calibrate: thresholds " + json.dumps(doc["thresholds"]), file=out)
     else:
         print("calibrate: no cost table (--costs): CostTree refuses this file and CutTree needs a threshold", file=out)
-    return 0
 
 
 def main(argv=None) -> int:
