@@ -14,12 +14,13 @@
 # NBVAL_IGNORE_OUTPUT
 
 import workbench as wb
-from workbench.bench.policy_bench import bench
+from workbench.bench.policy_bench import compare_policies
 from workbench.shipped import eval_prompts
 
 engine = wb.load()
 policies = [wb.AR(), wb.DFlash()] + [wb.DDTree(b) for b in (1, 4, 16, 64, 256)]
-results = {split: bench(engine, policies, eval_prompts(split)[:4], max_new_tokens=32, repeats=1, progress=True)
+results = {split: compare_policies(engine, policies, eval_prompts(split)[:4], max_new_tokens=32, repeats=1,
+                                   progress=True)
            for split in ("long", "short")}
 result, prompts = results["long"], eval_prompts("long")
 

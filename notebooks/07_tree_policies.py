@@ -11,7 +11,7 @@
 import torch
 import workbench as wb
 from ddtree_kernels import Tree
-from workbench.bench.policy_bench import bench
+from workbench.bench.policy_bench import compare_policies
 from workbench.shipped import eval_prompts
 
 engine = wb.load()
@@ -71,7 +71,8 @@ policies = [wb.AR(), wb.DFlash(), custom,
 verified = {"DFlash": 16}
 for p in policies[2:]:
     verified[str(p)] = p.budget + 1
-result = bench(engine, policies, prompts, max_new_tokens=48, repeats=1, progress=True)  # tau is a count: one pass
+result = compare_policies(engine, policies, prompts, max_new_tokens=48, repeats=1,
+                          progress=True)  # tau is a count: one pass
 
 # %%
 print("lossless (greedy == AR for every prompt and policy):", result.lossless)

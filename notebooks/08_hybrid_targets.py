@@ -160,14 +160,14 @@ for name, cfg in {"Qwen3-Next-80B-A3B": Qwen3NextConfig(), "Qwen3.6-35B-A3B": Qw
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-from workbench.bench.policy_bench import bench
+from workbench.bench.policy_bench import compare_policies
 
 policies = [wb.AR(), wb.DFlash(), wb.DDTree(4), wb.DDTree(8), wb.DDTree(16)]
 if PAIR == "hybrid":
     prompts = eval_prompts("long")[:5] + eval_prompts("short")[:5]
 else:
     prompts = [{"id": str(i), "prompt": p} for i, p in enumerate(["t3 t1 t4 t1 t5 t9", "t7 t7 t2", "t10 t11 t12"])]
-result = bench(engine, policies, prompts, max_new_tokens=32, repeats=1, progress=True)
+result = compare_policies(engine, policies, prompts, max_new_tokens=32, repeats=1, progress=True)
 
 # %%
 print("lossless (greedy == AR for every prompt):", result.lossless)
@@ -190,7 +190,8 @@ print(wb.analysis.order_verdict(result.summary, labels=["AR", "DDTree(4)", "DDTr
 # %%
 # NBVAL_IGNORE_OUTPUT
 
-dense = bench(wb.load(), [wb.DDTree(8)], prompts, max_new_tokens=32, repeats=1, progress=True, warmup=True)
+dense = compare_policies(wb.load(), [wb.DDTree(8)], prompts, max_new_tokens=32, repeats=1, progress=True,
+                         warmup=True)
 stages = ["draft", "tree_build", "tree_compile", "verify", "accept", "commit", "record", "cycle"]
 print(f"{'stage':<13}{'hybrid p50/p90':>16}{'dense p50/p90':>16}")
 for st in stages:

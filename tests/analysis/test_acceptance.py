@@ -80,7 +80,7 @@ def test_several_requests_pool_as_vllm_bench_serve_writes_them():
     assert [r.request for r in a.records] == ["a", "b"]
     p = a.pooled()
     assert p.acceptance_histogram == {0: 2, 1: 1, 2: 1, 3: 1, 5: 1, 15: 1} and p.completion_tokens == 35
-    b = a.bench_serve()
+    b = a.vllm_bench_serve()
     assert b["spec_decode_num_drafts"] == 7 and b["spec_decode_accepted_tokens"] == 26
     assert b["spec_decode_draft_tokens"] == 105 and b["spec_decode_acceptance_length"] == 1 + 26 / 7
     assert b["spec_decode_acceptance_rate"] == pytest.approx(100 * 26 / 105)

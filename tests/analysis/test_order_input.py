@@ -13,10 +13,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_order_verdict_reads_the_bench_json_object(tiny_engines):
     from workbench.analysis import order_verdict
-    from workbench.bench.policy_bench import bench, bench_json
+    from workbench.bench.policy_bench import bench_json, compare_policies
 
-    res = bench(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
-                max_new_tokens=6, repeats=2, progress=False, warmup=False)
+    res = compare_policies(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
+                           max_new_tokens=6, repeats=2, progress=False, warmup=False)
     printed = json.loads(json.dumps({**bench_json(res), "reference": [{"budget": 4}], "ops_per_cycle": {}}))
     want = order_verdict(res.summary)
     for given in (printed, res):

@@ -74,7 +74,7 @@ def test_the_measuring_process_keeps_what_it_loaded_out_of_the_collector(monkeyp
         seen["after_load"] = gc.get_freeze_count()
         return {"rows": [], "policy": {"name": "ar"}, "max_new_tokens": 8, "repeats": 1, "modes": ["inproc"]}
 
-    monkeypatch.setattr(load, "bench_serve", fake_bench)
+    monkeypatch.setattr(load, "measure_served_load", fake_bench)
     gc.unfreeze()
     assert main(["bench-serve", "--clients", "1", "--modes", "inproc", "--max-new-tokens", "8"]) == 0
     assert seen["before_load"] > 0 and seen["after_load"] >= seen["before_load"]

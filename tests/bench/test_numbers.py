@@ -90,7 +90,7 @@ def test_kernel_bench_records_the_contradiction(monkeypatch):
         return [{0: 8e-3, 1: 1e-4, 2: 3e-4}.get(k, 1e-4)] * repeats
 
     monkeypatch.setattr(bm, "_times", fake_times)
-    res = bm.kernel_bench([4], repeats=2, backends=("torch",))
+    res = bm.time_kernels([4], repeats=2, backends=("torch",))
     assert "contradiction" in res["tree_build"][0]
     assert res["tree_build"][0]["vectorized_range_s"] == [8e-3, 8e-3]
 
@@ -183,10 +183,10 @@ def test_order_verdict_claims_only_what_the_spread_holds():
 def test_bench_summary_gives_speedups_per_repeat(tiny_engines):
     import workbench as wb
     from workbench.analysis import order_verdict
-    from workbench.bench.policy_bench import bench
+    from workbench.bench.policy_bench import compare_policies
 
-    res = bench(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
-                max_new_tokens=8, repeats=3, progress=False, warmup=False)
+    res = compare_policies(tiny_engines["l4-h32"], [wb.AR(), wb.DDTree(4)], [{"id": "a", "prompt": "t1 t2 t3"}],
+                           max_new_tokens=8, repeats=3, progress=False, warmup=False)
     s = res.summary
     assert s["AR"]["speedup_vs_ar_per_repeat"] == [1.0, 1.0, 1.0]
     assert len(s["DDTree(4)"]["speedup_vs_ar_per_repeat"]) == 3

@@ -129,7 +129,7 @@ def test_long_cells_show_progress():
     once ran with none), and those cells' outputs are not compared by nbval (a bar carries timings)."""
     mod = _build_module()
     long_cells = [(name, c.source) for name, path in mod.sources().items() for c in mod.source_cells(path)
-                  if c.cell_type == "code" and ("bench(" in c.source or "eval_prompts()[:12]" in c.source)]
+                  if c.cell_type == "code" and ("compare_policies(" in c.source or "eval_prompts()[:12]" in c.source)]
     assert len(long_cells) >= 5
     for name, src in long_cells:
         assert "progress=False" not in src and ("progress=True" in src or "tqdm(" in src), (name, src[:120])

@@ -378,7 +378,7 @@ def test_report_on_a_malformed_bench_row_is_one_line(capsys, tmp_path, row, need
 def test_kernels_refuses_a_budget_given_twice(capsys):
     assert_usage_error(capsys, ["kernels", "--budgets", "16,16"], "budget 16 is given twice")
     with pytest.raises(ValueError, match="budget 16 is given twice"):
-        kernel_mod.kernel_bench([16, 32, 16])
+        kernel_mod.time_kernels([16, 32, 16])
 
 
 def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
@@ -394,7 +394,7 @@ def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
         return v
 
     monkeypatch.setattr(kernel_mod, "_timed", timed)
-    res = kernel_mod.kernel_bench([32], repeats=1, progress=False)
+    res = kernel_mod.time_kernels([32], repeats=1, progress=False)
     row = res["tree_build"][0]
     assert "run the same host heap on a CPU yet differ 67.5x" in row["contradiction"]
     table = kernel_mod.kernel_table(res)
@@ -447,7 +447,7 @@ def test_no_summary_figure_contradicts_its_own_range(monkeypatch):
             return {"input_ids": [1]}
 
     monkeypatch.setattr(bench_mod, "run_one", fake_run)
-    res = bench_mod.bench(Engine, ["ar", "dflash"], prompts, max_new_tokens=10, repeats=3, warmup=False, progress=False)
+    res = bench_mod.compare_policies(Engine, ["ar", "dflash"], prompts, max_new_tokens=10, repeats=3, warmup=False, progress=False)
     for label, s in res.summary.items():
         lo, hi = s["tokens_per_s_range"]
         assert lo <= s["tokens_per_s"] <= hi, (label, s["tokens_per_s"], lo, hi)

@@ -334,11 +334,11 @@ def test_prompts_directory_is_refused_clearly(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ the bench ceiling
 def test_measured_speedup_never_exceeds_the_ceiling(eng):
-    from workbench.bench.policy_bench import FORWARD_STAGES, bench, summary_table
+    from workbench.bench.policy_bench import FORWARD_STAGES, compare_policies, summary_table
 
     prompts = [{"id": "a", "prompt": "t1 t5 t9"}, {"id": "b", "prompt": "t40 t2 t17"}]
-    res = bench(eng, ["ar", "dflash", "ddtree:4", "ddtree:32"], prompts, max_new_tokens=24, repeats=2,
-                warmup=False)
+    res = compare_policies(eng, ["ar", "dflash", "ddtree:4", "ddtree:32"], prompts, max_new_tokens=24, repeats=2,
+                           warmup=False)
     for label, s in res.summary.items():
         share = sum(s["stage_seconds"][k] for k in FORWARD_STAGES) / sum(s["stage_seconds"].values())
         assert s["ceiling_ratio"] == pytest.approx(share), label  # the share of cycle time in the forwards
@@ -347,7 +347,7 @@ def test_measured_speedup_never_exceeds_the_ceiling(eng):
         assert 0 < lo <= hi
     assert res.summary["AR"]["ceiling_speedup"] >= 1.0  # AR's cycle is more than its forward
     assert "fwd share" in summary_table(res.summary) and "<= 100%" in summary_table(res.summary)
-    one = bench(eng, ["ar"], prompts[:1], max_new_tokens=8, warmup=False)
+    one = compare_policies(eng, ["ar"], prompts[:1], max_new_tokens=8, warmup=False)
     assert one.summary["AR"]["tokens_per_s_range"] is None
     assert "one repeat shows no spread" in summary_table(one.summary)
 
@@ -471,9 +471,9 @@ def test_shapes_budget_zero_is_one_line_exit_2(capsys):
 
 
 def test_kernels_progress_moves_within_a_budget(capsys):
-    from workbench.bench.kernel_bench import kernel_bench
+    from workbench.bench.kernel_bench import time_kernels
 
-    kernel_bench([16], repeats=1, progress=True, backends=("torch",))
+    time_kernels([16], repeats=1, progress=True, backends=("torch",))
     err = capsys.readouterr().err
     # Each step's label is shown with the count so far (the final 3/3 may be cleared before it is drawn).
     assert "1/3" in err and "2/3" in err and "accept walk" in err and "KV compaction" in err

@@ -5,7 +5,7 @@ without converting by hand.
     acc = wb.analysis.acceptance(trace)              # a Trace, several (a list, {id: trace}), or read_dump(path)
     acc.records[0].to_dict()                         # AIPerf's SpecDecodeAcceptanceRecord, field for field
     acc.pooled()                                     # the same record over every request (AIPerf's pooled histogram)
-    acc.bench_serve()                                # `vllm bench serve`'s result keys (spec_decode_...)
+    acc.vllm_bench_serve()                           # `vllm bench serve`'s result keys (spec_decode_...)
     acc.records[0].vllm(), acc.records[0].sglang()   # vLLM's metrics.speculative_decoding; SGLang's meta_info names
     wb.analysis.from_vllm_counters(delta)            # the same record from vLLM's own counters
 
@@ -147,7 +147,7 @@ class Acceptance:
                                  tuple(d for r in self.records for d in r.per_step_drafted), max(ks) if ks else None,
                                  None if None in done else sum(done))
 
-    def bench_serve(self) -> dict:
+    def vllm_bench_serve(self) -> dict:
         """The run as ``vllm bench serve`` writes it in its result JSON (acceptance rate in percent)."""
         p = self.pooled()
         return {"spec_decode_acceptance_rate": 100.0 * p.draft_acceptance_rate,
@@ -158,7 +158,7 @@ class Acceptance:
 
     def to_dict(self) -> dict:
         return {"records": [{"request": r.request, **r.to_dict()} for r in self.records],
-                "pooled": self.pooled().to_dict(), "bench_serve": self.bench_serve()}
+                "pooled": self.pooled().to_dict(), "bench_serve": self.vllm_bench_serve()}
 
     def __str__(self) -> str:
         from workbench.records.texttable import text_table
@@ -167,7 +167,7 @@ class Acceptance:
                  f"{r.draft_acceptance_rate:.3f}",
                  f"{r.sglang()['spec_accept_length']:.2f}" if r.sglang()["spec_accept_length"] is not None else "-",
                  " ".join(f"{j}:{n}" for j, n in r.acceptance_histogram.items())] for r in self.records]
-        p, b = self.pooled(), self.bench_serve()
+        p, b = self.pooled(), self.vllm_bench_serve()
         pp = ", ".join(f"{x:.3f}" for x in b["spec_decode_per_position_acceptance_rates"][:8])
         return "\n".join([
             text_table(["request", "engine", "steps", "mean acceptance length", "draft acceptance rate",

@@ -1,7 +1,7 @@
 """Conclusions that hold across the noise: order policies by a speed figure only where a paired test
 separates them, and say "too noisy" where it does not.
 
-    res = bench(engine, policies, prompts, repeats=3)        # interleaved: A B C A B C ...
+    res = compare_policies(engine, policies, prompts, repeats=3)   # interleaved: A B C A B C ...
     v = wb.analysis.order_verdict(res.summary)               # speedup over AR, prompt by prompt
     print(v)   # "order holds (paired, 24 prompts): DDTree(16) > DFlash > AR" or "too noisy to order: ..."
 

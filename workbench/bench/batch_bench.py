@@ -1,5 +1,5 @@
 """The batched bench (``bench --batch-size N``): every policy's batches of N requests against the same requests
-run one after another, interleaved policy by policy (``batch_policies_bench``), and its table."""
+run one after another, interleaved policy by policy (``compare_policies_batched``), and its table."""
 from __future__ import annotations
 
 import statistics
@@ -19,8 +19,8 @@ def batch_windows(n_prompts: int, batch_size: int) -> list[list[int]]:
     return [[(w * batch_size + j) % n_prompts for j in range(batch_size)] for w in range(count)]
 
 
-def batch_policies_bench(engine, policies, prompts, batch_size: int, max_new_tokens: int = 64, repeats: int = 3,
-                         warmup: bool = True, progress=None) -> dict:
+def compare_policies_batched(engine, policies, prompts, batch_size: int, max_new_tokens: int = 64,
+                             repeats: int = 3, warmup: bool = True, progress=None) -> dict:
     """``bench --batch-size N``: every policy's batches of N requests (``engine.batch_session``) against the
     same requests run one after another, the policies interleaved within each repeat (policy order rotated
     per repeat; each policy's sequential run right before its batch), so machine load hits all alike.
@@ -41,47 +41,56 @@ def batch_policies_bench(engine, policies, prompts, batch_size: int, max_new_tok
 
     bar = tqdm(total=len(pols) * 2 * len(groups) * (repeats + (1 if warmup else 0)), desc="batch bench", unit="run",
                leave=False, disable=(None if progress is None else not progress))
-
-    def run(policy):
-        out = {"seq_tokens": 0, "seq_s": 0.0, "tokens": 0, "wall": 0.0, "cycle_s": 0.0, "steps": [], "acc": 0,
-               "row_cycles": 0, "same": True}
-        for reqs in groups:
-            seq = []
-            t0 = clock(engine.device)
-            for p in reqs:
-                s = engine.session(p, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
-                s.run()
-                seq.append(list(s.generated))
-            t1 = clock(engine.device)
-            bar.update(1)
-            b = engine.batch_session(reqs, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
-            b.run()
-            t2 = clock(engine.device)
-            bar.update(1)
-            toks = [list(s.generated) for s in b.sessions]
-            cycles = [c for t in b.traces for c in t.cycles]
-            steps = [sum(bc.stage_seconds.values()) for bc in b.cycles]
-            out["seq_tokens"] += sum(map(len, seq))
-            out["seq_s"] += t1 - t0
-            out["tokens"] += sum(map(len, toks))
-            out["wall"] += t2 - t1
-            out["cycle_s"] += sum(steps)
-            out["steps"] += steps[1:]
-            out["acc"] += sum(c.accept_length for c in cycles)
-            out["row_cycles"] += len(cycles)
-            out["committed"] = out.get("committed", 0) + sum(c.committed for c in cycles)
-            out["same"] &= seq == toks
-        return out
-
     if warmup:
         for p in pols:
-            run(p)
+            batched_pass(engine, p, groups, max_new_tokens, bar)
     per = {str(p): [] for p in pols}
     for r in range(repeats):
         k = r % len(pols)
         for p in pols[k:] + pols[:k]:
-            per[str(p)].append(run(p))
+            per[str(p)].append(batched_pass(engine, p, groups, max_new_tokens, bar))
     bar.close()
+    return {"batch_size": batch_size, "batches": len(groups), "prompts": len(texts), "max_new_tokens": max_new_tokens,
+            "repeats": repeats, "device": str(engine.device), "threads": torch.get_num_threads(),
+            "policies": policy_rows(per)}
+
+
+def batched_pass(engine, policy, groups: list[list[str]], max_new_tokens: int, bar) -> dict:
+    """One pass of ``policy`` over the batches: each batch's requests one after another, then as one batch.
+    -> the pass's totals (tokens, seconds, cycle times, accepted lengths, whether the outputs agree)."""
+    out = {"seq_tokens": 0, "seq_s": 0.0, "tokens": 0, "wall": 0.0, "cycle_s": 0.0, "steps": [], "acc": 0,
+           "row_cycles": 0, "same": True}
+    for reqs in groups:
+        seq = []
+        t0 = clock(engine.device)
+        for p in reqs:
+            s = engine.session(p, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
+            s.run()
+            seq.append(list(s.generated))
+        t1 = clock(engine.device)
+        bar.update(1)
+        b = engine.batch_session(reqs, policy=policy, max_new_tokens=max_new_tokens, record_topk=1)
+        b.run()
+        t2 = clock(engine.device)
+        bar.update(1)
+        toks = [list(s.generated) for s in b.sessions]
+        cycles = [c for t in b.traces for c in t.cycles]
+        steps = [sum(bc.stage_seconds.values()) for bc in b.cycles]
+        out["seq_tokens"] += sum(map(len, seq))
+        out["seq_s"] += t1 - t0
+        out["tokens"] += sum(map(len, toks))
+        out["wall"] += t2 - t1
+        out["cycle_s"] += sum(steps)
+        out["steps"] += steps[1:]
+        out["acc"] += sum(c.accept_length for c in cycles)
+        out["row_cycles"] += len(cycles)
+        out["committed"] = out.get("committed", 0) + sum(c.committed for c in cycles)
+        out["same"] &= seq == toks
+    return out
+
+
+def policy_rows(per: dict[str, list[dict]]) -> dict[str, dict]:
+    """{policy label: its figures per repeat and their medians} from each repeat's pass totals."""
     dflash = str(DFlash())
     out = {}
     for label, rs in per.items():
@@ -102,8 +111,7 @@ def batch_policies_bench(engine, policies, prompts, batch_size: int, max_new_tok
         for key in ("batch_tok_s", "decode_tok_s", "cycle_ms_p50", "sequential_tok_s", "speedup", "decode_vs_dflash"):
             v = row[f"{key}_per_repeat"]
             row[key] = statistics.median(v) if v else None
-    return {"batch_size": batch_size, "batches": len(groups), "prompts": len(texts), "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "device": str(engine.device), "threads": torch.get_num_threads(), "policies": out}
+    return out
 
 
 def batch_policies_table(res: dict) -> str:

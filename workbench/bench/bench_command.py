@@ -84,7 +84,6 @@ def defaults() -> argparse.Namespace:
 
 
 def run(args, out, err) -> int:
-    from workbench.bench.policy_bench import bench, percentile_table, summary_table
     from workbench.shipped import eval_prompts, load_prompts
 
     policies = validate.policy_list(args.policies, "--policies")
@@ -107,40 +106,36 @@ def run(args, out, err) -> int:
     engine = load_engine(args)
     if args.batch_size:
         return batch(args, engine, policies, prompts, out)
-    res = bench(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                check_lossless=args.check_lossless, progress=progress(args), warmup=not args.no_warmup,
-                temperature=args.temperature, seed=args.seed)
+    return side_by_side(args, engine, policies, prompts, out, err)
+
+
+def side_by_side(args, engine, policies, prompts, out, err) -> int:
+    """The policy bench on the loaded engine, then what the options add: the reference decoder, op counts,
+    profiles; exit 1 when the lossless check asked for fails."""
+    from workbench.bench.policy_bench import bench_json, compare_policies
+
+    res = compare_policies(engine, policies, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                           check_lossless=args.check_lossless, progress=progress(args), warmup=not args.no_warmup,
+                           temperature=args.temperature, seed=args.seed)
     if args.out:
         from workbench.records.files import write_text_atomic
 
         write_text_atomic(Path(args.out), "".join(json.dumps(row) + "\n" for row in res.rows))
-    summary = None  # --json: one object, the reference comparison and op counts inside it
-    if args.json:
-        from workbench.bench.policy_bench import bench_json
-
-        summary = bench_json(res)
-    else:
-        st = res.settings
-        mode = "greedy" if not st["temperature"] else f"temperature {st['temperature']:g}, seed {st['seeds'][0]}"
-        print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), {mode}, "
-              f"{st['device']}, {st['threads']} threads", file=out)
-        print(summary_table(res.summary), file=out)
-        print(percentile_table(res.summary), file=out)
+    summary = bench_json(res) if args.json else None  # --json: one object, the reference and op counts inside it
+    if not args.json:
+        print_tables(res, out)
     if args.reference:
-        from workbench.bench.plain_decoder import compare_reference, reference_table
-
-        budgets = ddtree_budgets(policies)
-        if not budgets:
-            raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
-        ref = compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, progress(args))
+        ref = reference_comparison(args, engine, policies, prompts)
         if args.json:
             summary["reference"] = ref
         else:
+            from workbench.bench.plain_decoder import reference_table
+
             print("engine vs a plain reference decoder (x = engine / reference; tok/s > 1 and cycle < 1: "
                   "engine faster)", file=out)
             print(reference_table(ref), file=out)
     if args.reference or args.count_ops:
-        ops = bench_ops(args, engine, policies, prompts)
+        ops = count_ddtree_ops(args, engine, policies, prompts)
         if args.json:
             summary["ops_per_cycle"] = ops
         else:
@@ -150,19 +145,46 @@ def run(args, out, err) -> int:
     if summary is not None:
         print(json.dumps(summary), file=out)
     if args.profile:
-        from workbench.bench.profiling import profile_generation
-
-        for p in policies:
-            dest = Path(args.profile) / f"{str(p).replace(' ', '').replace(',', '_')}.trace.json"
-            table = profile_generation(engine, p, prompts[0]["prompt"], args.max_new_tokens, dest)
-            print(f"profile of {p} on {prompts[0]['id']!r}: {dest}", file=err if args.json else out)
-            if not args.json:
-                print(table, file=out)
+        write_profiles(args, engine, policies, prompts, out, err)
     if args.check_lossless and res.failures:
         print(f"workbench: {res.failures[0]}" + (f" ({len(res.failures)} outputs differ in all)"
                                                   if len(res.failures) > 1 else ""), file=err)
         return EXIT_FAILED
     return 0
+
+
+def print_tables(res, out) -> None:
+    """The run's settings in one line, the summary table and the per-stage percentiles."""
+    from workbench.bench.policy_bench import percentile_table, summary_table
+
+    st = res.settings
+    mode = "greedy" if not st["temperature"] else f"temperature {st['temperature']:g}, seed {st['seeds'][0]}"
+    print(f"{st['prompts']} prompts, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), {mode}, "
+          f"{st['device']}, {st['threads']} threads", file=out)
+    print(summary_table(res.summary), file=out)
+    print(percentile_table(res.summary), file=out)
+
+
+def reference_comparison(args, engine, policies, prompts) -> dict:
+    """``--reference``: each DDTree budget through the plain reference decoder beside the engine."""
+    from workbench.bench.plain_decoder import compare_reference
+
+    budgets = ddtree_budgets(policies)
+    if not budgets:
+        raise ValueError(f"--reference compares DDTree budgets; --policies {args.policies!r} has none")
+    return compare_reference(engine, prompts, budgets, args.max_new_tokens, args.repeats, progress(args))
+
+
+def write_profiles(args, engine, policies, prompts, out, err) -> None:
+    """``--profile DIR``: one generation per policy under the torch profiler, DIR/<policy>.trace.json each."""
+    from workbench.bench.profiling import profile_generation
+
+    for p in policies:
+        dest = Path(args.profile) / f"{str(p).replace(' ', '').replace(',', '_')}.trace.json"
+        table = profile_generation(engine, p, prompts[0]["prompt"], args.max_new_tokens, dest)
+        print(f"profile of {p} on {prompts[0]['id']!r}: {dest}", file=err if args.json else out)
+        if not args.json:
+            print(table, file=out)
 
 
 def ddtree_budgets(policies) -> list[int]:
@@ -253,7 +275,7 @@ def production_report(args, prompts: list[str], out, err) -> int:
     return 0
 
 
-def bench_ops(args, engine, policies, prompts) -> dict:
+def count_ddtree_ops(args, engine, policies, prompts) -> dict:
     """Ops per cycle (``workbench.bench.opcount``) on the first 2 prompts, after the timed runs."""
     from workbench.bench.opcount import count_ops
 
@@ -264,9 +286,9 @@ def bench_ops(args, engine, policies, prompts) -> dict:
 
 
 def batch(args, engine, policies, prompts, out) -> int:
-    from workbench.bench.batch_bench import batch_policies_bench, batch_policies_table
+    from workbench.bench.batch_bench import batch_policies_table, compare_policies_batched
 
-    res = batch_policies_bench(engine, policies, prompts, args.batch_size, args.max_new_tokens, max(args.repeats, 1),
-                               warmup=not args.no_warmup, progress=progress(args))
+    res = compare_policies_batched(engine, policies, prompts, args.batch_size, args.max_new_tokens,
+                                   max(args.repeats, 1), warmup=not args.no_warmup, progress=progress(args))
     print(json.dumps(res) if args.json else batch_policies_table(res), file=out)
     return 0

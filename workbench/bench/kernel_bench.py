@@ -47,7 +47,7 @@ def _path_choice(tree) -> torch.Tensor:
     return choice
 
 
-def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth: int = 15, vocab: int = 4096,
+def time_kernels(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth: int = 15, vocab: int = 4096,
                  backends=("torch", "sglang"), seed: int = 0, progress=None) -> dict:
     """Micro-benchmarks of the tree kernels, medians side by side in one run.
 
@@ -59,11 +59,41 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
     """
     from tqdm.auto import tqdm
 
-    from ddtree_kernels import accept, build_tree, check_backend, compact_kv, compile_tree
-    from ddtree_kernels.oracles import build_tree_host_heap, compact_kv_loop
+    from ddtree_kernels import accept, build_tree, compile_tree
     from workbench.engine.loading import resolve_device
 
     dev = resolve_device(device)
+    budgets = checked_budgets(budgets, repeats)
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(1, depth, vocab, generator=g) * 3, dim=-1).to(dev)  # [1, depth, vocab]
+    root = torch.tensor([1], device=dev)
+    prefix = 512
+    available = backend_errors(backends)
+    out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
+           "repeats": repeats, "seed": seed, "versions": versions(), "tree_build": [], "accept": [], "kv_compact": []}
+    # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
+    bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
+               disable=(None if progress is None else not progress))
+    for b in budgets:
+        bar.set_postfix_str(f"budget {b}: tree build", refresh=True)
+        out["tree_build"].append(tree_build_row(b, lp, root, prefix, depth, repeats, dev))
+        bar.update(1)
+        bar.set_postfix_str(f"budget {b}: accept walk", refresh=True)
+        tree = build_tree(lp, root, b)
+        ct = compile_tree(tree, prefix, depth)
+        choice = _path_choice(tree).to(dev)
+        out["accept"].append(accept_row(b, tree, ct, choice, depth, available, repeats, dev))
+        bar.update(1)
+        bar.set_postfix_str(f"budget {b}: KV compaction", refresh=True)
+        acc = accept("torch", tree, ct, choice, depth)
+        out["kv_compact"].append(kv_compact_row(b, tree, acc, prefix, g, repeats, dev))
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def checked_budgets(budgets, repeats) -> list[int]:
+    """The budgets as ints, each once and within DDTree's limit, and ``repeats`` a positive int (ValueError)."""
     budgets = [int(b) for b in budgets]
     twice = sorted({b for b in budgets if budgets.count(b) > 1})
     if twice:
@@ -75,10 +105,12 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             raise ValueError(f"budget {b} is absurdly large; the limit is {MAX_BUDGET} nodes, as for DDTree")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be a positive integer")
-    g = torch.Generator().manual_seed(seed)
-    lp = torch.log_softmax(torch.randn(1, depth, vocab, generator=g) * 3, dim=-1).to(dev)
-    root = torch.tensor([1], device=dev)
-    heads, head_dim, prefix = 8, 64, 512
+    return budgets
+
+
+def backend_errors(backends) -> dict[str, str | None]:
+    """{backend: None where it runs here, else why not}."""
+    from ddtree_kernels import check_backend
 
     available = {}
     for b in backends:
@@ -87,68 +119,70 @@ def kernel_bench(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
             available[b] = None
         except (ValueError, RuntimeError) as e:
             available[b] = str(e)
+    return available
 
-    out = {"device": str(dev), "threads": torch.get_num_threads(), "logprobs_shape": [1, depth, vocab],
-           "repeats": repeats, "seed": seed, "versions": versions(), "tree_build": [], "accept": [], "kv_compact": []}
-    # Three steps per budget (tree build, accept walk, KV compaction), so a large budget shows progress.
-    bar = tqdm(total=3 * len(budgets), desc="kernels", unit="step", leave=False,
-               disable=(None if progress is None else not progress))
-    for b in budgets:
-        bar.set_postfix_str(f"budget {b}: tree build", refresh=True)
-        row = {"budget": b}
-        vec = _timed(row, "vectorized", lambda: build_tree(lp, root, b), repeats, dev)
-        heap = _timed(row, "heap", lambda: build_tree_host_heap(lp, root, b), repeats, dev)
-        both = _timed(row, "build_compile", lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
-        row["heap_over_vectorized"] = heap / vec
-        # build + compile runs the build, so it cannot truly be faster: a busy machine measured one of them
-        why = []
-        if both < vec:
-            why.append(f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us)")
-        # On a CPU build_tree *is* a host heap: the two medians cannot truly differ several times over.
-        if dev.type == "cpu" and not 0.5 <= heap / vec <= 2:
-            why.append(f"heap ({1e6 * heap:.0f} us) and build_tree ({1e6 * vec:.0f} us) run the same host heap on a "
-                       f"CPU yet differ {max(heap / vec, vec / heap):.1f}x")
-        if why:
-            row["contradiction"] = "; ".join(why) + ": the machine was busy during one of them; rerun on an idle machine"
-        if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
-            try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
-                torch.cuda.set_sync_debug_mode("error")
-                build_tree(lp, root, b)
-                row["host_sync_free"] = True
-            except RuntimeError:
-                row["host_sync_free"] = False
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        out["tree_build"].append(row)
-        bar.update(1)
-        bar.set_postfix_str(f"budget {b}: accept walk", refresh=True)
 
-        tree = build_tree(lp, root, b)
-        ct = compile_tree(tree, prefix, depth)
-        choice = _path_choice(tree).to(dev)
-        arow = {"budget": b, "nodes": tree.n}
-        for name, err in available.items():
-            if err is not None:
-                arow[f"{name}_s"], arow[f"{name}_error"] = None, err
-                continue
-            _timed(arow, name, lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
-        if arow.get("torch_s") and arow.get("sglang_s"):
-            arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
-        out["accept"].append(arow)
-        bar.update(1)
-        bar.set_postfix_str(f"budget {b}: KV compaction", refresh=True)
+def tree_build_row(b: int, lp, root, prefix: int, depth: int, repeats: int, dev) -> dict:
+    """build_tree vs the host heap, and build + compile, at budget ``b``; medians that contradict each other
+    flagged, and on a GPU whether the build runs without a host sync."""
+    from ddtree_kernels import build_tree, compile_tree
+    from ddtree_kernels.oracles import build_tree_host_heap
 
-        acc = accept("torch", tree, ct, choice, depth)
-        nodes = acc.index[0, : int(acc.length[0]) + 1]
-        kv = torch.randn(1, heads, prefix + tree.n, head_dim, generator=g).to(dev)
-        krow = {"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape)}
-        fast = _timed(krow, "compact_kv", lambda: compact_kv(kv, prefix, nodes), repeats, dev)
-        loop = _timed(krow, "loop", lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
-        krow["loop_over_compact"] = loop / fast
-        out["kv_compact"].append(krow)
-        bar.update(1)
-    bar.close()
-    return out
+    row = {"budget": b}
+    vec = _timed(row, "vectorized", lambda: build_tree(lp, root, b), repeats, dev)
+    heap = _timed(row, "heap", lambda: build_tree_host_heap(lp, root, b), repeats, dev)
+    both = _timed(row, "build_compile", lambda: compile_tree(build_tree(lp, root, b), prefix, depth), repeats, dev)
+    row["heap_over_vectorized"] = heap / vec
+    # build + compile runs the build, so it cannot truly be faster: a busy machine measured one of them
+    why = []
+    if both < vec:
+        why.append(f"build+compile ({1e6 * both:.0f} us) < build alone ({1e6 * vec:.0f} us)")
+    # On a CPU build_tree *is* a host heap: the two medians cannot truly differ several times over.
+    if dev.type == "cpu" and not 0.5 <= heap / vec <= 2:
+        why.append(f"heap ({1e6 * heap:.0f} us) and build_tree ({1e6 * vec:.0f} us) run the same host heap on a "
+                   f"CPU yet differ {max(heap / vec, vec / heap):.1f}x")
+    if why:
+        row["contradiction"] = "; ".join(why) + ": the machine was busy during one of them; rerun on an idle machine"
+    if dev.type == "cuda":  # the build must not wait on the host: torch raises on a synchronising call
+        try:  # steady state: the per-budget candidate table was built (and cached) by the calls above
+            torch.cuda.set_sync_debug_mode("error")
+            build_tree(lp, root, b)
+            row["host_sync_free"] = True
+        except RuntimeError:
+            row["host_sync_free"] = False
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return row
+
+
+def accept_row(b: int, tree, ct, choice, depth: int, available: dict, repeats: int, dev) -> dict:
+    """The accept walk through each backend on the budget-``b`` tree (an unavailable one: its error)."""
+    from ddtree_kernels import accept
+
+    arow = {"budget": b, "nodes": tree.n}
+    for name, err in available.items():
+        if err is not None:
+            arow[f"{name}_s"], arow[f"{name}_error"] = None, err
+            continue
+        _timed(arow, name, lambda name=name: accept(name, tree, ct, choice, depth), repeats, dev)
+    if arow.get("torch_s") and arow.get("sglang_s"):
+        arow["sglang_over_torch"] = arow["sglang_s"] / arow["torch_s"]
+    return arow
+
+
+def kv_compact_row(b: int, tree, acc, prefix: int, g: torch.Generator, repeats: int, dev,
+                   heads: int = 8, head_dim: int = 64) -> dict:
+    """compact_kv vs the per-row loop oracle over the accepted rows of random K/V [1, heads, prefix + n, head_dim]."""
+    from ddtree_kernels import compact_kv
+    from ddtree_kernels.oracles import compact_kv_loop
+
+    nodes = acc.index[0, : int(acc.length[0]) + 1]
+    kv = torch.randn(1, heads, prefix + tree.n, head_dim, generator=g).to(dev)
+    krow = {"budget": b, "accepted": int(nodes.numel()), "kv_shape": list(kv.shape)}
+    fast = _timed(krow, "compact_kv", lambda: compact_kv(kv, prefix, nodes), repeats, dev)
+    loop = _timed(krow, "loop", lambda: compact_kv_loop(kv, prefix, nodes.tolist()), repeats, dev)
+    krow["loop_over_compact"] = loop / fast
+    return krow
 
 
 def kernel_table(res: dict) -> str:

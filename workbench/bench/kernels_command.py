@@ -46,11 +46,11 @@ def budgets_of(text: str | None) -> tuple[int, ...] | list[int]:
 def run(args, out, err) -> int:
     import torch
 
-    from workbench.bench.kernel_bench import kernel_bench, kernel_table
+    from workbench.bench.kernel_bench import kernel_table, time_kernels
 
     budgets = budgets_of(args.budgets)
     if args.threads:
         torch.set_num_threads(args.threads)
-    res = kernel_bench(budgets, repeats=args.repeats, device=args.device, progress=progress(args))
+    res = time_kernels(budgets, repeats=args.repeats, device=args.device, progress=progress(args))
     print(json.dumps(res) if args.json else kernel_table(res), file=out)
     return 0

@@ -6,8 +6,8 @@ Written against the engine interface (``workbench.interface.base``): any registe
 
 Importable from a notebook::
 
-    from workbench.bench.policy_bench import bench
-    res = bench(engine, ["ar", "dflash", "ddtree:32"], prompts, max_new_tokens=128)
+    from workbench.bench.policy_bench import compare_policies
+    res = compare_policies(engine, ["ar", "dflash", "ddtree:32"], prompts, max_new_tokens=128)
     res.summary["DDTree(32)"]["speedup_vs_ar"]
 
 Definitions (the conventions of Spec-Bench, vLLM and SGLang):
@@ -145,8 +145,9 @@ def _median_run(runs: list[Run]) -> dict:
     }
 
 
-def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1, check_lossless: bool = False,
-          progress=None, warmup: bool = True, temperature: float = 0.0, seed: int = 0) -> BenchResult:
+def compare_policies(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1,
+                     check_lossless: bool = False, progress=None, warmup: bool = True, temperature: float = 0.0,
+                     seed: int = 0) -> BenchResult:
     """Run every policy on every prompt, interleaved prompt by prompt (A B C A B C ...), after a warm-up.
 
     policies: Policy objects or strings ('ar', 'ddtree:32'); prompts: [{id, prompt}] (see
@@ -164,25 +165,47 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
     validate.temperature(temperature), validate.seed(seed)
     if check_lossless and temperature != 0.0:
         raise ValueError("the lossless check compares greedy outputs; use temperature=0")
-    # Fail before the run, not in the middle of it. The interface declares no position limit: an engine that
-    # holds its pair's facts (the workbench's, and engines built on it) is checked here, another refuses a
-    # prompt too long for it when its session starts.
+    check_prompt_lengths(engine, prompts)
+    if check_lossless and AR() not in pols:
+        pols = [AR(), *pols]
+    labels = [str(p) for p in pols]
+    runs = timed_runs(engine, pols, prompts, max_new_tokens, repeats, warmup, temperature, seed, progress)
+    med = {(i, label): _median_run(runs[i, label]) for i in range(len(prompts)) for label in labels}
+    rows = [prompt_row(item, label, med[i, label]) for i, item in enumerate(prompts) for label in labels]
+    can_check = temperature == 0.0 and "AR" in labels
+    failures = lossless_failures(prompts, labels, runs) if can_check else []
+    summary = summarize(med, prompts, labels, failures if can_check else None)
+    first = runs[0, labels[0]][0]  # what the engine ran in, as its sessions recorded it
+    settings = {"policies": labels, "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
+                "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
+                "temperature": temperature, "seeds": [seed], "device": str(engine.device),
+                "dtype": first.dtype, "threads": torch.get_num_threads(), "kernel_backend": first.kernel_backend,
+                "versions": versions()}
+    return BenchResult(rows, summary, failures, settings)
+
+
+def check_prompt_lengths(engine, prompts: list[dict]) -> None:
+    """Fail before the run, not in the middle of it. The interface declares no position limit: an engine that
+    holds its pair's facts (the workbench's, and engines built on it) is checked here, another refuses a
+    prompt too long for it when its session starts."""
     positions = getattr(getattr(engine, "models", None), "max_positions", None)
     for item in prompts:
         n = len(engine.tokenizer(item["prompt"], add_special_tokens=False)["input_ids"])
         if n < 1 or (positions is not None and n >= positions):
             takes = f"1 to {positions - 1}" if positions is not None else "at least 1"
             raise ValueError(f"prompt {item['id']!r} is {n} tokens; the target takes {takes}")
-    if check_lossless and AR() not in pols:
-        pols = [AR(), *pols]
-    labels = [str(p) for p in pols]
 
+
+def timed_runs(engine, pols: list[Policy], prompts: list[dict], max_new_tokens: int, repeats: int, warmup: bool,
+               temperature: float, seed: int, progress) -> dict[tuple[int, str], list[Run]]:
+    """{(prompt index, policy label): its runs} (ids need not be unique), interleaved prompt by prompt after an
+    untimed warm-up per policy."""
     from tqdm.auto import tqdm
 
     # The warm-up is counted in the bar too: on a CPU it can take a while, and silence reads as a hang.
     bar = tqdm(total=(len(pols) if warmup else 0) + len(prompts) * repeats * len(pols), desc="bench", unit="gen",
                leave=False, disable=(None if progress is None else not progress))
-    runs: dict[tuple[int, str], list[Run]] = {}  # (prompt index, policy label): ids need not be unique
+    runs: dict[tuple[int, str], list[Run]] = {}
     try:
         if warmup:  # first calls pay for allocation and kernel selection; keep them out of the numbers
             for p in pols:
@@ -198,48 +221,40 @@ def bench(engine, policies, prompts, max_new_tokens: int = 128, repeats: int = 1
                     bar.update(1)
     finally:
         bar.close()
+    return runs
 
-    rows = []
-    med: dict[tuple[int, str], dict] = {}
-    for i, item in enumerate(prompts):
-        for label in labels:
-            m = med[i, label] = _median_run(runs[i, label])
-            f: Run = m["first"]
-            decode_s = sum(m["stage_seconds"].values())
-            rows.append({
-                # Spec-Bench fields
-                "question_id": item["id"], "new_tokens": len(f.tokens), "wall_time": m["wall_time"],
-                "accept_lengths": f.accept_lengths, "decoding_steps": len(f.accept_lengths),
-                # ours
-                "policy": label,
-                "tau": sum(f.accept_lengths) / len(f.accept_lengths) if f.accept_lengths else 0.0,
-                "tokens_per_s": len(f.tokens) / m["wall_time"] if m["wall_time"] > 0 else 0.0,
-                "decode_tokens_per_s": f.committed / decode_s if decode_s > 0 else 0.0,
-                "stage_seconds": m["stage_seconds"], "prefill_seconds": m["prefill_seconds"],
-                "wall_times": m["wall_times"], "finish_reason": f.finish_reason, "text": f.text,
-            })
 
+def prompt_row(item: dict, label: str, m: dict) -> dict:
+    """One row per (prompt, policy): Spec-Bench's fields, then ours, from the runs' medians ``m``."""
+    f: Run = m["first"]
+    decode_s = sum(m["stage_seconds"].values())
+    return {
+        # Spec-Bench fields
+        "question_id": item["id"], "new_tokens": len(f.tokens), "wall_time": m["wall_time"],
+        "accept_lengths": f.accept_lengths, "decoding_steps": len(f.accept_lengths),
+        # ours
+        "policy": label,
+        "tau": sum(f.accept_lengths) / len(f.accept_lengths) if f.accept_lengths else 0.0,
+        "tokens_per_s": len(f.tokens) / m["wall_time"] if m["wall_time"] > 0 else 0.0,
+        "decode_tokens_per_s": f.committed / decode_s if decode_s > 0 else 0.0,
+        "stage_seconds": m["stage_seconds"], "prefill_seconds": m["prefill_seconds"],
+        "wall_times": m["wall_times"], "finish_reason": f.finish_reason, "text": f.text,
+    }
+
+
+def lossless_failures(prompts: list[dict], labels: list[str], runs: dict) -> list[LosslessFailure]:
+    """Every run (repeats too) against AR's first on the same prompt: each policy's first differing run."""
     failures: list[LosslessFailure] = []
-    can_check = temperature == 0.0 and "AR" in labels
-    if can_check:  # every run (repeats too) against AR's first
-        for i, item in enumerate(prompts):
-            ref = runs[i, "AR"][0].tokens
-            for label in labels:
-                for r in runs[i, label]:
-                    pos = first_difference(ref, r.tokens)
-                    if pos is not None:
-                        failures.append(LosslessFailure(item["id"], label, pos, ref[pos] if pos < len(ref) else None,
-                                                        r.tokens[pos] if pos < len(r.tokens) else None))
-                        break
-
-    summary = summarize(med, prompts, labels, failures if can_check else None)
-    first = runs[0, labels[0]][0]  # what the engine ran in, as its sessions recorded it
-    settings = {"policies": labels, "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
-                "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup": warmup,
-                "temperature": temperature, "seeds": [seed], "device": str(engine.device),
-                "dtype": first.dtype, "threads": torch.get_num_threads(), "kernel_backend": first.kernel_backend,
-                "versions": versions()}
-    return BenchResult(rows, summary, failures, settings)
+    for i, item in enumerate(prompts):
+        ref = runs[i, "AR"][0].tokens
+        for label in labels:
+            for r in runs[i, label]:
+                pos = first_difference(ref, r.tokens)
+                if pos is not None:
+                    failures.append(LosslessFailure(item["id"], label, pos, ref[pos] if pos < len(ref) else None,
+                                                    r.tokens[pos] if pos < len(r.tokens) else None))
+                    break
+    return failures
 
 
 def bench_json(res: "BenchResult") -> dict:
@@ -325,7 +340,7 @@ def cycle_tails(runs: list[Run]) -> dict:
                "prefill": statistics.median(r.prefill_seconds for r in runs),
                "first_cycle": statistics.median(firsts), "between_cycles": statistics.median(rest)}
     return {
-        "stage_percentiles": pct, "outside_cycles": outside,  # seconds (older readers use these keys)
+        "stage_percentiles": pct, "outside_cycles": outside,  # seconds
         "stage_percentiles_ms": {st: {f"{q}_ms": 1e3 * v for q, v in d.items()} for st, d in pct.items()},
         "outside_cycles_ms": {f"{k}_ms": 1e3 * v for k, v in outside.items()},
     }

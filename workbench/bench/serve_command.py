@@ -57,7 +57,7 @@ def run(args, out, err) -> int:
                          f"{SERVED_MAX_NEW_TOKENS} new tokens per session (serve's default limit); give "
                          f"{SERVED_MAX_NEW_TOKENS} or fewer")
     from workbench.shipped import eval_prompts
-    from workbench.bench.serve_load import bench_serve, table
+    from workbench.bench.serve_load import measure_served_load, table
     from workbench.engine.policies import parse_policy
     from workbench.serve import wire
 
@@ -98,9 +98,9 @@ def run(args, out, err) -> int:
     # stops every client thread and the in-process round at random, and both columns measure it.
     gc.freeze()
     try:
-        res = bench_serve(model_args, load_frozen, prompts, clients, policy, args.max_new_tokens,
-                          args.repeats, args.threads, modes,
-                          progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
+        res = measure_served_load(model_args, load_frozen, prompts, clients, policy, args.max_new_tokens,
+                                  args.repeats, args.threads, modes,
+                                  progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
     finally:
         gc.unfreeze()  # (main() may run again in this process: tests)
     print(table(res), file=out)

@@ -233,9 +233,9 @@ def summarise(rounds: list[dict]) -> dict:
     return out
 
 
-def bench_serve(model_args: list[str], load_local, prompts: list[str], clients: list[int], policy: dict,
-                max_new_tokens: int, repeats: int = 1, threads: int | None = None, modes=DEFAULT_MODES,
-                progress=None) -> dict:
+def measure_served_load(model_args: list[str], load_local, prompts: list[str], clients: list[int], policy: dict,
+                        max_new_tokens: int, repeats: int = 1, threads: int | None = None, modes=DEFAULT_MODES,
+                        progress=None) -> dict:
     """Every mode for every client count, interleaved. ``load_local()``: the same engine in this process.
     -> {"rows": [...], ...}"""
     from workbench.serve.wire import policy_from_wire

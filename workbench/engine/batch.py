@@ -245,8 +245,8 @@ def ragged_layout(verify_lens: list[int], vocab: int) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- benchmark
-def batch_bench(engine, prompts: list[str], policy, batch_size: int, max_new_tokens: int = 64, repeats: int = 3,
-                warmup: bool = True) -> dict:
+def batch_vs_sequential(engine, prompts: list[str], policy, batch_size: int, max_new_tokens: int = 64,
+                        repeats: int = 3, warmup: bool = True) -> dict:
     """Aggregate tokens/s of one batch of ``batch_size`` requests against the same requests run one after
     another, interleaved (sequential, batch, sequential, batch, ...) so both see the same machine load.
     Prompts are reused in turn when fewer than ``batch_size`` are given. Greedy; the outputs are compared

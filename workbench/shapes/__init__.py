@@ -16,7 +16,7 @@ the tensors SGLang itself would build for the same forward.
     p.states, p.experts, p.facts                        # KV / latent / linear-attention states, experts touched
     wb.shapes.sglang_layout.custom_mask_elements([512] * 8, [16] * 8, "FULL_MASK")
 
-Modules: ``capture`` (hooks, overhead bench), ``tables`` (ShapeTable, compare), ``forward_checks``
+Modules: ``capture`` (hooks, ``capture_overhead``), ``tables`` (ShapeTable, compare), ``forward_checks``
 (check_contracts: a run's recorded forwards against the TARGET_VERIFY contracts), ``plan`` (meta-device plans),
 ``families`` (per-family facts from a config, the one home plan and cost share: config loading, layers, params,
 KV / latent / linear-state bytes, experts), ``cost`` (FLOPs, bytes and roofline time per forward; ``parallel``:
@@ -27,7 +27,7 @@ mode), ``sglang_source`` (the SGLang rules mirrored, read from its installed sou
 from __future__ import annotations
 
 from workbench.shapes import families, sglang_layout
-from workbench.shapes.capture import ShapeCapture, bench, capture, hooks_installed
+from workbench.shapes.capture import ShapeCapture, capture, capture_overhead, hooks_installed
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.measured import SweepError, sweep_error
 from workbench.shapes.parallel_table import ParallelTable, parallelism_table
@@ -36,9 +36,9 @@ from workbench.shapes.plan import CONFIGS, ShapePlan, plan
 from workbench.shapes.sglang_layout import custom_mask_elements, layout, sglang_forward_modes
 from workbench.shapes.tables import CheckTable, CompareTable, LayoutTable, ShapeTable, compare, fmt_bytes, table
 
-__all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePlan", "ShapeTable", "bench",
-           "capture", "check_contracts", "compare", "custom_mask_elements", "hooks_installed", "layout", "plan",
-           "sglang_forward_modes", "sglang_layout", "table", "families"]
+__all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePlan", "ShapeTable",
+           "capture", "capture_overhead", "check_contracts", "compare", "custom_mask_elements", "hooks_installed",
+           "layout", "plan", "sglang_forward_modes", "sglang_layout", "table", "families"]
 
 # The cost model (roofline cost, its error against a measured sweep, the TP table) and the shape helpers.
 __all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]

@@ -1,7 +1,7 @@
 """``python -m workbench.shapes``: print a shape plan (--plan CONFIG) or run the capture benchmark (--bench)."""
 from __future__ import annotations
 
-from workbench.shapes import bench, plan
+from workbench.shapes import capture_overhead, plan
 
 def _main(argv=None) -> int:
     import argparse
@@ -30,7 +30,7 @@ def _main(argv=None) -> int:
         from workbench.engine.policies import DDTree
 
         eng = load(target=a.target, draft=a.draft, threads=a.threads)
-        for k, v in bench(eng, DDTree(a.budget), cycles=a.cycles).items():
+        for k, v in capture_overhead(eng, DDTree(a.budget), cycles=a.cycles).items():
             print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     if not (a.plan or a.bench):
         ap.print_help()

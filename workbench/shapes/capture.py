@@ -8,9 +8,10 @@ import timeit
 from workbench.shapes.hooks import ShapeCapture, capture, hooks_installed
 from workbench.records.forward import ForwardMode
 
-__all__ = ["ShapeCapture", "bench", "capture", "hooks_installed"]
+__all__ = ["ShapeCapture", "capture", "capture_overhead", "hooks_installed"]
 
-def bench(engine=None, policy=None, prompt: str = "def parse(line):", cycles: int = 24, repeats: int = 3) -> dict:
+def capture_overhead(engine=None, policy=None, prompt: str = "def parse(line):", cycles: int = 24,
+                     repeats: int = 3) -> dict:
     """Capture-off overhead: median DDTree(64) cycle time with capture=None and with a capture on,
     and the exact cost of the capture-off branch in run_target/run_draft (timed in isolation).
 
