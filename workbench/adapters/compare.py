@@ -284,30 +284,11 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     ``prompts``: texts (default: the first 8 of the shipped long evaluation split). ``repeats``: timed
     repeats, interleaved engine by engine (tokens, drafts and acceptance come from the first). ``vllm_ar``:
     also run vLLM without speculation (a second vLLM engine in this process)."""
-    from workbench.shipped import default_prompts
-    from workbench.engine import validate
     from workbench.engine.core import Engine
-    from workbench.engine.policies import AR, DFlash
     from workbench.engine.loading import load_models
     from workbench.interface import registry
 
-    production = [n for n in registry.engine_names() if n != "workbench"]  # the report's other side
-    if engine not in production:
-        raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
-                         "for a server use workbench.adapters.served.compare_served(url, ...)")
-    # every argument checked before either engine loads
-    texts = validate.prompt_list(prompts) or default_prompts()
-    validate.positive_int(max_new_tokens, "max_new_tokens")
-    validate.positive_int(repeats, "repeats")
-    for name, flag in (("workarounds", workarounds), ("vllm_ar", vllm_ar), ("localise", localise)):
-        if not isinstance(flag, bool):  # "no" is truthy: it would turn the workarounds on
-            raise ValueError(f"{name}={flag!r} must be True or False")
-    if vllm_ar and engine != "vllm":
-        raise ValueError(f"vllm_ar=True runs vLLM without speculation; engine={engine!r} is not vLLM: drop vllm_ar")
-    if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
-        from workbench.adapters.vllm_tap import check_version
-
-        check_version()
+    texts = check_arguments(prompts, max_new_tokens, repeats, workarounds, engine, vllm_ar, localise)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
     models = load_models(target, draft, dtype="float32")
@@ -323,34 +304,8 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
     label = f"vLLM {vengine.version}" if engine == "vllm" else engine
     try:
         runs = {n: EngineRun(n, [], [], []) for n in ("workbench AR", "workbench DFlash", f"{label} DFlash")}
+        sessions = timed_runs(ours, vengine, ids, max_new_tokens, repeats, runs, say)
         ar, df, vl = runs.values()
-        sessions = []
-        say("warm-up: one short untimed run on each engine")  # first forwards of a process are slower
-        _ours(ours, ids[0], 8, AR()), _ours(ours, ids[0], 8, DFlash()), _theirs(vengine, ids[0], 8, DFlash())
-        for r in range(repeats):
-            new = {k: 0 for k in runs}
-            secs = {k: 0.0 for k in runs}
-            for i, p in enumerate(ids):
-                say(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(ids)}")
-                toks, t, sec = _ours(ours, p, max_new_tokens, AR())
-                new[ar.name] += len(toks); secs[ar.name] += sec
-                if r == 0:
-                    ar.tokens.append(toks)
-                toks, t, sec = _ours(ours, p, max_new_tokens, DFlash())
-                new[df.name] += len(toks); secs[df.name] += sec
-                if r == 0:
-                    df.tokens.append(toks)
-                    a, c = _accepts(t)
-                    df.accepts.append(a); df.committed.append(c)
-                s, t, sec = _theirs(vengine, p, max_new_tokens, DFlash())
-                new[vl.name] += len(s.generated); secs[vl.name] += sec
-                if r == 0:
-                    vl.tokens.append(list(s.generated))
-                    a, c = _accepts(t)
-                    vl.accepts.append(a); vl.committed.append(c)
-                    sessions.append(s)
-            for k in runs:
-                runs[k].tokens_per_s.append(new[k] / secs[k] if secs[k] else 0.0)
         lossless = {f"{df.name} vs {ar.name}": _equal(df.tokens, ar.tokens),
                     f"{vl.name} vs {ar.name}": _equal(vl.tokens, ar.tokens)}
         same, total, divergence = (0, 0, None)
@@ -362,14 +317,83 @@ def compare(target=None, draft=None, prompts=None, *, max_new_tokens: int = 64, 
         vengine.close()
     if vllm_ar:
         say("vLLM without speculation")
-        plain = registry.load(engine, target, draft, speculative=False)
-        try:
-            vtoks = [plain.generate(prompt_ids=p, max_new_tokens=max_new_tokens) for p in ids]
-        finally:
-            plain.close()
+        vtoks = plain_tokens(engine, target, draft, ids, max_new_tokens)
         lossless[f"{label} AR vs {ar.name}"] = _equal(vtoks, ar.tokens)
     return ComparisonReport(label, texts, runs, lossless, (same, total), divergence,
-                             patches, time.perf_counter() - t_start)
+                            patches, time.perf_counter() - t_start)
+
+
+def check_arguments(prompts, max_new_tokens, repeats, workarounds, engine: str, vllm_ar, localise) -> list[str]:
+    """Every argument of ``compare`` checked before either engine loads (ValueError, one line). -> the texts."""
+    from workbench.shipped import default_prompts
+    from workbench.engine import validate
+    from workbench.interface import registry
+
+    production = [n for n in registry.engine_names() if n != "workbench"]  # the report's other side
+    if engine not in production:
+        raise ValueError(f"engine={engine!r}: the in-process report runs a production engine ({', '.join(production)}); "
+                         "for a server use workbench.adapters.served.compare_served(url, ...)")
+    texts = validate.prompt_list(prompts) or default_prompts()
+    validate.positive_int(max_new_tokens, "max_new_tokens")
+    validate.positive_int(repeats, "repeats")
+    for name, flag in (("workarounds", workarounds), ("vllm_ar", vllm_ar), ("localise", localise)):
+        if not isinstance(flag, bool):  # "no" is truthy: it would turn the workarounds on
+            raise ValueError(f"{name}={flag!r} must be True or False")
+    if vllm_ar and engine != "vllm":
+        raise ValueError(f"vllm_ar=True runs vLLM without speculation; engine={engine!r} is not vLLM: drop vllm_ar")
+    if engine == "vllm":  # vLLM missing or of another version: said before the reference loads
+        from workbench.adapters.vllm_tap import check_version
+
+        check_version()
+    return texts
+
+
+def timed_runs(ours, vengine, ids: list, max_new_tokens: int, repeats: int, runs: dict, say) -> list:
+    """The workbench's AR and DFlash and the production engine's DFlash on every prompt, ``repeats`` times,
+    interleaved prompt by prompt; fills ``runs`` (tokens, accepts and committed from the first repeat, tokens/s
+    per repeat). -> the production engine's sessions of the first repeat (the localisation reads them)."""
+    from workbench.engine.policies import AR, DFlash
+
+    ar, df, vl = runs.values()
+    sessions = []
+    say("warm-up: one short untimed run on each engine")  # first forwards of a process are slower
+    _ours(ours, ids[0], 8, AR()), _ours(ours, ids[0], 8, DFlash()), _theirs(vengine, ids[0], 8, DFlash())
+    for r in range(repeats):
+        new = {k: 0 for k in runs}
+        secs = {k: 0.0 for k in runs}
+        for i, p in enumerate(ids):
+            say(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(ids)}")
+            toks, t, sec = _ours(ours, p, max_new_tokens, AR())
+            new[ar.name] += len(toks); secs[ar.name] += sec
+            if r == 0:
+                ar.tokens.append(toks)
+            toks, t, sec = _ours(ours, p, max_new_tokens, DFlash())
+            new[df.name] += len(toks); secs[df.name] += sec
+            if r == 0:
+                df.tokens.append(toks)
+                a, c = _accepts(t)
+                df.accepts.append(a); df.committed.append(c)
+            s, t, sec = _theirs(vengine, p, max_new_tokens, DFlash())
+            new[vl.name] += len(s.generated); secs[vl.name] += sec
+            if r == 0:
+                vl.tokens.append(list(s.generated))
+                a, c = _accepts(t)
+                vl.accepts.append(a); vl.committed.append(c)
+                sessions.append(s)
+        for k in runs:
+            runs[k].tokens_per_s.append(new[k] / secs[k] if secs[k] else 0.0)
+    return sessions
+
+
+def plain_tokens(engine: str, target, draft, ids: list, max_new_tokens: int) -> list:
+    """The production engine without speculation (a second engine in this process): each prompt's tokens."""
+    from workbench.interface import registry
+
+    plain = registry.load(engine, target, draft, speculative=False)
+    try:
+        return [plain.generate(prompt_ids=p, max_new_tokens=max_new_tokens) for p in ids]
+    finally:
+        plain.close()
 
 
 def _equal(a: list, b: list) -> str:
