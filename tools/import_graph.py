@@ -154,8 +154,9 @@ FLOORS = [
     ["workbench.payoff", "workbench.train"],
     ["workbench.calibrate"],          # makes the calibration files the calibrated policies load (as data)
     ["workbench.views"],
-    ["workbench", "workbench.report_command"],  # the public API: re-exports from every floor below; the
-                                      # report command, above the views it writes with (their package needs plotly)
+    ["workbench", "workbench.report_command", "workbench.run_command"],  # the public API: re-exports from every
+                                      # floor below; the report command, above the views it writes with (their
+                                      # package needs plotly); the run command, one generation on any engine
     ["workbench.cli"],
     ["workbench.__main__"],
 ]

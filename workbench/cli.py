@@ -20,8 +20,8 @@ EXIT_USAGE = 2  # bad input
 def command_modules() -> dict:
     """name -> the module holding the command's ``add_parser`` and ``run``, in the order ``--help`` lists them.
     Each module keeps its heavy imports inside ``run``: building the parser loads no model stack."""
-    from workbench import report_command
-    from workbench.bench import bench_command, kernels_command, run_command, serve_command as bench_serve_command
+    from workbench import report_command, run_command
+    from workbench.bench import bench_command, kernels_command, serve_command as bench_serve_command
     from workbench.bench import acceptance_command, sweep_command
     from workbench.calibrate import command as calibrate_command
     from workbench.conform import command as conform_command

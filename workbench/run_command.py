@@ -1,7 +1,12 @@
 """``python -m workbench run``: generate from one prompt on any registered engine and print the text and a
 summary (or one JSON object). Read through the engine interface only (``BaseEngine.session``, the session's
 ``run``, ``generated``, ``text``, ``kernel_backend`` and its trace), so ``--engine NAME`` runs a third-party
-engine as it runs the workbench's own."""
+engine as it runs the workbench's own.
+
+Why a room of its own and not in ``workbench/engine/``: it is the public API's one generation
+(``wb.load(...).session(...).run()``) on whichever engine is named, and the command helpers it needs
+(``workbench.cli_args``) sit a floor above the engine. Like ``report``, it is its own room on the top floor
+(``tools/import_graph.py``), above the bench whose ``versions()`` its JSON records."""
 from __future__ import annotations
 
 import json
