@@ -5,7 +5,9 @@ locks decide what may run at once; ``/health`` and ``/sessions`` are ``async`` a
 the event loop, so queued model calls never delay them. ``Guard`` (plain ASGI, outermost)
 checks the token, the wire version and the body size before anything reads the body. Every
 error leaves as ``{"error", "message", "field"?, "limit"?}`` with a 4xx status; an unexpected
-one is logged and answered 500, never fatal.
+one is logged and answered 500, never fatal. The routes (``ROUTES``) and error handlers are
+module-level functions that read the store from ``request.app.state.store``; ``create_app`` wires
+them to one store and token.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -198,181 +200,217 @@ def _parse_error(e: HTTPException) -> str:
 
 # ------------------------------------------------------------------------------------------ the app
 def create_app(store: SessionStore, token: str) -> FastAPI:
+    """The API over ``store``: the guard outermost, then the error handlers and the routes (``ROUTES``), which
+    read the store from ``request.app.state.store``."""
     app = FastAPI(title="ddtree-workbench engine", version=str(wire.WIRE_VERSION), docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.store = store
+    app.state.tokenizer_files = {}  # the tokenizer's files, read once (GET /tokenizer)
     app.add_middleware(Guard, store=store, token=token)  # outermost of ours: nothing reads a body before it
-    limits = store.limits
-
-    @app.exception_handler(ServeError)
-    async def on_serve_error(_req, e: ServeError):
-        return error(e)
-
-    @app.exception_handler(HTTPException)
-    async def on_http(req: Request, e: HTTPException):
-        # Starlette's own refusals (no such route, wrong method, an unparsable body) in our shape.
-        if e.status_code == 400:
-            return error(ServeError(422, "invalid", _parse_error(e), "body"))
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid")
-        msg = (f"no route {req.method} {wire.short(req.url.path)[1:-1]}; see docs/wire-format.md for the endpoints"
-               if e.status_code in (404, 405) else wire.short(str(e.detail), 200))
-        return error(ServeError(e.status_code, code, msg))
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(_req, e: RequestValidationError):
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
-        name = "body" if first.get("type") == "json_invalid" else (".".join(loc) or "body")
-        msg = f"{name}: {first.get('msg', 'invalid')}"
-        if "input" in first and first.get("type") != "missing" and name != "body":
-            msg += f" (got {wire.short(first['input'])})"
-        return error(ServeError(422, "invalid", msg, name[:64]))
-
-    @app.exception_handler(SessionFinished)
-    async def on_finished(_req, e: SessionFinished):
-        return error(ServeError(409, "session_finished", str(e)))
-
-    @app.exception_handler(ValueError)
-    async def on_value(_req, e: ValueError):
-        msg = " ".join(str(e).split())
-        return error(ServeError(422, "invalid", msg, _field_of(msg)))
-
-    def state(e: Entry, since: int = 0, until: int | None = None, status: int = 200, records: str = "full",
-              req: StepRequest | None = None, timing: dict | None = None) -> JSON:
-        held = {} if req is None else {"have_tokens": req.have_tokens, "revision": req.revision}
-        return JSON(session_state(e, since, until, limits.max_reply_bytes, records, timing=timing, **held),
-                    status_code=status)
-
-    # -------------------------------------------------------------- engine
-    @app.get("/health")
-    async def health():
-        return JSON({"status": "ok", "sessions": len(store), "session_kv_bytes": store.kv_bytes(),
-                     **store.memory(), "wire_version": wire.WIRE_VERSION, "batching": store.batching_stats()})
-
-    @app.get("/info")
-    def info():
-        import fastapi
-        import torch
-        import transformers
-        import uvicorn
-
-        from workbench.version import __version__
-
-        eng, m = store.engine, store.engine.models
-        t = m.target.config
-        return JSON({
-            "wire_version": wire.WIRE_VERSION, "engine": repr(eng),
-            "models": {"target": str(m.target_dir), "draft": str(m.draft_dir), "target_layers": t.num_hidden_layers,
-                       "vocab_size": t.vocab_size, "block_size": m.block_size,
-                       "target_layer_ids": m.target_layer_ids, "max_positions": m.max_positions},
-            "device": str(eng.device), "dtype": str(m.dtype).replace("torch.", ""),
-            "kernel_backend": eng.kernel_backend, "limits": limits.to_dict(), "sessions": len(store),
-            "versions": {"workbench": __version__, "wire": wire.WIRE_VERSION, "python": platform.python_version(),
-                         "torch": torch.__version__, "transformers": transformers.__version__,
-                         "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__},
-        })
-
-    tok_files: dict = {}
-
-    @app.get("/tokenizer")
-    def tokenizer():
-        if not tok_files:  # the tokenizer as its files, so a client builds the very same one
-            with tempfile.TemporaryDirectory() as d:
-                store.engine.tokenizer.save_pretrained(d)
-                tok_files.update({p.name: p.read_text() for p in Path(d).iterdir() if p.is_file()})
-        return JSON({"files": tok_files})
-
-    # -------------------------------------------------------------- sessions
-    @app.get("/sessions")
-    async def list_sessions():
-        now = store.clock()
-        return JSON({"sessions": [
-            {"id": e.id, "prompt": e.session.prompt[:80], "policy": str(e.session.policy),
-             "n_cycles": len(e.session.cycles), "new_tokens": len(e.session.generated),
-             "finished": e.session.finished, "busy": e.busy > 0, "idle_seconds": round(now - e.last_used, 3)}
-            for e in store.entries()]})
-
-    @app.post("/sessions", status_code=201)
-    def create(req: SessionRequest):
-        policy = _policy(req.policy, store)
-        if req.kernel_backend is not None:
-            try:
-                check_backend(req.kernel_backend)
-            except (ValueError, RuntimeError) as ex:
-                raise ServeError(422, "invalid", str(ex), "kernel_backend") from None
-        kw = req.model_dump(exclude={"prompt", "policy", "capture", "messages", "prompt_ids"})
-        if kw["max_new_tokens"] is None:
-            kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, limits.max_new_tokens)
-        e = store.create(req.prompt, policy, capture=req.capture, messages=req.messages, prompt_ids=req.prompt_ids,
-                         **kw)
-        with store.use(e.id):
-            return state(e, status=201)
-
-    @app.get("/sessions/{sid}")
-    def get(sid: str, since: int = 0, until: int | None = None, records: str = "view"):
-        for name, v in (("since", since), ("until", until)):
-            if v is not None and not 0 <= v <= INT32:
-                raise ServeError(422, "invalid", f"{name}={wire.short(v)} must be from 0 to {INT32}", name)
-        if records not in wire.RECORDS:
-            raise ServeError(422, "invalid", f"records={wire.short(records)} must be 'view' or 'full'", "records")
-        with store.use(sid) as e:
-            return state(e, since, until, records=records)
-
-    @app.patch("/sessions/{sid}")
-    def settings(sid: str, req: SettingsRequest):
-        with store.use(sid) as e:
-            s = e.session
-            try:
-                if req.policy is not None:
-                    s.policy = _policy(req.policy, store)
-                if req.max_new_tokens is not None:
-                    store.check_new_tokens(req.max_new_tokens)
-                for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens"):
-                    v = getattr(req, name)
-                    if v is not None:
-                        setattr(s, name, v)  # the session's own checks and messages, and its trace's record
-                if req.capture is not None:
-                    store.set_capture(e, req.capture)
-            finally:  # (a refusal may come after a change that took: every client gets the full state again)
-                e.revision += 1
-            return state(e, len(s.cycles))
-
-    @app.post("/sessions/{sid}/step")
-    def step(sid: str, req: StepRequest, request: Request):
-        t0 = time.perf_counter()
-        with store.use(sid) as e:
-            t1 = time.perf_counter()
-            c = e.session.step()
-            timing = None
-            if req.timing:  # the framework's share: from the head parsed to this handler (body, checks, thread)
-                timing = {**step_timing(time.perf_counter() - t1, c, t0),
-                          "http": t0 - request.scope.get(ARRIVED, t0)}
-            return state(e, req.since, records=req.records, req=req, timing=timing)
-
-    @app.post("/sessions/{sid}/run")
-    def run(sid: str, req: RunRequest):
-        """One streamed reply (workbench.serve.stream): the route holds the session and applies the request,
-        so that a refusal is a plain error reply; the stream hands the session back when it ends."""
-        if req.max_new_tokens is not None:
-            store.check_new_tokens(req.max_new_tokens)
-        held = store.use(sid)
-        e = held.__enter__()
-        try:
-            if req.max_new_tokens is not None:
-                try:
-                    e.session.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
-                finally:
-                    e.revision += 1
-            return RunStream(e, lambda: held.__exit__(None, None, None), req.since, req.records, req.timing,
-                             limits, store.stopping, req.have_tokens, req.revision)
-        except BaseException as ex:
-            held.__exit__(type(ex), ex, ex.__traceback__)
-            raise
-
-    @app.delete("/sessions/{sid}")
-    def delete(sid: str):
-        store.delete(sid)
-        return JSON({"deleted": sid})
-
+    for kind, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(kind, handler)
+    app.include_router(ROUTES)
     return app
+
+
+# ------------------------------------------------------------------------------------------ errors
+async def on_serve_error(_req, e: ServeError):
+    return error(e)
+
+
+async def on_http(req: Request, e: HTTPException):
+    # Starlette's own refusals (no such route, wrong method, an unparsable body) in our shape.
+    if e.status_code == 400:
+        return error(ServeError(422, "invalid", _parse_error(e), "body"))
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid")
+    msg = (f"no route {req.method} {wire.short(req.url.path)[1:-1]}; see docs/wire-format.md for the endpoints"
+           if e.status_code in (404, 405) else wire.short(str(e.detail), 200))
+    return error(ServeError(e.status_code, code, msg))
+
+
+async def on_invalid(_req, e: RequestValidationError):
+    errs = e.errors()
+    first = errs[0] if errs else {}
+    loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
+    name = "body" if first.get("type") == "json_invalid" else (".".join(loc) or "body")
+    msg = f"{name}: {first.get('msg', 'invalid')}"
+    if "input" in first and first.get("type") != "missing" and name != "body":
+        msg += f" (got {wire.short(first['input'])})"
+    return error(ServeError(422, "invalid", msg, name[:64]))
+
+
+async def on_finished(_req, e: SessionFinished):
+    return error(ServeError(409, "session_finished", str(e)))
+
+
+async def on_value(_req, e: ValueError):
+    msg = " ".join(str(e).split())
+    return error(ServeError(422, "invalid", msg, _field_of(msg)))
+
+
+ERROR_HANDLERS = {ServeError: on_serve_error, HTTPException: on_http, RequestValidationError: on_invalid,
+                  SessionFinished: on_finished, ValueError: on_value}
+
+
+# ------------------------------------------------------------------------------------------ routes
+ROUTES = APIRouter()
+
+
+def _store(request: Request) -> SessionStore:
+    return request.app.state.store
+
+
+def state(store: SessionStore, e: Entry, since: int = 0, until: int | None = None, status: int = 200,
+          records: str = "full", req: StepRequest | None = None, timing: dict | None = None) -> JSON:
+    """A reply carrying the session's state (``replies.session_state``), within the store's reply limit."""
+    held = {} if req is None else {"have_tokens": req.have_tokens, "revision": req.revision}
+    return JSON(session_state(e, since, until, store.limits.max_reply_bytes, records, timing=timing, **held),
+                status_code=status)
+
+
+# -------------------------------------------------------------- engine
+@ROUTES.get("/health")
+async def health(request: Request):
+    store = _store(request)
+    return JSON({"status": "ok", "sessions": len(store), "session_kv_bytes": store.kv_bytes(),
+                 **store.memory(), "wire_version": wire.WIRE_VERSION, "batching": store.batching_stats()})
+
+
+@ROUTES.get("/info")
+def info(request: Request):
+    import fastapi
+    import torch
+    import transformers
+    import uvicorn
+
+    from workbench.version import __version__
+
+    store = _store(request)
+    eng, m = store.engine, store.engine.models
+    t = m.target.config
+    return JSON({
+        "wire_version": wire.WIRE_VERSION, "engine": repr(eng),
+        "models": {"target": str(m.target_dir), "draft": str(m.draft_dir), "target_layers": t.num_hidden_layers,
+                   "vocab_size": t.vocab_size, "block_size": m.block_size,
+                   "target_layer_ids": m.target_layer_ids, "max_positions": m.max_positions},
+        "device": str(eng.device), "dtype": str(m.dtype).replace("torch.", ""),
+        "kernel_backend": eng.kernel_backend, "limits": store.limits.to_dict(), "sessions": len(store),
+        "versions": {"workbench": __version__, "wire": wire.WIRE_VERSION, "python": platform.python_version(),
+                     "torch": torch.__version__, "transformers": transformers.__version__,
+                     "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__},
+    })
+
+
+@ROUTES.get("/tokenizer")
+def tokenizer(request: Request):
+    tok_files = request.app.state.tokenizer_files
+    if not tok_files:  # the tokenizer as its files, so a client builds the very same one
+        with tempfile.TemporaryDirectory() as d:
+            _store(request).engine.tokenizer.save_pretrained(d)
+            tok_files.update({p.name: p.read_text() for p in Path(d).iterdir() if p.is_file()})
+    return JSON({"files": tok_files})
+
+
+# -------------------------------------------------------------- sessions
+@ROUTES.get("/sessions")
+async def list_sessions(request: Request):
+    store = _store(request)
+    now = store.clock()
+    return JSON({"sessions": [
+        {"id": e.id, "prompt": e.session.prompt[:80], "policy": str(e.session.policy),
+         "n_cycles": len(e.session.cycles), "new_tokens": len(e.session.generated),
+         "finished": e.session.finished, "busy": e.busy > 0, "idle_seconds": round(now - e.last_used, 3)}
+        for e in store.entries()]})
+
+
+@ROUTES.post("/sessions", status_code=201)
+def create(req: SessionRequest, request: Request):
+    store = _store(request)
+    policy = _policy(req.policy, store)
+    if req.kernel_backend is not None:
+        try:
+            check_backend(req.kernel_backend)
+        except (ValueError, RuntimeError) as ex:
+            raise ServeError(422, "invalid", str(ex), "kernel_backend") from None
+    kw = req.model_dump(exclude={"prompt", "policy", "capture", "messages", "prompt_ids"})
+    if kw["max_new_tokens"] is None:
+        kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, store.limits.max_new_tokens)
+    e = store.create(req.prompt, policy, capture=req.capture, messages=req.messages, prompt_ids=req.prompt_ids,
+                     **kw)
+    with store.use(e.id):
+        return state(store, e, status=201)
+
+
+@ROUTES.get("/sessions/{sid}")
+def get(sid: str, request: Request, since: int = 0, until: int | None = None, records: str = "view"):
+    for name, v in (("since", since), ("until", until)):
+        if v is not None and not 0 <= v <= INT32:
+            raise ServeError(422, "invalid", f"{name}={wire.short(v)} must be from 0 to {INT32}", name)
+    if records not in wire.RECORDS:
+        raise ServeError(422, "invalid", f"records={wire.short(records)} must be 'view' or 'full'", "records")
+    store = _store(request)
+    with store.use(sid) as e:
+        return state(store, e, since, until, records=records)
+
+
+@ROUTES.patch("/sessions/{sid}")
+def settings(sid: str, req: SettingsRequest, request: Request):
+    store = _store(request)
+    with store.use(sid) as e:
+        s = e.session
+        try:
+            if req.policy is not None:
+                s.policy = _policy(req.policy, store)
+            if req.max_new_tokens is not None:
+                store.check_new_tokens(req.max_new_tokens)
+            for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens"):
+                v = getattr(req, name)
+                if v is not None:
+                    setattr(s, name, v)  # the session's own checks and messages, and its trace's record
+            if req.capture is not None:
+                store.set_capture(e, req.capture)
+        finally:  # (a refusal may come after a change that took: every client gets the full state again)
+            e.revision += 1
+        return state(store, e, len(s.cycles))
+
+
+@ROUTES.post("/sessions/{sid}/step")
+def step(sid: str, req: StepRequest, request: Request):
+    t0 = time.perf_counter()
+    store = _store(request)
+    with store.use(sid) as e:
+        t1 = time.perf_counter()
+        c = e.session.step()
+        timing = None
+        if req.timing:  # the framework's share: from the head parsed to this handler (body, checks, thread)
+            timing = {**step_timing(time.perf_counter() - t1, c, t0),
+                      "http": t0 - request.scope.get(ARRIVED, t0)}
+        return state(store, e, req.since, records=req.records, req=req, timing=timing)
+
+
+@ROUTES.post("/sessions/{sid}/run")
+def run(sid: str, req: RunRequest, request: Request):
+    """One streamed reply (workbench.serve.stream): the route holds the session and applies the request,
+    so that a refusal is a plain error reply; the stream hands the session back when it ends."""
+    store = _store(request)
+    if req.max_new_tokens is not None:
+        store.check_new_tokens(req.max_new_tokens)
+    held = store.use(sid)
+    e = held.__enter__()
+    try:
+        if req.max_new_tokens is not None:
+            try:
+                e.session.max_new_tokens = req.max_new_tokens  # as Session.run(max_new_tokens) does
+            finally:
+                e.revision += 1
+        return RunStream(e, lambda: held.__exit__(None, None, None), req.since, req.records, req.timing,
+                         store.limits, store.stopping, req.have_tokens, req.revision)
+    except BaseException as ex:
+        held.__exit__(type(ex), ex, ex.__traceback__)
+        raise
+
+
+@ROUTES.delete("/sessions/{sid}")
+def delete(sid: str, request: Request):
+    _store(request).delete(sid)
+    return JSON({"deleted": sid})
