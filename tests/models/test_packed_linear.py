@@ -31,6 +31,9 @@ def test_packed_products_match_nn_linear_up_to_rounding_on_random_inputs():
         x = torch.randn(1, rows, 64)
         with torch.inference_mode():
             torch.testing.assert_close(packed(lin, x), lin(x), rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, packed_linear.MAX_PACKED_ROWS + 1, 64)  # a prefill's rows: nn.Linear's own product
+    with torch.inference_mode():
+        assert torch.equal(packed(lin, x), lin(x))
 
 
 def test_an_enabled_model_gives_the_plain_forward_s_choices_and_a_disabled_one_its_bits():

@@ -22,6 +22,10 @@ from torch import Tensor, nn
 
 MAX_PACKED_BYTES = 1 << 30  # packing copies every linear weight: at most 1 GiB of them per model
 PACK_ROWS = 32  # the row count oneDNN is told to expect when packing (a verify's or a draft block's size)
+# oneDNN builds a kernel for every new row count on its first use (1-5 ms each, cached after): products of up
+# to 80 rows (a verify of 65 nodes, a draft block, a cycle's new context) run packed, a bounded set of
+# kernels that a session warms within its first cycles; longer ones (prefills, wide batches) run as plain.
+MAX_PACKED_ROWS = 80
 
 
 def plain_linear(module: nn.Linear, x: Tensor) -> Tensor:
@@ -37,8 +41,8 @@ class PackedLinears:
 
     def __call__(self, module: nn.Linear, x: Tensor) -> Tensor:
         w = module.weight
-        if w.requires_grad and torch.is_grad_enabled():  # oneDNN's packed product has no backward
-            return F.linear(x, w, module.bias)
+        if x.numel() > MAX_PACKED_ROWS * x.shape[-1] or (w.requires_grad and torch.is_grad_enabled()):
+            return F.linear(x, w, module.bias)  # many rows; or a backward wanted (the packed product has none)
         entry = self._packed.get(id(module))
         if entry is None or entry[0] is not w or entry[1] != w._version or entry[2] != w.data_ptr():
             with torch.no_grad():
