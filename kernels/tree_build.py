@@ -78,13 +78,24 @@ def top_slots(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def _sorted_slots_host(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """On a CPU a plain top-k is exact whenever no two of the k + 1 best log-probs of a slot are equal
     (then neither the order nor the k-th place is a tie); only otherwise is the int64 key needed.
-    (Counting the tokens equal to the k-th over the whole vocabulary instead costs more than the extra one.)"""
+    Up to 64 the (k + 1)-th comes from the same top-k call; past 64 a CPU top-k takes another, about 4x
+    slower, algorithm, so the k-th place is checked by counting the log-probs at or above it instead."""
     lp = logprobs.float()
-    v, i = torch.topk(lp, min(k + 1, lp.shape[-1]), dim=-1, sorted=True)
+    V = lp.shape[-1]
+    if k + 1 <= TOPK_FAST or k >= V:
+        v, i = torch.topk(lp, min(k + 1, V), dim=-1, sorted=True)
+        vn = v.numpy()
+        if (vn[..., 1:] < vn[..., :-1]).all():
+            return v[..., :k], i[..., :k]
+        return sorted_slots(lp, k)
+    v, i = torch.topk(lp, k, dim=-1, sorted=True)
     vn = v.numpy()
-    if (vn[..., 1:] < vn[..., :-1]).all():
-        return v[..., :k], i[..., :k]
+    if (vn[..., 1:] < vn[..., :-1]).all() and bool(((lp >= v[..., -1:]).sum(-1) == k).all()):
+        return v, i
     return sorted_slots(lp, k)
+
+
+TOPK_FAST = 64  # the largest k a CPU top-k over a vocabulary row serves with its fast algorithm
 
 
 @lru_cache(maxsize=64)

@@ -251,3 +251,26 @@ def test_greedy_choice_equals_argmax_with_and_without_ties(dtype):
         ties = bool((logits.topk(2, dim=-1).values.diff(dim=-1) == 0).any())
         shortcuts += not ties
     assert 10 < shortcuts < 200  # both routes were taken
+
+
+@pytest.mark.parametrize("k", [16, 63, 64, 65, 100])
+def test_host_top_slots_equal_the_keyed_order_with_ties_inside_and_at_the_kth_place(k):
+    """The CPU's top-k shortcut (either side of the 64 where torch's top-k changes algorithm) gives exactly
+    ``sorted_slots``' order: on distinct log-probs, with a tie inside the top k, and with a token outside the
+    top k equal to the k-th."""
+    from ddtree_kernels.tree_build import top_slots
+
+    g = torch.Generator().manual_seed(k)
+    lp = torch.log_softmax(torch.randn(2, 3, 300, generator=g) * 3, dim=-1)
+    cases = [lp]
+    inside = lp.clone()
+    v, i = torch.topk(inside, k, dim=-1)
+    inside[0, 1, i[0, 1, 3]] = v[0, 1, 2]  # the 3rd and 4th best equal
+    cases.append(inside)
+    boundary = lp.clone()
+    v, i = torch.topk(boundary, k + 1, dim=-1)
+    boundary[1, 2, i[1, 2, k]] = v[1, 2, k - 1]  # the (k+1)-th equal to the k-th: which one is kept is the rule's
+    cases.append(boundary)
+    for case in cases:
+        got, want = top_slots(case, k), sorted_slots(case, k)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])

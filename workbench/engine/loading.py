@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.models import packed_linear
 from workbench.models.config_facts import (
     DEFAULT_BLOCK_SIZE, DRAFT_CLASSES, DTYPE_ALIASES, RUN_DTYPES, draft_value, run_dtype, torch_dtype,
 )
@@ -568,4 +569,6 @@ def load_models(target=None, draft=None, device="cpu", dtype="auto", device_map=
             hf_logging.enable_progress_bar()
     note = mask_note(tokenizer, ds.mask_token_id)
     notes = tuple(notes + dnotes + [n for n in (note, big, last) if n])
+    for model in (tmodel, dmodel):  # the own forwards' linear layers through oneDNN, where they can run so
+        packed_linear.enable(model)
     return Models(tmodel.eval(), dmodel.eval(), tokenizer, tdir, ddir, emb_dev, dt, notes)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.models.config_facts import FAMILY_OF_MODEL_TYPE, layer_kinds
+from workbench.models.packed_linear import linear_for
 
 
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, Plan | None]" = weakref.WeakKeyDictionary()
@@ -39,6 +40,20 @@ class Plan:
     heads: int
     kv_heads: int
     head_dim: int
+    gated_mlps: tuple  # per layer: True where the MLP is down(act(gate(x)) * up(x)), run here linear by linear
+
+
+# MLPs whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)), without biases of their own.
+GATED_MLPS = frozenset({"Qwen3MLP", "Qwen2MLP", "LlamaMLP", "MistralMLP", "Qwen3MoeMLP"})
+
+
+def _linears(module) -> list:
+    """The linear layers the own forwards call directly (their hooks, too, mean "step aside")."""
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _gated(mlp) -> bool:
+    return type(mlp).__name__ in GATED_MLPS and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
 
 
 def _why_not(target) -> str | None:
@@ -66,13 +81,16 @@ def plan(target) -> Plan | None:
     p = None
     if _why_not(target) is None:
         model, cfg = target.model, target.config
-        bypassed = [target, model, model.norm]
-        for layer in model.layers:
+        bypassed = [target, model, model.norm, target.lm_head]
+        gated = tuple(_gated(layer.mlp) for layer in model.layers)
+        for layer, own_mlp in zip(model.layers, gated):
             a = layer.self_attn
-            bypassed += [layer, a, layer.input_layernorm, layer.post_attention_layernorm]
+            bypassed += [layer, a, layer.input_layernorm, layer.post_attention_layernorm, *_linears(a)]
             bypassed += [m for m in (getattr(a, "q_norm", None), getattr(a, "k_norm", None)) if m is not None]
+            if own_mlp:
+                bypassed += [layer.mlp, *_linears(layer.mlp)]
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        p = Plan(model, tuple(bypassed), cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+        p = Plan(model, tuple(bypassed), cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, gated)
     _plans[target] = p
     return p
 
@@ -92,12 +110,16 @@ def draft_plan(draft) -> Plan | None:
         and not layer.self_attn.is_causal and layer.self_attn.sliding_window is None for layer in layers)
     if plain:
         cfg = draft.config
-        bypassed = [draft, draft.norm, draft.hidden_norm]
-        for layer in layers:
+        bypassed = [draft, draft.norm, draft.hidden_norm, draft.fc]
+        gated = tuple(_gated(layer.mlp) for layer in layers)
+        for layer, own_mlp in zip(layers, gated):
             a = layer.self_attn
-            bypassed += [layer, a, layer.input_layernorm, layer.post_attention_layernorm, a.q_norm, a.k_norm]
+            bypassed += [layer, a, layer.input_layernorm, layer.post_attention_layernorm, a.q_norm, a.k_norm,
+                         *_linears(a)]
+            if own_mlp:
+                bypassed += [layer.mlp, *_linears(layer.mlp)]
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        p = Plan(draft, tuple(bypassed), cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+        p = Plan(draft, tuple(bypassed), cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, gated)
     _draft_plans[draft] = p
     return p
 
@@ -122,6 +144,14 @@ def _rms(x: Tensor, norm) -> Tensor:
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
 
 
+def _mlp(mlp, x: Tensor, gated: bool, lin) -> Tensor:
+    """A layer's MLP: a gated one linear by linear through ``lin``; any other through its own forward."""
+    if not gated:
+        out = mlp(x)
+        return out[0] if isinstance(out, tuple) else out
+    return lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -141,6 +171,7 @@ def forward(target, ids: Tensor, positions: Tensor, cache, mask: Tensor | None, 
     if p is None or _hooked(p) or (mask is None and n > 1 and cache.get_seq_length() > 0):
         return None
     model, last = p.model, len(p.model.layers)
+    lin = linear_for(target)  # every linear layer's product (oneDNN-packed where the loader enabled it)
     x = model.embed_tokens(ids)  # [bs, n, hidden]
     cos, sin = model.rotary_emb(x, positions)  # [bs, n, head_dim]
     cos, sin = cos[:, None], sin[:, None]
@@ -149,9 +180,9 @@ def forward(target, ids: Tensor, positions: Tensor, cache, mask: Tensor | None, 
     for i, layer in enumerate(model.layers):
         a = layer.self_attn
         h = _rms(x, layer.input_layernorm)
-        q = a.q_proj(h).view(bs, n, p.heads, p.head_dim)
-        k = a.k_proj(h).view(bs, n, p.kv_heads, p.head_dim)
-        v = a.v_proj(h).view(bs, n, p.kv_heads, p.head_dim).transpose(1, 2)  # [bs, kv_heads, n, head_dim]
+        q = lin(a.q_proj, h).view(bs, n, p.heads, p.head_dim)
+        k = lin(a.k_proj, h).view(bs, n, p.kv_heads, p.head_dim)
+        v = lin(a.v_proj, h).view(bs, n, p.kv_heads, p.head_dim).transpose(1, 2)  # [bs, kv_heads, n, head_dim]
         if getattr(a, "q_norm", None) is not None:  # Qwen3: per-head norms before the rotation
             q, k = _rms(q, a.q_norm), _rms(k, a.k_norm)
         q = _rotate(q.transpose(1, 2), cos, sin)  # [bs, heads, n, head_dim]
@@ -160,15 +191,14 @@ def forward(target, ids: Tensor, positions: Tensor, cache, mask: Tensor | None, 
         m = None if mask is None else mask[:, :, :, : keys.shape[-2]]
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=m, is_causal=mask is None and n > 1,
                                            scale=a.scaling, enable_gqa=p.heads != p.kv_heads)
-        x = x + a.o_proj(o.transpose(1, 2).reshape(bs, n, -1))
-        out = layer.mlp(_rms(x, layer.post_attention_layernorm))
-        x = x + (out[0] if isinstance(out, tuple) else out)
+        x = x + lin(a.o_proj, o.transpose(1, 2).reshape(bs, n, -1))
+        x = x + _mlp(layer.mlp, _rms(x, layer.post_attention_layernorm), p.gated_mlps[i], lin)
         if i + 1 in want and i + 1 < last:
             hidden[i + 1] = x
     x = _rms(x, model.norm)
     if last in want:
         hidden[last] = x
-    logits = target.lm_head(x if logits_to_keep == 0 else x[:, -logits_to_keep:])
+    logits = lin(target.lm_head, x if logits_to_keep == 0 else x[:, -logits_to_keep:])
     return logits, [hidden[j] for j in (hidden_ids or ())]
 
 
@@ -182,7 +212,8 @@ def draft_forward(draft, noise: Tensor, positions: Tensor, context: Tensor, cach
     if p is None or _hooked(p):
         return None
     bs, n = noise.shape[:2]
-    ctx = _rms(draft.fc(context), draft.hidden_norm)  # [bs, ctx, hidden]
+    lin = linear_for(draft)
+    ctx = _rms(lin(draft.fc, context), draft.hidden_norm)  # [bs, ctx, hidden]
     m = ctx.shape[1]
     cos, sin = draft.rotary_emb(noise, positions)  # [bs, ctx + block, head_dim]
     cos, sin = cos[:, None], sin[:, None]
@@ -190,10 +221,10 @@ def draft_forward(draft, noise: Tensor, positions: Tensor, context: Tensor, cach
     for i, layer in enumerate(draft.layers):
         a = layer.self_attn
         h = _rms(x, layer.input_layernorm)
-        q = _rms(a.q_proj(h).view(bs, n, p.heads, p.head_dim), a.q_norm).transpose(1, 2)
+        q = _rms(lin(a.q_proj, h).view(bs, n, p.heads, p.head_dim), a.q_norm).transpose(1, 2)
         # Keys and values over the context, then the block: each query sees both (no causal order).
-        k = torch.cat([a.k_proj(ctx), a.k_proj(h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
-        v = torch.cat([a.v_proj(ctx), a.v_proj(h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
+        k = torch.cat([lin(a.k_proj, ctx), lin(a.k_proj, h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
+        v = torch.cat([lin(a.v_proj, ctx), lin(a.v_proj, h)], dim=1).view(bs, m + n, p.kv_heads, p.head_dim)
         k = _rms(k, a.k_norm).transpose(1, 2)
         q = _rotate(q, cos[..., -n:, :], sin[..., -n:, :])
         k = _rotate(k, cos, sin)
@@ -201,6 +232,6 @@ def draft_forward(draft, noise: Tensor, positions: Tensor, context: Tensor, cach
         att = None if mask is None else mask[:, :, :, : keys.shape[-2]]
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=att, scale=a.scaling,
                                            enable_gqa=p.heads != p.kv_heads)
-        x = x + a.o_proj(o.transpose(1, 2).reshape(bs, n, -1))
-        x = x + layer.mlp(_rms(x, layer.post_attention_layernorm))
+        x = x + lin(a.o_proj, o.transpose(1, 2).reshape(bs, n, -1))
+        x = x + _mlp(layer.mlp, _rms(x, layer.post_attention_layernorm), p.gated_mlps[i], lin)
     return _rms(x, draft.norm)

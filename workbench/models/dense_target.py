@@ -55,11 +55,13 @@ class DenseKV:
     def rows(self) -> int:
         return self.cache.rows
 
-    def _forward(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None) -> StepOut:
+    def _forward(self, ids: Tensor, positions: Tensor, mode: ForwardMode, mask: Tensor | None,
+                 logits_to_keep: int = 0) -> StepOut:
         if self._run is not None:
             return self._run(ids, positions, mode, mask)
         m = self.models
-        out = run_target(m.target, ids, positions, self.cache, mode, m.target_layer_ids, mask, self.capture)
+        out = run_target(m.target, ids, positions, self.cache, mode, m.target_layer_ids, mask, self.capture,
+                         logits_to_keep)
         return StepOut(out.logits, out.features, out.record)
 
     def prefill(self, prompts: list[list[int]]) -> StepOut:
@@ -84,9 +86,10 @@ class DenseKV:
                 visible = (col[None, None] <= col[None, :, None]) & (col[None, None] < lens[:, None, None])
                 mask = additive(visible[:, None], m.dtype)  # [B, 1, P, P]
         pos = torch.arange(P, device=dev).expand(B, P)
-        out = self._forward(ids, pos, ForwardMode.EXTEND, mask)
+        # Prompts of one length need logits at their last position only (SGLang's EXTEND keeps the same rows).
+        out = self._forward(ids, pos, ForwardMode.EXTEND, mask, 1 if mask is None else 0)
         self.cache.set_lengths([len(x) for x in prompts])
-        if B == 1:
+        if mask is None:  # every prompt ends at the last column
             last = out.logits[:, -1:]
         else:
             last = out.logits[torch.arange(B, device=dev), torch.tensor([len(x) - 1 for x in prompts], device=dev)]

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from workbench.models.config_facts import draft_value
+from workbench.models.packed_linear import linear_for
 from workbench.records.forward import ForwardMode, ForwardRecord, shape_of
 
 FALLBACK_NOTE = "is falling back to its reference PyTorch implementation"
@@ -117,10 +118,16 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
         noise = emb(block_ids) * scale
         # The engine's own drafter forward where it applies (bit-identical on a CPU); a capture records dflash's.
         hidden = None if capture else dense_forward.draft_forward(draft, noise, positions, context, cache, mask)
+        head = target.lm_head
         if hidden is None:
             hidden = draft(position_ids=positions, noise_embedding=noise, target_hidden=context,
                            past_key_values=cache, use_cache=True, attention_mask=mask)
-        logits = draft.compute_logits(hidden[:, 1:], target.lm_head)
+        elif not (head._forward_hooks or head._forward_pre_hooks):  # the own forward ran: its product too
+            lin = linear_for(target)
+
+            def head(h: Tensor) -> Tensor:
+                return lin(target.lm_head, h)
+        logits = draft.compute_logits(hidden[:, 1:], head)
     rec = ForwardRecord(
         "draft", ForwardMode.TARGET_VERIFY,
         {"input_ids": shape_of(block_ids), "positions": shape_of(positions), "target_hidden": shape_of(context),
