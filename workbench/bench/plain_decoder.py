@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 from transformers import DynamicCache
 
 from ddtree_kernels.oracles import accept_walk_python, heap_tree_lists
@@ -88,16 +89,9 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
         n = len(tokens)
         times["tree_build"] = (t2 := _now(dev)) - t1
 
-        vis = torch.zeros(n, n, dtype=torch.bool)
-        vis[0, 0] = True
-        for i in range(1, n):
-            vis[i] = vis[parents[i]]
-            vis[i, i] = True
         ids_buf[0, :n] = torch.tensor(tokens)
         pos_buf[0, :n] = torch.tensor(depths) + start
-        mask = mask_buf[:, :, :n, : start + n]
-        mask[..., :start] = 0
-        mask[0, 0, :, start:] = torch.zeros(n, n, dtype=models.dtype).masked_fill_(~vis, float("-inf"))
+        mask = _tree_mask(mask_buf, parents, start)
         times["tree_compile"] = (t3 := _now(dev)) - t2
 
         out = target(input_ids=ids_buf[:, :n], position_ids=pos_buf[:, :n], attention_mask=mask,
@@ -107,22 +101,46 @@ def reference_generate(models, prompt: str, budget: int, max_new_tokens: int) ->
 
         path, bonus = accept_walk_python(tokens, parents, choice)
         rows = torch.tensor(path, device=dev)
-        for layer in cache.layers:
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, rows + start)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, rows + start)], dim=2)
+        _keep_rows(cache, rows, start)
         context = torch.cat([context, extract_context_feature(out.hidden_states, layer_ids)[:, rows]], dim=1)
-        for tok in [tokens[i] for i in path[1:]] + [bonus]:
-            if len(generated) >= max_new_tokens:
-                break
-            generated.append(tok)
-            if tok in eos:
-                break
+        _append(generated, [tokens[i] for i in path[1:]] + [bonus], max_new_tokens, eos)
         run.accept_lengths.append(len(path))
         times["accept_commit"] = _now(dev) - t4
         run.cycle_seconds.append(times)
     run.wall_time = _now(dev) - t0
     run.tokens = generated
     return run
+
+
+def _tree_mask(mask_buf: Tensor, parents: list[int], start: int) -> Tensor:
+    """The verify's additive mask [1, 1, n, start + n] in ``mask_buf``: the prefix and each node's ancestors."""
+    n = len(parents)
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    vis[0, 0] = True
+    for i in range(1, n):  # row by row: a node sees what its parent sees, and itself
+        vis[i] = vis[parents[i]]
+        vis[i, i] = True
+    mask = mask_buf[:, :, :n, : start + n]
+    mask[..., :start] = 0
+    mask[0, 0, :, start:] = torch.zeros(n, n, dtype=mask_buf.dtype).masked_fill_(~vis, float("-inf"))
+    return mask
+
+
+def _keep_rows(cache, rows: Tensor, start: int) -> None:
+    """Keep the accepted nodes' K/V after the prefix: ``index_select`` + ``cat``, layer by layer."""
+    for layer in cache.layers:
+        layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, rows + start)], dim=2)
+        layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, rows + start)], dim=2)
+
+
+def _append(generated: list[int], new: list[int], max_new_tokens: int, eos) -> None:
+    """The accepted tokens and the bonus, up to the limit and the first end-of-sequence token."""
+    for tok in new:
+        if len(generated) >= max_new_tokens:
+            break
+        generated.append(tok)
+        if tok in eos:
+            break
 
 
 def compare_reference(engine, prompts: list[dict], budgets=(16, 32, 64), max_new_tokens: int = 96,
