@@ -204,7 +204,7 @@ class CycleHooks:
 
     def end(self, name: str, error: BaseException | None) -> None:
         """The end point (``prefill.hook_end`` / ``cycle.hook_end``) for every row, even when the cycle raised.
-        The stage the stopwatch was in goes on afterwards (the caller's bookkeeping is timed as before)."""
+        The stage the stopwatch was in goes on afterwards (the caller's bookkeeping stays timed in it)."""
         if name in self.names:
             stage = None if self.stopwatch is None else self.stopwatch.stage
             self.observe(name, [error] * len(self.reqs))

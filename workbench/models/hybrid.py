@@ -137,8 +137,8 @@ def _gdn_forward(module, original):
 
 
 def _route_gdn_forwards(model) -> Callable[[], None]:
-    """Wrap every GatedDeltaNet module's forward (see ``_gdn_forward``). -> undo: each module's forward is
-    what it was before (its class's, or an instance forward another library had set)."""
+    """Wrap every GatedDeltaNet module's forward (see ``_gdn_forward``). -> undo: restores each module's
+    original forward (its class's, or an instance forward another library had set)."""
     wrapped = []
     for module in model.modules():
         if hasattr(module, "conv1d") and hasattr(module, "A_log"):

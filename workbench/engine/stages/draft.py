@@ -51,7 +51,7 @@ def draft(drafter, roots: list[int], starts: list[int], depths: list[int | None]
     """Run the drafter once for every row (``drafter``: its state, holding each row's pending context).
     ``depths[b]``: slots row b keeps, or None where the row drafts nothing this cycle. ``observe``: None, or a
     callable given each row's ``DraftInput`` (what the forward was handed; ``cycle.hook_draft_input``)."""
-    # Without an observer the state is called exactly as before the hook point existed.
+    # Without an observer the state is called with two arguments: a model state that takes no observer still works.
     logits, rec = drafter.draft(roots, starts) if observe is None else drafter.draft(roots, starts, observe)  # [B, block - 1, V]
     if len(roots) == 1:  # log-softmax only the kept slots
         return [Draft(torch.log_softmax(logits[:, : depths[0]].float(), dim=-1), rec)]
