@@ -41,6 +41,14 @@ from workbench.engine.sampling import Sampling
 from workbench.engine.session import Session, shapes_of
 
 
+def check_prompt_texts(prompts) -> None:
+    from workbench.engine.prompting import Prompt
+
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, Prompt)):
+            raise ValueError(f"prompts[{i}]={p!r:.60} is not a string")
+
+
 @dataclass(frozen=True)
 class BatchCycle:
     """One batched cycle: which requests ran, their Cycle records, and the batched forwards."""
@@ -69,11 +77,7 @@ class BatchSession:
             raise ValueError(f"prompts={prompts!r:.60} must be a list of strings (one per request)")
         if not prompts:
             raise ValueError("prompts=[] is empty; give at least one prompt")
-        from workbench.engine.prompting import Prompt
-
-        for i, p in enumerate(prompts):
-            if not isinstance(p, (str, Prompt)):
-                raise ValueError(f"prompts[{i}]={p!r:.60} is not a string")
+        check_prompt_texts(prompts)
         policy = DDTree(32) if policy is None else policy
         policies = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(prompts)
         if len(policies) != len(prompts):
@@ -84,6 +88,7 @@ class BatchSession:
         m = engine.models
         t0 = clock(m.device)
         self.engine, self.models = engine, m
+        self.seed, self.record_topk = seed, record_topk  # what ``admit`` gives the requests it starts
         self.sampling = Sampling(temperature, top_p, top_k)
         backend = kernel_backend or engine.kernel_backend
         self.kernel_backend = backend
@@ -153,6 +158,32 @@ class BatchSession:
                 f"{sum(len(s.generated) for s in self.sessions)} new tokens)")
 
     # ---------------------------------------------------------------- running
+    def admit(self, prompts: list, policy=None, max_new_tokens: int = 256) -> list[int]:
+        """Start ``prompts`` as new requests of this batch: one prefill over them alone, their rows appended
+        after the live ones (``Rows.admit``, the scheduler's own refill), so they run from the next ``step()``.
+        A driver that keeps B slots full admits the next prompt where a row finished: the continuous batching
+        of serving engines. Request i (its index in ``sessions``) draws from generator ``seed + i``; ``policy``
+        None: the first request's. -> the new requests' indices. Dynamic shapes only: static shapes (CUDA
+        graphs) fix the rows of every forward."""
+        if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts={prompts!r:.60} must be a list of strings (one per request)")
+        check_prompt_texts(prompts)
+        if self._rows.static_shapes:
+            raise ValueError("admit: this batch runs with static shapes (CUDA graphs), which fix the rows of every "
+                             "forward; load without cuda_graphs to add requests to a running batch")
+        policy = self.sessions[0].policy if policy is None else as_policy(policy)
+        first = len(self.sessions)
+        new = [Session(self.engine, p, policy, self.sampling, self.seed + first + j, max_new_tokens,
+                       self.kernel_backend, self.record_topk, None, driver=self, static_shapes=None)
+               for j, p in enumerate(prompts)]
+        if new:
+            with torch.inference_mode():
+                self._rows.admit(new)
+            self.sessions += new
+            self._live += list(range(first, first + len(new)))
+            self._retire()  # a request its first token ended leaves at once
+        return list(range(first, first + len(new)))
+
     def _retire(self) -> None:
         keep = [row for row, i in enumerate(self._live) if not self.sessions[i].finished]
         if len(keep) == len(self._live):
