@@ -151,8 +151,9 @@ FLOORS = [
     ["workbench.shapes"],
     ["workbench.serve"],
     ["workbench.bench"],
-    ["workbench.payoff", "workbench.train"],
+    ["workbench.train"],
     ["workbench.calibrate"],          # makes the calibration files the calibrated policies load (as data)
+    ["workbench.payoff"],             # sizes the calibrated policies the way the calibration chooses (replays)
     ["workbench.views"],
     ["workbench", "workbench.report_command", "workbench.run_command"],  # the public API: re-exports from every
                                       # floor below; the report command, above the views it writes with (their

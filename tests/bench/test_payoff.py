@@ -397,7 +397,8 @@ def test_the_default_set_holds_one_size_of_each_calibrated_policy_in_its_own_fam
     sub = argparse.ArgumentParser().add_subparsers()
     add_parser(sub)
     said = " ".join(sub.choices["pays-off"].format_help().split())
-    assert "path:16,costed:64,cut:16,pairtree:16,pairchain:8, to keep the run's cost down" in said
+    assert ("one size of each calibrated policy per batch size (path, costed, cut, pairtree: the size with the most "
+            "replayed tokens per predicted ms on calibration prompts, never the measured ones; pairchain:8)") in said
 
 
 def test_a_calibration_made_on_another_pair_is_refused_before_any_decode(tiny_engines, engine, guarded):

@@ -16,9 +16,10 @@ def add_parser(sub) -> None:
     from workbench.interface.registry import engine_names
     from workbench.payoff.inputs import MEASURED_NEW_TOKENS
 
-    p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch, what decides (acceptance, "
-                                        "cost per step, predicted and measured speedup), the fastest policy (AR "
-                                        "included), and each calibrated policy against the best DDTree budget")
+    p = sub.add_parser("pays-off", help="does DDTree pay off on this pair and batch (at B > 1 in a static and a "
+                                        "refilled batch), what decides (acceptance, cost per step, predicted and "
+                                        "measured speedup), the fastest policy (AR included), and each calibrated "
+                                        "policy against the best DDTree budget")
     p.add_argument("--engine", choices=engine_names(), default="workbench",
                    help="the engine that decodes: workbench (default) or one built on it, by its registry name "
                         "(an installed package's engines too)")
@@ -31,15 +32,18 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="use only the first N prompts (N >= 10, at most the prompts there are)")
     p.add_argument("--batch", default="1,8",
-                   help="comma-separated batch sizes, each at most the number of distinct prompts (default 1,8)")
+                   help="comma-separated batch sizes, each at most the number of distinct prompts (default 1,8); "
+                        "at B > 1 a static batch (windows of B prompts) and a refilled one (B slots served from "
+                        "the prompt queue, as serving engines batch), whose verdict is that batch size's")
     p.add_argument("--policies", default=None,
                    help="comma-separated shapes in any spelling the policy registry takes, e.g. "
                         "dflash,ddtree:16,ddtree:8:2,spine:2,eagle:4:5:16,path:32,'DDTree(16, width=1)' (default: "
                         "AR, DFlash, the chain cut to 4 and 8, Spine(1,2,4), DDTree(4..64) and one size of each "
-                        "calibrated policy, path:16,costed:64,cut:16,pairtree:16,pairchain:8, to keep the run's "
-                        "cost down (other sizes: name them here); a calibrated policy runs only on a pair its "
-                        "calibration was made on: left out of the default set otherwise, refused when named; AR "
-                        "and DFlash are always added)")
+                        "calibrated policy per batch size (path, costed, cut, pairtree: the size with the most "
+                        "replayed tokens per predicted ms on calibration prompts, never the measured ones; "
+                        "pairchain:8), to keep the run's cost down (other sizes: name them here); a calibrated "
+                        "policy runs only on a pair its calibration was made on: left out of the default set "
+                        "otherwise, refused when named; AR and DFlash are always added)")
     p.add_argument("--max-new-tokens", type=int, default=MEASURED_NEW_TOKENS,
                    help=f"new tokens per prompt, >= 3 (default {MEASURED_NEW_TOKENS})")
     p.add_argument("--repeats", type=int, default=1, help="timed decodes per unit and shape, medians kept (default 1)")

@@ -213,3 +213,23 @@ def fit_to_engine(inp: Inputs, engine) -> list:
     except ValueError as e:  # the shapes' and the memory estimate's own lines, as this module's error
         raise PaysOffInputError(str(e)) from None
     return shapes
+
+
+def refill_refusal(inp: Inputs, engine, shapes: list, batch: int) -> str:
+    """Why the refilled batch cannot run at ``batch`` ('' when it can): it adds requests to running rows,
+    which static shapes (CUDA graphs) fix, and it serves every shape's queue side by side, so the device
+    holds ``batch`` rows per shape at once."""
+    from workbench.engine.runner import static_nodes
+    from workbench.payoff.tree_shapes import check_batch_fits
+
+    if getattr(engine, "graphs", None) is not None:
+        return ("this engine captures CUDA graphs, whose static shapes fix the rows of every forward; load it "
+                "without cuda_graphs to measure a refilled batch")
+    m = engine.models
+    longest = max(len(engine.encode(t).ids) for t in inp.texts)
+    widest = max(static_nodes(s.policy, m.block_size) for s in shapes)
+    try:
+        check_batch_fits(engine, batch * len(shapes), longest + inp.max_new_tokens, widest)
+    except ValueError as e:
+        return f"{len(shapes)} shapes x {batch} rows held side by side: {e}"
+    return ""

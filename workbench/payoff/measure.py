@@ -76,6 +76,7 @@ class Sweep:
     labels: list
     units: list  # prompt indices per unit
     runs: dict = field(default_factory=dict)
+    mode = "static"  # every window runs until its slowest row ends (``workbench.payoff.refill``: the refilled one)
 
     def unit(self, label: str, i: int) -> UnitRun:
         """Unit i's run with its median time over repeats (counts are the first run's: greedy repeats)."""
@@ -86,6 +87,16 @@ class Sweep:
         first = rs[0]
         return UnitRun(first.tokens, first.forwards, first.row_cycles, first.accepted, med,
                        statistics.median(r.wall for r in rs), [s for r in rs for s in r.steps], first.outputs)
+
+    def steps(self, label: str) -> list:
+        """Every unit's steps (stage -> seconds), each decode's first step left out."""
+        return [st for i in range(len(self.units)) for st in self.unit(label, i).steps]
+
+    def totals(self, label: str) -> tuple[int, int, int, int]:
+        """(tokens, target forwards, row cycles, accept lengths) summed over the units."""
+        us = [self.unit(label, i) for i in range(len(self.units))]
+        return (sum(u.tokens for u in us), sum(u.forwards for u in us), sum(u.row_cycles for u in us),
+                sum(u.accepted for u in us))
 
 
 def run_sweep(engine, shapes, prompts: list[str], batch: int, max_new_tokens: int, temperature: float, seed: int,
@@ -111,12 +122,14 @@ def run_sweep(engine, shapes, prompts: list[str], batch: int, max_new_tokens: in
     return sw
 
 
-def lossless_failures(sw: Sweep, reference: str = "AR") -> list[str]:
-    """Greedy shapes whose output differs from the reference's on a unit: one line each (first unit only)."""
+def lossless_failures(sw, reference: str = "AR") -> list[str]:
+    """Greedy shapes whose output differs from the reference's on a unit (a ``Sweep`` or the refilled one):
+    one line each (first unit only)."""
     out = []
     for label in sw.labels:
         for i in range(len(sw.units)):
-            if sw.runs[label][i][0].outputs != sw.runs[reference][i][0].outputs:
-                out.append(f"{label} differs from {reference} on unit {i} at batch {sw.batch}")
+            if sw.unit(label, i).outputs != sw.unit(reference, i).outputs:
+                mode = "" if sw.batch == 1 else f" ({sw.mode} batch)"
+                out.append(f"{label} differs from {reference} on unit {i} at batch {sw.batch}{mode}")
                 break
     return out

@@ -22,23 +22,33 @@ def _measured(m) -> list[str]:
 
 
 def batch_tables(v) -> str:
+    refilled = v.mode == "refilled"
     acc = [[r.label, r.family, f"{r.forwards_per_token:.3f}", f"{r.tau:.2f}", f"{r.tokens_per_forward:.2f}",
-            _x(r.gain_vs_chain)] for r in v.rows]
+            _x(r.gain_vs_chain), *([_x(r.mean_rows)] if refilled else [])] for r in v.rows]
     groups = ["draft", "tree", "verify", "accept", "commit", "host", "total"]
     cost = [[r.label, *(f"{r.step_ms[g]:.2f}" for g in groups), _x(r.cost_vs_chain), str(r.steps)] for r in v.rows]
     speed = [[r.label, _x(r.predicted_vs_chain), *_measured(r.measured_vs_chain),
-              (r.measured_vs_chain.order if r.measured_vs_chain else "-"), _x(r.predicted_vs_ar),
-              *_measured(r.measured_vs_ar)[:1], (r.measured_vs_ar.order if r.measured_vs_ar else "-")]
-             for r in v.rows]
-    unit = "prompts" if v.batch == 1 else f"windows of {v.batch} prompts"
-    lines = [f"== batch {v.batch}: {v.units} paired units ({unit}) ==", "", "acceptance (each shape its own decode)",
-             text_table(["shape", "family", "fwd/token", "tau", "tok/fwd", f"x {CHAIN}"], acc), "",
+              (r.measured_vs_chain.order if r.measured_vs_chain else "-"), *([_x(r.queue_vs_chain)] if refilled
+                                                                              else []),
+              _x(r.predicted_vs_ar), *_measured(r.measured_vs_ar)[:1],
+              (r.measured_vs_ar.order if r.measured_vs_ar else "-")] for r in v.rows]
+    if v.batch == 1:
+        head = f"== batch 1: {v.units} paired units (prompts) =="
+    elif refilled:
+        head = (f"== batch {v.batch}, refilled batch: {v.units} paired units (the prompts of one queue served by "
+                f"{v.batch} slots, a finished row's slot refilled at the next cycle) ==")
+    else:
+        head = f"== batch {v.batch}, static batch: {v.units} paired units (windows of {v.batch} prompts) =="
+    per_unit = "per-prompt tok/s of its share of the cycle time" if refilled else "per-unit tok/s of cycle time"
+    lines = [head, "", "acceptance (each shape its own decode)",
+             text_table(["shape", "family", "fwd/token", "tau", "tok/fwd", f"x {CHAIN}",
+                         *(["rows/cycle"] if refilled else [])], acc), "",
              "cost per step (median ms over steps, first step of each decode left out)",
              text_table(["shape", *groups, f"x {CHAIN}", "steps"], cost), "",
-             "speedup (predicted = tok/fwd gain x step cost ratio; measured = paired per-unit tok/s of cycle time)",
+             f"speedup (predicted = tok/fwd gain x step cost ratio; measured = paired {per_unit})",
              text_table(["shape", f"pred x {CHAIN}", f"meas x {CHAIN}", "IQR", "min", "p W/sign",
-                         f"order (p<{ALPHA:g}, uncorrected)", "pred x AR", "meas x AR",
-                         f"order vs AR (p<{ALPHA:g}, uncorrected)"], speed),
+                         f"order (p<{ALPHA:g}, uncorrected)", *([f"queue x {CHAIN}"] if refilled else []),
+                         "pred x AR", "meas x AR", f"order vs AR (p<{ALPHA:g}, uncorrected)"], speed),
              ""]
     if v.verdict:
         lines.append(f"verdict: {v.verdict}")
@@ -83,8 +93,16 @@ def render(res) -> str:
            f"{st['repeats']} repeat(s), {st['device']}, drafter block {st['block_size']}"]
     out += [f"note: {n}" for n in st.get("notes", [])]
     out.append("")
-    for v in res.batches.values():
+    for b, v in res.batches.items():
+        if res.sizing is not None:
+            out += [res.sizing.line(b, v.rows), ""]
         out += [batch_tables(v), ""]
+        if b in res.refilled:
+            out += [batch_tables(res.refilled[b]), ""]
+        if b in res.verdict_mode:
+            mode = res.verdict_mode[b]
+            out += [f"verdict mode at batch {b}: the {mode['mode']} batch's verdict is this batch size's; "
+                    f"{mode['why']}", ""]
     if res.branching is not None:
         out += ["why: the target's token among the drafter's candidates (DFlash traces, untimed pass)",
                 str(res.branching), res.branching.table(depths=8), ""]
@@ -100,7 +118,12 @@ def render(res) -> str:
         ("draft .. host", "median ms per step of each stage (host = building the record: host reads, and the "
                           "rest of the step); on a loaded machine they need not add up to total, the median step"),
         ("pred", "predicted speedup: tok/fwd gain x step time ratio"),
-        ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it"),
+        ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it; a refilled "
+                 "batch's unit is a prompt, its time its share of each cycle it ran in (the cycle's time over its "
+                 "rows)"),
+        ("queue", "refilled batch: the whole queue's tokens over its cycle time, over DFlash's (what an engine "
+                  "reports as throughput)"),
+        ("rows/cycle", "refilled batch: live rows per cycle (at most the batch size; fewer as the queue drains)"),
         ("p W/sign", "Wilcoxon signed-rank / sign test p-values (scipy.stats)"),
         ("order", f"each row against DFlash (or AR) on its own: an order where {UNCORRECTED}; the verdict and "
                   "fastest lines try several at once and say their Bonferroni threshold")]))

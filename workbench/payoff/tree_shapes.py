@@ -17,10 +17,11 @@ from workbench.engine.policies import (AR, CostTree, CutTree, DDTree, DFlash, Pa
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
 SPINE_SIBLINGS = (1, 2, 4)
 BUDGETS = (4, 8, 16, 32, 64)
-# One budget per calibrated policy: five more shapes add 5/12 to a default run that already decodes 12 per unit.
-# PathTree and PairTree at 16 nodes and PairChain at width 8 are the sizes the calibration replays compared with
-# DDTree(16) (docs/calibrated-policies.md); CostTree's 64 is the most it may choose per cycle; CutTree(16) cuts
-# at its calibrated threshold. Other sizes: --policies.
+# One size per calibrated policy: five more shapes add 5/12 to a default run that already decodes 12 per unit.
+# pays-off replaces these budgets per batch size with the ones chosen on calibration prompts
+# (workbench.payoff.sizing); these are the sizes the calibration replays compared with DDTree(16)
+# (docs/calibrated-policies.md), kept where a calibration holds no cost table to size with. PairChain's width 8
+# is the one its head's beta was chosen on. Other sizes: --policies.
 CALIBRATED = (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8))
 # The calibrated policies' families: the verdict compares each of them with the best DDTree budget.
 CALIBRATED_FAMILIES = ("path-tree", "cost-tree", "cut-tree", "pair-tree", "pair-chain")

@@ -103,11 +103,13 @@ class ShapeRow:
     measured_vs_chain: PairedRatio | None = None
     measured_vs_ar: PairedRatio | None = None
     decision: Decision | None = None
+    queue_vs_chain: float | None = None  # refilled batch: the queue's tokens / cycle time, over the chain's
+    mean_rows: float | None = None  # refilled batch: live rows per cycle
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("label", "family", "tau", "tokens_per_forward", "forwards_per_token",
                                             "step_ms", "steps", "gain_vs_chain", "cost_vs_chain",
-                                            "predicted_vs_chain", "predicted_vs_ar")}
+                                            "predicted_vs_chain", "predicted_vs_ar", "queue_vs_chain", "mean_rows")}
         d["measured_vs_chain"] = self.measured_vs_chain.to_dict() if self.measured_vs_chain else None
         d["measured_vs_ar"] = self.measured_vs_ar.to_dict() if self.measured_vs_ar else None
         d["decides"] = self.decision.factor if self.decision else None
@@ -144,6 +146,7 @@ class BatchVerdict:
     batch: int
     units: int
     rows: list  # ShapeRow, in the sweep's order
+    mode: str = "static"  # "static" (a window of B prompts until its slowest row ends) or "refilled"
     best_budget: str | None = None  # the DDTree(N) with the highest measured median speedup over the chain
     best_vs_runner_up: PairedRatio | None = None
     predicted_best: str | None = None
@@ -159,19 +162,24 @@ class BatchVerdict:
 
 
 def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
-    """Tables of one batch size's sweep (``workbench.payoff.measure.Sweep``)."""
+    """Tables of one batch size's sweep: static (``workbench.payoff.measure.Sweep``) or refilled
+    (``workbench.payoff.refill.RefilledSweep``); units are windows or prompts, as the sweep pairs them."""
     units = [[sw.unit(s.label, i) for i in range(len(sw.units))] for s in shapes]
     meds, rows = {}, []
-    for s, us in zip(shapes, units):
-        steps = [st for u in us for st in u.steps]
+    for s in shapes:
+        steps = sw.steps(s.label)
         med = meds[s.label] = stage_medians(steps)
-        tokens, forwards = sum(u.tokens for u in us), sum(u.forwards for u in us)
-        rc = sum(u.row_cycles for u in us)
-        rows.append(ShapeRow(s.label, s.family, sum(u.accepted for u in us) / rc if rc else 0.0,
+        tokens, forwards, rc, accepted = sw.totals(s.label)
+        rows.append(ShapeRow(s.label, s.family, accepted / rc if rc else 0.0,
                              tokens / forwards if forwards else 0.0, forwards / tokens if tokens else 0.0,
                              grouped_ms(med), len(steps)))
     by = {r.label: r for r in rows}
     tps = {s.label: [u.tokens_per_s for u in us] for s, us in zip(shapes, units)}
+    if sw.mode == "refilled":
+        for r in rows:
+            r.mean_rows = sw.mean_rows(r.label)
+            if chain in by and sw.throughput(chain):
+                r.queue_vs_chain = sw.throughput(r.label) / sw.throughput(chain)
     n = len(sw.units)
     for r in rows:
         if chain in by and by[chain].tokens_per_forward:
@@ -190,10 +198,11 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
                 meds[r.label]["total"]
             if r.label != ar and n >= 2:
                 r.measured_vs_ar = paired_ratio(tps[r.label], tps[ar], r.label, ar, min_pairs=1, what="units")
-    out = BatchVerdict(sw.batch, n, rows)
+    out = BatchVerdict(sw.batch, n, rows, sw.mode)
     trees = [r for r in rows if r.family == "tree" and r.measured_vs_chain is not None]
-    out.verdict, out.decides = verdict_line(sw.batch, trees, chain)
-    out.fastest = fastest_line(sw.batch, rows, ar)
+    where = at_batch(sw.batch, sw.mode)
+    out.verdict, out.decides = verdict_line(where, trees, chain)
+    out.fastest = fastest_line(where, rows, ar)
     if trees:
         ranked = sorted(trees, key=lambda r: -r.measured_vs_chain.median)
         best = ranked[0]
@@ -202,8 +211,16 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
         if len(ranked) > 1:
             out.best_vs_runner_up = paired_ratio(tps[best.label], tps[ranked[1].label], best.label, ranked[1].label,
                                                  min_pairs=1, what="units")
-    out.versus_best, out.versus_best_note = versus_best(sw.batch, rows, out.best_budget, tps, meds)
+    out.versus_best, out.versus_best_note = versus_best(where, rows, out.best_budget, tps, meds)
     return out
+
+
+def at_batch(batch, mode: str = "") -> str:
+    """How the lines name where they were measured: 'at batch 1', 'at batch 8 (refilled batch)'; a text
+    already made is kept, and a bare batch size names no mode."""
+    if isinstance(batch, str):
+        return batch
+    return f"at batch {batch}" if batch == 1 or not mode else f"at batch {batch} ({mode} batch)"
 
 
 def bonferroni(alpha: float, k: int, what: str, plural: str | None = None) -> tuple[float, str]:
@@ -219,7 +236,7 @@ def figure(row, m: PairedRatio, baseline: str, rule: str) -> str:
             f"Wilcoxon p={m.wilcoxon_p:.2g}, sign p={m.sign_p:.2g}, {m.n} paired units; {rule})")
 
 
-def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> tuple[str, str]:
+def verdict_line(batch, trees: list, chain: str, alpha: float = ALPHA) -> tuple[str, str]:
     """The verdict over every DDTree budget at one batch size, and what decides it.
 
     A budget counts as faster (or slower) than the chain only where its paired Wilcoxon p-value is below
@@ -227,8 +244,9 @@ def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> t
     the tables' order column is uncorrected. "pays off": some budget is faster (the fastest of those is named);
     "does not pay off": every budget is slower; otherwise "not shown to pay off", naming the best median.
     What decides is read from the named budget's prediction. No budget: a line saying why no verdict."""
+    where = at_batch(batch)
     if not trees:
-        return (f"at batch {batch} no verdict on DDTree: no DDTree budget among the policies (the verdict compares "
+        return (f"{where} no verdict on DDTree: no DDTree budget among the policies (the verdict compares "
                 f"DDTree budgets against {chain}); add ddtree:N, e.g. ddtree:8", "")
     each, rule = bonferroni(alpha, len(trees), "budget")
     faster = [r for r in trees if r.measured_vs_chain.wilcoxon_p < each and r.measured_vs_chain.median > 1]
@@ -236,20 +254,21 @@ def verdict_line(batch: int, trees: list, chain: str, alpha: float = ALPHA) -> t
     best = max(faster or trees, key=lambda r: r.measured_vs_chain.median)
     fig = figure(best, best.measured_vs_chain, chain, rule)
     if faster:
-        head = f"at batch {batch} DDTree pays off over {chain}: {fig}"
+        head = f"{where} DDTree pays off over {chain}: {fig}"
     elif len(slower) == len(trees):
-        head = f"at batch {batch} DDTree does not pay off over {chain}: every budget is slower; the best, {fig}"
+        head = f"{where} DDTree does not pay off over {chain}: every budget is slower; the best, {fig}"
     else:
         others = f"; slower: {', '.join(r.label for r in slower)}" if slower else ""
-        head = f"at batch {batch} DDTree is not shown to pay off over {chain} (no budget significantly faster{others}): {fig}"
+        head = f"{where} DDTree is not shown to pay off over {chain} (no budget significantly faster{others}): {fig}"
     why = best.decision.sentence(best.label, chain) if best.decision else ""
     return head, why
 
 
-def fastest_line(batch: int, rows: list, ar: str = "AR", alpha: float = ALPHA) -> str:
+def fastest_line(batch, rows: list, ar: str = "AR", alpha: float = ALPHA) -> str:
     """The fastest policy measured, AR included (a tree that beats DFlash can still lose to plain decoding at
     batch 8). Every speculative shape is compared with AR, paired, Bonferroni over the shapes;
     '' when AR was not measured."""
+    where = at_batch(batch)
     rivals = [r for r in rows if r.label != ar and r.measured_vs_ar is not None]
     if not rivals:
         return ""
@@ -258,10 +277,10 @@ def fastest_line(batch: int, rows: list, ar: str = "AR", alpha: float = ALPHA) -
     m = best.measured_vs_ar
     fig = figure(best, m, ar, rule)
     if m.median > 1 and m.wilcoxon_p < each:
-        return f"fastest at batch {batch} (the highest median against {ar}, and separated from it): {fig}"
+        return f"fastest {where} (the highest median against {ar}, and separated from it): {fig}"
     if m.median <= 1 and m.wilcoxon_p < each:
-        return f"at batch {batch} no speculative shape beats {ar} here: {ar} is the fastest measured; the best of the rest, {fig}"
-    return (f"at batch {batch} no speculative shape is shown faster than {ar} (the fastest is not separated from "
+        return f"{where} no speculative shape beats {ar} here: {ar} is the fastest measured; the best of the rest, {fig}"
+    return (f"{where} no speculative shape is shown faster than {ar} (the fastest is not separated from "
             f"{ar}): the best median, {fig}")
 
 
@@ -289,7 +308,7 @@ class Challenge:
                 "rule": self.rule, "outcome": self.outcome, **decision}
 
 
-def versus_best(batch: int, rows: list, best: str | None, tps: dict, meds: dict,
+def versus_best(batch, rows: list, best: str | None, tps: dict, meds: dict,
                 alpha: float = ALPHA) -> tuple[list, str]:
     """Each calibrated policy (``CALIBRATED_FAMILIES``) against the best DDTree budget, paired per unit (the
     goal is a policy that beats the best budget, not only the chain). Faster or slower only where the
@@ -298,15 +317,16 @@ def versus_best(batch: int, rows: list, best: str | None, tps: dict, meds: dict,
     the verdict does against the chain. -> (Challenges, '' or a line saying why there are none).
 
     tps: label -> tokens per second per unit; meds: label -> stage medians (``stage_medians``)."""
+    where = at_batch(batch)
     mine = [r for r in rows if r.family in CALIBRATED_FAMILIES]
     if not mine:
         return [], ""
     if best is None:
-        return [], (f"at batch {batch} no calibrated policy is compared with DDTree: no DDTree budget among the "
+        return [], (f"{where} no calibrated policy is compared with DDTree: no DDTree budget among the "
                     "policies (they are compared with the best one); add ddtree:N, e.g. ddtree:8")
     n = len(tps[best])
     if n < 2:
-        return [], f"at batch {batch} no calibrated policy is compared with {best}: {n} unit(s), nothing to pair"
+        return [], f"{where} no calibrated policy is compared with {best}: {n} unit(s), nothing to pair"
     each, rule = bonferroni(alpha, len(mine), "calibrated policy", "calibrated policies")
     base = next(r for r in rows if r.label == best)
     out = []
