@@ -142,3 +142,37 @@ def test_the_name_is_the_function_whatever_was_imported():
 
     importlib.import_module("workbench.analysis.acceptance")
     assert callable(wb.analysis.acceptance) and wb.analysis.acceptance is acceptance
+
+
+def test_a_trace_without_a_cycle_is_refused():
+    with pytest.raises(AcceptanceError, match="holds no cycle") as e:
+        acceptance(Trace(meta={}, cycles=[], new_tokens=1))
+    assert "\n" not in str(e.value)
+
+
+def test_an_ar_trace_reads_one_token_a_step_per_request_and_pooled():
+    ar = Trace(meta={"policy": "AR"}, cycles=[cycle(i, [-1], [0]) for i in range(5)], new_tokens=6)
+    a = acceptance(ar)
+    assert a.records[0].mean_acceptance_length == 1.0
+    assert a.pooled().mean_acceptance_length == 1.0 and a.vllm_bench_serve()["spec_decode_acceptance_length"] == 1.0
+    assert "Acceptance length 1.00" in str(a) and "0.00" not in str(a).split("\n")[-1].split("Acceptance rate")[0]
+    assert "no speculative step" in str(a)
+
+
+def test_a_copy_is_no_new_sample():
+    t = hand_trace()
+    for source in ([t, t], {"a": t, "b": hand_trace()}):
+        with pytest.raises(AcceptanceError, match="a copy") as e:
+            acceptance(source)
+        assert "\n" not in str(e.value)
+    acceptance([t, Trace(meta={}, cycles=[chain(0, 5), chain(1, 1)], new_tokens=9)])  # two runs: pooled
+
+
+def test_two_pairs_are_not_pooled():
+    dense = Trace(meta={"target": "workbench/assets/target", "draft": "workbench/assets/draft"},
+                  cycles=[chain(0, 3)], new_tokens=5)
+    hybrid = Trace(meta={"target": "workbench/assets/hybrid/target", "draft": "workbench/assets/hybrid/draft"},
+                   cycles=[chain(0, 2)], new_tokens=4)
+    with pytest.raises(AcceptanceError, match="one pair") as e:
+        acceptance([dense, hybrid])
+    assert "workbench/assets/hybrid/target" in str(e.value) and "\n" not in str(e.value)

@@ -5,7 +5,10 @@ A FILE is a saved trace (``trace.save(...)``, ``run --trace``) or a cycle dump (
 adapter, the SGLang converters). Text by default: one row per request (steps, mean acceptance length, draft
 acceptance rate, SGLang's spec_accept_length, the histogram), then the run pooled under vllm bench serve's names;
 ``--json``: one object (``records``: AIPerf's fields per request with its id, ``pooled``, ``bench_serve``).
-A file that is neither, or a dump whose records lack the accepted path, exits 2 with one line on stderr.
+Exit 2 with one line on stderr, before anything is printed: a file that is neither, a dump whose records lack the
+accepted path, a dump or trace without a cycle, a dump whose last line is cut short (``--whole-only`` reads its
+whole cycles and says so), a file given twice or a run given twice (its trace and its dump: the same steps), and
+files of two pairs (each pair's runs are reported apart).
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ def add_parser(sub) -> None:
                                           "shape and vllm bench serve's / SGLang's names")
     p.add_argument("files", nargs="+", metavar="FILE", help="a saved trace (.trace.jsonl) or a cycle dump")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--whole-only", action="store_true",
+                   help="a dump whose last line is cut short (the run stopped mid-record): report its whole cycles, "
+                        "and say so, instead of refusing it")
 
 
 def read_source(path: str):
@@ -43,14 +49,23 @@ def read_source(path: str):
 
 
 def run(args, out, err) -> int:
-    from workbench.analysis.acceptance import Acceptance, RequestAcceptance, acceptance
+    import os
 
-    merged = Acceptance()
-    for path in args.files:
-        for r in acceptance(read_source(path)).records:
-            # several files: each request named by its file, so two runs' "0" stay apart
-            name = f"{path}:{r.request}" if len(args.files) > 1 else r.request
-            merged.records.append(RequestAcceptance(name, r.engine, r.per_step_accepted, r.per_step_drafted,
-                                                    r.num_spec_tokens, r.completion_tokens))
+    from workbench.analysis.acceptance import AcceptanceError, acceptance, pool
+
+    parts = []
+    for i, path in enumerate(args.files):
+        again = next((p for p in args.files[:i] if os.path.exists(p) and os.path.exists(path)
+                      and os.path.samefile(p, path)), None)
+        if again is not None:
+            raise AcceptanceError(f"{path} is given twice{'' if again == path else f' (as {again})'}: a copy is no new sample; give each file once")
+        try:
+            acc = acceptance(read_source(path), whole_only=args.whole_only)
+        except AcceptanceError as e:
+            if str(path) in str(e):
+                raise
+            raise AcceptanceError(f"{path}: {e}") from None
+        parts.append((path, acc))
+    merged = pool(parts, by_source=len(parts) > 1)  # several files: each request named by its file
     print(json.dumps(merged.to_dict()) if args.json else str(merged), file=out)
     return 0
