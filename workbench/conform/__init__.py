@@ -3,11 +3,12 @@
 - ``dump``: the cycle dump format (docs/dump-format.md): ``read_dump``, ``DumpWriter``, ``FIELDS``.
 - ``engine_dump``: the workbench's own engine writes a dump (``engine.session(..., dump=PATH)``);
   ``vllm_dump``: the vLLM adapter's (``wb.load(engine="vllm").session(..., dump=PATH)``).
-- ``check`` / ``contracts``: the checker (``wb.conform``, ``python -m workbench conform DUMP``).
 - ``convert``: SGLang's verify inputs (``EagleVerifyInput``) and a vLLM-style per-request tree bias -> dump
   records; any visibility form -> a dense mask.
 - ``check`` (``wb.conform``, ``python -m workbench conform``): a dump replayed against the reference, contract by
-  contract; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
+  contract: ``inputs`` refuses a bad dump before any model loads, ``replay`` walks its cycles, ``replay_contracts``
+  checks each contract on a cycle (``replay_reference`` computes what the reference would), ``report`` holds the
+  verdicts; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
 - ``selection``: which cycles a check judges (``cycles=(A, B)``, ``requests=[...]``); ``progress``: its progress lines.
 - ``sglang_dump`` / ``vllm_tree_dump``: dump writers to drop into SGLang or a vLLM tree proposer on a GPU host
   (not run here).
