@@ -158,12 +158,12 @@ class BatchSession:
                 f"{sum(len(s.generated) for s in self.sessions)} new tokens)")
 
     # ---------------------------------------------------------------- running
-    def admit(self, prompts: list, policy=None, max_new_tokens: int = 256) -> list[int]:
+    def admit(self, prompts: list, policy=None, max_new_tokens: int | list[int] = 256) -> list[int]:
         """Start ``prompts`` as new requests of this batch: one prefill over them alone, their rows appended
         after the live ones (``Rows.admit``, the scheduler's own refill), so they run from the next ``step()``.
         A driver that keeps B slots full admits the next prompt where a row finished: the continuous batching
         of serving engines. Request i (its index in ``sessions``) draws from generator ``seed + i``; ``policy``
-        None: the first request's. -> the new requests' indices. Dynamic shapes only: static shapes (CUDA
+        None: the first request's; ``max_new_tokens``: one limit, or one per prompt. -> the new requests' indices. Dynamic shapes only: static shapes (CUDA
         graphs) fix the rows of every forward."""
         if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts={prompts!r:.60} must be a list of strings (one per request)")
@@ -172,10 +172,13 @@ class BatchSession:
             raise ValueError("admit: this batch runs with static shapes (CUDA graphs), which fix the rows of every "
                              "forward; load without cuda_graphs to add requests to a running batch")
         policy = self.sessions[0].policy if policy is None else as_policy(policy)
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+        if len(limits) != len(prompts):
+            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts; give one, or one per prompt")
         first = len(self.sessions)
-        new = [Session(self.engine, p, policy, self.sampling, self.seed + first + j, max_new_tokens,
-                       self.kernel_backend, self.record_topk, None, driver=self, static_shapes=None)
-               for j, p in enumerate(prompts)]
+        new = [Session(self.engine, p, policy, self.sampling, self.seed + first + j, n, self.kernel_backend,
+                       self.record_topk, None, driver=self, static_shapes=None)
+               for j, (p, n) in enumerate(zip(prompts, limits))]
         if new:
             with torch.inference_mode():
                 self._rows.admit(new)
