@@ -54,14 +54,16 @@ def target_forwards(records) -> int:
 
 
 class RefilledQueue:
-    """``prompts`` served by ``slots`` rows of one batch; ``step()`` refills free slots, then runs one cycle."""
+    """``prompts`` served by ``slots`` rows of one batch; ``step()`` refills free slots, then runs one cycle.
+    ``max_new_tokens``: one limit, or one per prompt."""
 
-    def __init__(self, engine, policy, prompts: list, slots: int, max_new_tokens: int, temperature: float,
-                 seed: int):
-        self.engine, self.prompts, self.slots, self.max_new_tokens = engine, list(prompts), slots, max_new_tokens
+    def __init__(self, engine, policy, prompts: list, slots: int, max_new_tokens, temperature: float, seed: int):
+        self.engine, self.prompts, self.slots = engine, list(prompts), slots
+        self.limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else \
+            [max_new_tokens] * len(self.prompts)
         t0 = clock(engine.device)
         self.batch = engine.batch_session(self.prompts[:slots], policy=policy, temperature=temperature, seed=seed,
-                                          max_new_tokens=max_new_tokens, record_topk=1)
+                                          max_new_tokens=self.limits[:slots], record_topk=1)
         self.prefill_seconds = clock(engine.device) - t0
         self.queued = min(slots, len(self.prompts))  # prompts started so far (queue order = request index)
 
@@ -72,9 +74,10 @@ class RefilledQueue:
     def refill(self) -> None:
         """The next prompts into the free slots (a prompt its first token ends frees its slot at once)."""
         while self.queued < len(self.prompts) and len(self.batch.live) < self.slots:
-            new = self.prompts[self.queued : self.queued + self.slots - len(self.batch.live)]
+            end = self.queued + self.slots - len(self.batch.live)
+            new = self.prompts[self.queued : end]
             t0 = clock(self.engine.device)
-            self.batch.admit(new, max_new_tokens=self.max_new_tokens)
+            self.batch.admit(new, max_new_tokens=self.limits[self.queued : end])
             self.prefill_seconds += clock(self.engine.device) - t0
             self.queued += len(new)
 
