@@ -29,9 +29,8 @@ def recorded_cycles(n: int = 40, depth: int = 15, k: int = 16, seed: int = 0) ->
     topv = np.sort(np.log(rng.dirichlet(np.ones(k) * 0.3, size=(n, depth))).astype(np.float32), axis=-1)[..., ::-1]
     topi = np.stack([np.stack([rng.choice(4096, k, replace=False) for _ in range(depth)]) for _ in range(n)])
     ranks = rng.choice([0, 0, 0, 0, 1, 2, k], size=(n, depth))
-    path = np.concatenate([rng.integers(0, 4096, (n, 1)),
-                           np.where(ranks < k, np.take_along_axis(topi, np.minimum(ranks, k - 1)[..., None], -1)[..., 0],
-                                    -1)], axis=1)
+    target = np.take_along_axis(topi, np.minimum(ranks, k - 1)[..., None], -1)[..., 0]  # [n, depth]
+    path = np.concatenate([rng.integers(0, 4096, (n, 1)), np.where(ranks < k, target, -1)], axis=1)
     return Cycles(np.ascontiguousarray(topv), topi.astype(np.int64), ranks, path.astype(np.int64), np.arange(n),
                   0.0, 0)
 

@@ -163,8 +163,8 @@ class BatchSession:
         after the live ones (``Rows.admit``, the scheduler's own refill), so they run from the next ``step()``.
         A driver that keeps B slots full admits the next prompt where a row finished: the continuous batching
         of serving engines. Request i (its index in ``sessions``) draws from generator ``seed + i``; ``policy``
-        None: the first request's; ``max_new_tokens``: one limit, or one per prompt. -> the new requests' indices. Dynamic shapes only: static shapes (CUDA
-        graphs) fix the rows of every forward."""
+        None: the first request's; ``max_new_tokens``: one limit, or one per prompt. -> the new requests'
+        indices. Dynamic shapes only: static shapes (CUDA graphs) fix the rows of every forward."""
         if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts={prompts!r:.60} must be a list of strings (one per request)")
         check_prompt_texts(prompts)

@@ -170,8 +170,9 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
     total = sum(len(shapes) * ((1 if warmup else 0) + len(texts) * repeats
                                + ((1 if warmup else 0) + repeats if b > 1 and not refused[b] else 0))
                 for b in batches)
-    bar = tqdm(total=total + (len(texts) if greedy else 0) + (SIZING_PROMPTS if sizes_here else 0), desc="pays-off", unit="decode",
-               leave=False, disable=(None if progress is None else not progress))
+    total += (len(texts) if greedy else 0) + (SIZING_PROMPTS if sizes_here else 0)
+    bar = tqdm(total=total, desc="pays-off", unit="decode", leave=False,
+               disable=(None if progress is None else not progress))
     res = PaysOff(settings={"prompts": len(texts), "prompt_ids": inp.ids, "batch": list(batches),
                             "shapes": [s.label for s in shapes], "max_new_tokens": max_new_tokens,
                             "temperature": inp.temperature, "seed": seed, "repeats": repeats,
@@ -191,8 +192,8 @@ def pays_off(engine=None, prompts=None, batch=(1, 8), policies=None, max_new_tok
         for b in batches:
             measure_batch(res, engine, by_batch[b], inp, b, warmup, bar, refused.get(b, ""))
         if greedy:
-            branching_pass(res, engine, by_batch[batches[0]] if 1 not in batches else by_batch[1], texts,
-                           max_new_tokens, seed, vocab, bar, DFlash())
+            branching_pass(res, engine, by_batch[1 if 1 in batches else batches[0]], texts, max_new_tokens, seed,
+                           vocab, bar, DFlash())
     finally:
         bar.close()
     return res
