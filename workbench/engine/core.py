@@ -8,6 +8,7 @@ import torch
 from ddtree_kernels import check_backend
 from workbench.engine import observers, validate
 from workbench.engine.batch import BatchSession
+from workbench.engine.hooks import as_pairs
 from workbench.records.cycle import Trace
 from workbench.engine.loading import PACKAGE_PREFIX, Models, load_models, model_ref
 from workbench.engine.policies import DDTree, Policy, as_policy
@@ -108,14 +109,17 @@ class Engine(BaseEngine):
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
                 prompt_ids=None, static_shapes: bool | None = None, driver=None, dump=None,
-                dump_replace: bool = False) -> Session:
+                dump_replace: bool = False, hooks=None) -> Session:
         """Start a generation (runs the prefill now) from one of: ``prompt`` (raw text), ``messages``
         (chat, through the target's chat template) or ``prompt_ids`` (exact ids). ``static_shapes``: every
         draft and verify forward with the same shapes and storage (``workbench.engine.runner.Rows``; default: when
         the engine captures CUDA graphs). ``driver``: what steps the session and prefills it (default: a
         driver of its own; ``workbench.engine.scheduler.Scheduler.session`` passes itself). ``dump``: a path;
         every cycle is also written there as a cycle dump (docs/dump-format.md; off by default); an existing
-        file is refused unless ``dump_replace=True``."""
+        file is refused unless ``dump_replace=True``. ``hooks``: ``[(point, fn), ...]`` on the session from its
+        prefill on (``prefill.hook_begin`` / ``prefill.hook_end`` fire only for hooks given here), checked as
+        ``s.hooks(...)`` checks them, before the prefill."""
+        hooks = as_pairs(hooks)
         if driver is not None and (static_shapes or self.graphs is not None):
             raise ValueError("static_shapes=True: a session with static shapes has rows of its own; it cannot "
                              "be driven with others (drop static_shapes, or drive it alone)")
@@ -135,7 +139,7 @@ class Engine(BaseEngine):
         s = Session(self, encoded, as_policy(policy),
                     Sampling(temperature, top_p, top_k), seed, max_new_tokens,
                     kernel_backend or self.kernel_backend, record_topk, capture, driver=driver,
-                    static_shapes=bool(static_shapes) or self.graphs is not None)
+                    static_shapes=bool(static_shapes) or self.graphs is not None, hooks=hooks)
         if dump is not None:  # the writer hangs on the request's hook points (workbench.conform.engine_dump)
             observers.attach("dump", self, [s], s._rows, dump, replace=dump_replace)
         return s

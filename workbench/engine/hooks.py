@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # Every point, in the order a cycle reaches them, with what a hook gets there. The prefill points run once,
-# when a request starts (a hook registered before it, e.g. by ``capture=``, sees them).
+# when a request starts: hooks registered before it (``engine.session(..., hooks=...)``, ``capture=``) see them.
 POINTS: dict[str, str] = {
     "prefill.hook_begin": "the prompt ids (list[int]), before the target's EXTEND forward",
     "prefill.hook_end": "None, or the exception the prefill raised (it propagates after the hooks)",
@@ -40,6 +40,9 @@ POINTS: dict[str, str] = {
     "cycle.hook_record": "the request's Cycle record, appended to its trace",
     "cycle.hook_end": "None, or the exception the cycle raised (it propagates after the hooks)",
 }
+# The points of the prefill: it runs when a session is made, so only hooks given then
+# (``engine.session(..., hooks=...)``) see them; one attached to a session later would never run.
+PREFILL_POINTS = tuple(p for p in POINTS if p.startswith("prefill."))
 # A stage's name stands for the point at its output: ``session.hooks(("tree_build", fn))``.
 STAGE_POINTS: dict[str, str] = {
     "draft": "cycle.hook_draft", "tree_build": "cycle.hook_tree", "tree_compile": "cycle.hook_compiled",
@@ -79,6 +82,15 @@ def as_pairs(hooks) -> list[tuple[str, Callable]]:
             raise ValueError(f"the hook for {name!r} is {type(fn).__name__}, not a function fn(value, hook)")
         out.append((point_name(name), fn))
     return out
+
+
+def refuse_after_prefill(pairs: list[tuple[str, Callable]]) -> None:
+    """A one-line ValueError when ``pairs`` (``as_pairs``'s) name a prefill point: they are attached to a session
+    whose prefill has run, where such a hook would never fire."""
+    late = [name for name, _ in pairs if name in PREFILL_POINTS]
+    if late:
+        raise ValueError(f"{late[0]}: the prefill ran when the session was made, so a hook there would never run; "
+                         f"give it when the session is made: engine.session(..., hooks=[({late[0]!r}, fn)])")
 
 
 class HookPoints:

@@ -14,15 +14,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ddtree_kernels import Accepted, Tree, validate_tree
+from ddtree_kernels import Accepted, InvalidTree, Tree, validate_tree
+from workbench.engine.stages.tree_build import at_row
 from workbench.engine.stages.verify import Verified
 
 
-def checked_tree(value, root: int, vocab: int, max_depth: int, nodes: int | None, like: Tree) -> Tree:
-    """``value`` as the tree row ``root`` verifies this cycle: a ``ddtree_kernels.Tree`` of [1, n] fields
-    rooted at ``root``, at most ``max_depth`` deep (the slots this row may verify: its block, its tokens
-    left, the model's positions) and, under static shapes, at most ``nodes`` nodes; on ``like``'s device."""
-    who = "the tree a cycle.hook_tree hook returned"
+def checked_tree(value, root: int, vocab: int, max_depth: int, nodes: int | None, like: Tree, row: int = 0) -> Tree:
+    """``value`` as the tree row ``row`` (rooted at ``root``) verifies this cycle: a ``ddtree_kernels.Tree`` of
+    [1, n] fields at most ``max_depth`` deep (the slots this row may verify: its block, its tokens left, the
+    model's positions) and, under static shapes, at most ``nodes`` nodes; on ``like``'s device."""
+    who = f"the tree a cycle.hook_tree hook returned for row {row}"
     if not isinstance(value, Tree):
         raise ValueError(f"{who} is {type(value).__name__}, not a ddtree_kernels.Tree")
     dev = like.tokens.device
@@ -34,7 +35,10 @@ def checked_tree(value, root: int, vocab: int, max_depth: int, nodes: int | None
         raise ValueError(f"{who} has tokens of shape {list(value.tokens.shape)}; one row's tree is [1, n]")
     n = value.tokens.shape[1]
     budget = n - 1 if nodes is None else nodes - 1  # only static shapes bound the nodes (the verify's padding)
-    validate_tree(value, budget, vocab, torch.tensor([root], device=dev), max_depth, who=who)
+    try:
+        validate_tree(value, budget, vocab, torch.tensor([root], device=dev), max_depth, who=who)
+    except InvalidTree as e:
+        raise at_row(e, None) from None  # ``who`` names the row
     # The batch's trees are padded into one [B, N] layout: keep the score's dtype so rows stack alike.
     return Tree(value.tokens, value.parents, value.depth, value.rank, value.score.to(like.score.dtype))
 

@@ -16,7 +16,7 @@ from workbench.models.identity import pair_identity
 from workbench.interface.base import DEFAULT_MAX_NEW_TOKENS  # noqa: F401  (re-exported by session and core)
 from workbench.engine.policies import Policy, as_policy
 from workbench.engine.prompting import Prompt
-from workbench.engine.hooks import HookPoints, as_pairs
+from workbench.engine.hooks import HookPoints, as_pairs, refuse_after_prefill
 from workbench.engine.stopwatch import clock
 from workbench.engine.sampling import Sampling
 from workbench.records.build import CycleParts, cycle_record
@@ -132,8 +132,11 @@ class Request(SessionState):
         """``with s.hooks(("cycle.hook_tree", fn), ("accept", g)):`` -- ``fn(value, hook)`` runs at that point
         of every cycle of this request inside the block (a stage's name stands for the point at its output;
         ``workbench.engine.hooks.POINTS``); all are removed at the block's end, also when it raises. A list
-        of pairs or a dict works too. Other requests never see them."""
+        of pairs or a dict works too. Other requests never see them. A prefill point is refused once the
+        prefill has run (give it to ``engine.session(..., hooks=...)``)."""
         pairs = as_pairs(hooks[0] if len(hooks) == 1 else hooks)
+        if self.generated:  # the prefill ran: its points will not come again
+            refuse_after_prefill(pairs)
         removers = []
         try:
             for name, fn in pairs:

@@ -195,7 +195,7 @@ class Rows:
             # Copies: a hook that changes its value in place without returning it changes nothing, silently or not.
             copies = [Tree(*(x.clone() for x in (t.tokens, t.parents, t.depth, t.rank, t.score))) for t in trees]
             for b, t in hooks.replace("cycle.hook_tree", copies, lambda v, b: checked_tree(
-                    v, roots[b], vocab, max_depths[b], nodes, trees[b])).items():
+                    v, roots[b], vocab, max_depths[b], nodes, trees[b], row=b)).items():
                 trees[b] = t
         sw.start("tree_compile")
         layout = stages.tree_compile(trees, starts, max_depths, nodes)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from workbench.engine.hooks import as_pairs
 from workbench.engine.policies import Policy
 from workbench.engine.prompting import Prompt
 from workbench.engine.request import DEFAULT_MAX_NEW_TOKENS, Request, SessionState  # noqa: F401  (re-exported)
@@ -94,12 +95,16 @@ class Session(Request):
 
     def __init__(self, engine, prompt: "str | Prompt", policy: Policy, sampling: Sampling, seed: int,
                  max_new_tokens: int, kernel_backend: str, record_topk: int, capture, driver: Driver | None = None,
-                 static_shapes: bool | None = False):
+                 static_shapes: bool | None = False, hooks=None):
         """``driver``: what steps this session (it prefills it too); None: a ``Solo`` driver of its own,
         prefilled now. ``static_shapes``: see ``workbench.engine.runner.Rows`` (None: not this session's own
-        setting but its batch's, and not recorded)."""
+        setting but its batch's, and not recorded). ``hooks``: ``[(point, fn), ...]`` on this session from its
+        prefill on (the prefill's points included), for every cycle after."""
+        pairs = as_pairs(hooks)  # checked before anything runs
         super().__init__(engine, prompt, policy, sampling, seed, max_new_tokens, kernel_backend, record_topk,
                          capture, static_shapes=static_shapes)
+        for name, fn in pairs:  # on before the driver prefills, so the prefill's points see them
+            self.hook_points.add(name, fn)
         self._driver = Solo(self, bool(static_shapes), getattr(engine, "graphs", None)) if driver is None else driver
 
     @property

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_kernels import Tree
+from ddtree_kernels import InvalidTree, Tree
 from workbench.engine.policies import Policy
 from workbench.engine.stages.draft import Draft
 
@@ -26,8 +26,24 @@ def tree_build_rows(policies: list[Policy], drafted: list[Draft | None], roots: 
                                     sync_free)
             for b, t in zip(rows, together):
                 trees[b] = t
-    return [t if t is not None else tree_build(p, d, r, device, sync_free)
-            for t, p, d, r in zip(trees, policies, drafted, roots)]
+    for b, (p, d, r) in enumerate(zip(policies, drafted, roots)):
+        if trees[b] is None:
+            try:
+                trees[b] = tree_build(p, d, r, device, sync_free)
+            except InvalidTree as e:  # a checked build's one-row tree: its row in this cycle, not "batch 0"
+                raise at_row(e, b if len(policies) > 1 else None) from None
+    return trees
+
+
+def at_row(error: InvalidTree, row: int | None) -> InvalidTree:
+    """The tree check's line about a one-row tree (``validate_tree`` numbers its rows from 0) naming the row of
+    the cycle that tree was built for, as a hook's ``hook.row`` does (``row`` None: the caller's words name it)."""
+    msg = str(error)
+    if row is None:
+        return InvalidTree(msg.replace(", batch 0)", ")").replace(" (batch 0)", ""))
+    if "batch 0)" not in msg:
+        return InvalidTree(f"row {row}: {msg}")
+    return InvalidTree(msg.replace(", batch 0)", f", row {row})").replace(" (batch 0)", f" (row {row})"))
 
 
 def tree_build(policy: Policy, drafted: Draft | None, root: int, device, sync_free: bool = False) -> Tree:
