@@ -121,6 +121,9 @@ def test_json_holds_every_figure(preds, capsys):
     (dict(url=None), r"without an address says its source is not public"),
     (dict(source=" "), r"every figure names its source"),
     (dict(ref_speedup_vs_ar=5.0), r"step time or its speedup, not both"),
+    (dict(graph="jit"), r"graph 'jit' is not one of graphs, eager, compiled"),
+    (dict(engine=" "), r"every figure names its engine kind"),
+    (dict(tree_steps=0.0), r"tree_steps 0.0 is a share of steps in \(0, 1\]"),
 ])
 def test_bad_figures_are_refused_in_one_line(change, match):
     with pytest.raises(ValueError, match=match):

@@ -19,14 +19,14 @@ the tensors SGLang itself would build for the same forward.
 Modules: ``capture`` (hooks, ``capture_overhead``), ``tables`` (ShapeTable, compare), ``forward_checks``
 (check_contracts: a run's recorded forwards against the TARGET_VERIFY contracts), ``plan`` (meta-device plans),
 ``families`` (per-family facts from a config, the one home plan and cost share: config loading, layers, params,
-KV / latent / linear-state bytes, experts), ``cost`` (FLOPs, bytes and roofline time per forward; ``parallel``:
+KV / latent / linear-state bytes, experts), ``cost`` (FLOPs, bytes and roofline time per forward; ``machinery``: a tree's per-step machinery; ``parallel``:
 its TP terms; ``measured``: its error against a measured sweep; ``parallel_table``: TP1/4/8 x nodes;
 ``memory_fit``: the bytes a run holds against the device's free memory), ``sglang_layout`` (SGLang's tensors per
 mode), ``sglang_source`` (the SGLang rules mirrored, read from its installed source).
 """
 from __future__ import annotations
 
-from workbench.shapes import families, sglang_layout
+from workbench.shapes import families, machinery, sglang_layout
 from workbench.shapes.capture import ShapeCapture, capture, capture_overhead, hooks_installed
 from workbench.shapes.cost import CostTable, Gpu, Speedup, cost, gpus as cost_gpus, speedup
 from workbench.shapes.measured import SweepError, sweep_error
@@ -41,6 +41,6 @@ __all__ = ["CheckTable", "CompareTable", "LayoutTable", "ShapeCapture", "ShapePl
            "layout", "plan", "sglang_forward_modes", "sglang_layout", "table", "families"]
 
 # The cost model (roofline cost, its error against a measured sweep, the TP table) and the shape helpers.
-__all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup"]
+__all__ += ["CostTable", "Gpu", "Speedup", "cost", "cost_gpus", "speedup", "machinery"]
 __all__ += ["SweepError", "sweep_error", "ParallelTable", "parallelism_table"]
 __all__ += ["CONFIGS", "target_record", "ancestor_matrix", "fmt_bytes"]

@@ -32,7 +32,7 @@ from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.shapes import families, parallel
+from workbench.shapes import families, machinery, parallel
 
 GPUS_FILE = Path(__file__).resolve().parent / "gpus.json"
 FREE_FACTOR = 1.1  # a verify is "free" while its roofline time stays within 10% of one DECODE forward
@@ -281,13 +281,25 @@ class CostTable:
             raise ValueError("no draft_config was given, so there is no DFlash chain to cost")
         return self.draft.draft["block_size"] - 1
 
-    def cycle_seconds(self, budget: int, overhead_s: float | None = None) -> dict:
+    def cycle_seconds(self, budget: int, overhead_s: float | None = None, tree: bool = True) -> dict:
         """One speculative cycle at ``budget`` tree nodes: the drafter's block forward + TARGET_VERIFY(budget)
-        + the per-step overhead (seconds per cycle outside the forwards; default the table's)."""
+        + the per-step overhead (seconds per cycle outside the forwards; default the table's) + the tree
+        machinery (``machinery_s``: the fitted share of that step for the table's engine and graph mode; 0 for
+        a chain, ``tree=False``, or a table built without ``engine`` and ``graph``)."""
         over = self.settings["overhead_s"] if overhead_s is None else _seconds(overhead_s, "overhead_s")
         draft = self.forward("DRAFT")["seconds"] if self.draft is not None else 0.0
         ver = self.verify_seconds(budget)
-        return {"budget": budget, "draft_s": draft, "verify_s": ver, "overhead_s": over, "cycle_s": draft + ver + over}
+        mach = self.machinery_seconds(draft + ver + over) if tree else 0.0
+        return {"budget": budget, "draft_s": draft, "verify_s": ver, "overhead_s": over, "machinery_s": mach,
+                "cycle_s": draft + ver + over + mach}
+
+    def machinery_seconds(self, step_s: float) -> float:
+        """Tree machinery per step on a tree step of ``step_s`` seconds (forwards + overhead), for the table's
+        engine kind and graph mode (``workbench.shapes.machinery``); 0 when the table names neither."""
+        s = self.settings
+        if s.get("engine") is None:
+            return 0.0
+        return s["machinery"].seconds(step_s, s["engine"], s["graph"])
 
     @property
     def decode(self) -> dict:
@@ -321,7 +333,8 @@ class CostTable:
 
     def speedup(self, acceptance, budgets: Sequence[int] | None = None, overhead_s: float | None = None,
                 dflash_tau: float | None = None) -> "Speedup":
-        """Predicted DDTree speedup over AR per budget: tau(B) x DECODE / (drafter + verify(B) + overhead)."""
+        """Predicted DDTree speedup over AR per budget: tau(B) x DECODE / (drafter + verify(B) + overhead
+        + the tree machinery, when the table names an engine and graph mode)."""
         return speedup(self, acceptance, budgets, overhead_s, dflash_tau)
 
     def __repr__(self) -> str:
@@ -353,9 +366,20 @@ def _seconds(v, name: str) -> float:
     return float(v)
 
 
+def _tree_machinery(engine, graph, given):
+    """The shares a tree's machinery is priced with (``given`` or the fitted ones), once ``engine`` and ``graph``
+    are both named or both left out."""
+    if (engine is None) != (graph is None):
+        raise ValueError(f"engine={engine!r}, graph={graph!r}: the tree machinery term needs both or neither")
+    if graph is not None and graph not in machinery.GRAPH_MODES:
+        raise ValueError(f"graph={graph!r} is not one of {', '.join(machinery.GRAPH_MODES)}")
+    return machinery.FITTED if given is None else given
+
+
 def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
          budgets: Sequence[int] = (4, 16, 64, 256), draft_config=None, dtype: str = "bfloat16",
-         draft_context: int | None = None, tp: int = 1, interconnect="nvlink", overhead_s: float = 0.0) -> CostTable:
+         draft_context: int | None = None, tp: int = 1, interconnect="nvlink", overhead_s: float = 0.0,
+         engine: str | None = None, graph: str | None = None, tree_machinery=None) -> CostTable:
     """Roofline cost of EXTEND (``prompt_len`` tokens), DECODE, TARGET_VERIFY at each budget (1 + B tokens) and,
     with ``draft_config``, the DFlash drafter's block forward, at ``batch`` requests with ``prompt_len`` cached.
 
@@ -367,6 +391,9 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     A degree no engine can shard (attention heads not split evenly, K/V heads neither split nor replicated
     evenly) and an unknown interconnect are refused at any ``tp`` (``parallel.TensorParallelError``).
     ``overhead_s``: measured seconds per cycle outside the forwards (``cycle_seconds``, ``speedup``).
+    ``engine`` and ``graph`` (both or neither): the engine kind ("vllm", "transformers", "ggml", ...) and graph
+    mode ("graphs", "eager", "compiled") a tree runs under; a tree's cycle then adds the tree machinery, that
+    pair's share of its step (``tree_machinery``, default ``machinery.FITTED``, fitted on the public figures).
     Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts; comm_s).
     """
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
@@ -382,6 +409,7 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     link = parallel.resolve_interconnect(interconnect)
     link = link if tp > 1 else None  # TP1 has no collectives: its rows name no link
     overhead_s = _seconds(overhead_s, "overhead_s")
+    tree_machinery = _tree_machinery(engine, graph, tree_machinery)
     t = arch(target_config, "target")
     d = arch(draft_config, "draft") if draft_config is not None else None
     families.check_pair(t.facts, d.facts if d else None)
@@ -395,7 +423,7 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     families.integer(draft_context, "draft_context", least=0)
     settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": e,
                 "budgets": budgets, "draft_context": int(draft_context), "tp": tp, "interconnect": link,
-                "overhead_s": overhead_s}
+                "overhead_s": overhead_s, "engine": engine, "graph": graph, "machinery": tree_machinery}
     table = CostTable(t, g, settings, draft=d)
     table.rows = ([table.forward("EXTEND"), table.forward("DECODE")]
                   + [table.forward("TARGET_VERIFY", B) for B in budgets]
@@ -419,6 +447,10 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     if t.family == "hybrid":
         table.notes.append("hybrid: GatedDeltaNet state in float32 read once and written once per forward; a tree "
                            "verify writes one intermediate state (and conv window) per node")
+    if engine is not None:
+        share, level = tree_machinery.share(engine, graph)
+        table.notes.append(f"tree machinery ({engine}, {graph}): {share:.3f} of a tree cycle's step, from the {level} "
+                           "fit on the public figures (workbench.shapes.machinery); a chain pays none")
     if d is not None:
         table.notes.append(f"DRAFT: the DFlash block ({d.draft['block_size']} tokens) after {draft_context} new "
                            f"context rows; it reads the target's LM head for {d.draft['block_size'] - 1} rows")
@@ -430,7 +462,7 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
 class Speedup:
     """Predicted DDTree speedup over AR per budget on one roofline."""
 
-    rows: list  # {budget, tau, verify_s, draft_s, cycle_s, tokens_per_s, speedup}
+    rows: list  # {budget, tau, verify_s, draft_s, machinery_s, cycle_s, tokens_per_s, speedup}
     decode_s: float
     settings: dict
     notes: list = field(default_factory=list)
@@ -505,10 +537,10 @@ def speedup(table: CostTable, acceptance, budgets: Sequence[int] | None = None, 
     b = table.settings["batch"]
 
     def row(policy, B, tau):
-        c = table.cycle_seconds(B, overhead_s)
+        c = table.cycle_seconds(B, overhead_s, tree=policy != "DFlash")
         return {"policy": policy, "budget": B, "tau": tau, "verify_s": c["verify_s"], "draft_s": c["draft_s"],
-                "overhead_s": overhead_s, "cycle_s": c["cycle_s"], "tokens_per_s": b * tau / c["cycle_s"],
-                "speedup": tau * dec / c["cycle_s"]}
+                "overhead_s": overhead_s, "machinery_s": c["machinery_s"], "cycle_s": c["cycle_s"],
+                "tokens_per_s": b * tau / c["cycle_s"], "speedup": tau * dec / c["cycle_s"]}
 
     rows = [row("DDTree", B, tau) for B, tau in sorted(taus.items())]
     if dflash_tau is not None:

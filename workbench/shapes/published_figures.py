@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.shapes import families
+from workbench.shapes import families, machinery
 
 
 # ------------------------------------------------------------------------------------ configs not shipped
@@ -90,6 +90,7 @@ class Arm:
     label: str
     budget: int | None
     tau: float | None
+    tree: bool = False  # a reference arm that is itself a tree pays the tree machinery too
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,18 @@ class Figure:
     tree_machinery: str = ""  # tree-only per-step time the source itemizes, as it states it
     assumed: tuple = ()  # each input the source lacks and what stands in for it
     alt_budgets: tuple = ()  # other tree budgets to predict at, where the budget itself is assumed
+    engine: str = ""  # the engine kind: vllm, transformers, ggml, hipfire, mlx (what the machinery term keys on)
+    graph: str = ""  # graphs (CUDA graphs), eager (Python dispatch per op) or compiled (a compiled host loop)
+    tree_steps: float = 1.0  # share of steps that build and verify a tree, where the source says fewer do
+    origin: str = ""  # who measured it, when the address alone does not say (one paper, two addresses)
 
     def __post_init__(self):
+        if self.graph not in (*machinery.GRAPH_MODES, machinery.NOT_PUBLISHED):
+            raise ValueError(f"{self.key}: graph {self.graph!r} is not one of {', '.join(machinery.GRAPH_MODES)}")
+        if not self.engine.strip():
+            raise ValueError(f"{self.key}: every figure names its engine kind")
+        if not 0 < self.tree_steps <= 1:
+            raise ValueError(f"{self.key}: tree_steps {self.tree_steps} is a share of steps in (0, 1]")
         for arm in (self.tree, self.ref):
             if arm.tau is not None and arm.budget is not None and not 1 <= arm.tau <= arm.budget + 1:
                 raise ValueError(f"{self.key}: {arm.label} tau {arm.tau} outside [1, budget + 1 = {arm.budget + 1}]")
@@ -138,6 +149,16 @@ class Figure:
             raise ValueError(f"{self.key}: calibrate on the reference arm's step time or its speedup, not both")
 
 
+def origin_of(fig: Figure) -> str:
+    """Who measured ``fig``: its ``origin``, else the GitHub repository its address names, else its address or
+    source. Leave-one-source-out holds out every figure of one origin at once."""
+    if fig.origin:
+        return fig.origin
+    if fig.url and fig.url.startswith("https://github.com/"):
+        return "/".join(fig.url.split("/")[3:5])
+    return fig.url or fig.source
+
+
 RMAGUR = "https://github.com/rmagur1203/vllm-ddtree/blob/ddtree-multireq/docs/DDTREE-FINDINGS-EN.md"
 RMAGUR_LOG = "https://github.com/rmagur1203/vllm-ddtree/blob/ddtree-multireq/docs/DDTREE-SCOPING.md"
 PATRICK = "https://github.com/patrickbdevaney/dflash-caddtree-integrations/blob/main/docs/DDTREE.md"
@@ -148,7 +169,14 @@ UNSLOTH = "https://github.com/unslothai/llama.cpp/pull/224"
 MLX = "https://github.com/humanrouter/ddtree-mlx"
 LUCEBOX = "https://github.com/Luce-Org/lucebox/pull/86"
 HXRI = "https://github.com/hxri/ddtreeplus/blob/main/BLOG_dynamic_tree_negative_result.md"
+PATRICK_STAGED = ("https://github.com/patrickbdevaney/dflash-caddtree-integrations/blob/"
+                  "bf6a120001a2977b5519f325ca9d0892b0f1203a/benchmark_results/staged-optimization-final.md")
+HIPFIRE_QWEN36 = ("https://github.com/warpfront/hipfire/blob/889a2d9a6b51041592145c7ef34bd55dc306c0f3/"
+                  "findings/path-c-qwen36.md")
+PAPER_TABLE = ("https://github.com/liranringel/ddtree/blob/0037aec6de4d4d7f68828a5073c1ab300913792c/"
+               "src/data/results.tex")
 PAPER = "https://arxiv.org/abs/2604.12989"
+PAPER_ORIGIN = "DDTree paper (arXiv 2604.12989)"
 
 _QWEN35_4B_DRAFT = dflash_drafter(QWEN35_4B, 6, 16, "Qwen3.5-4B DFlash (6 layers, block 16)")
 _QWEN38_27B_DFLASH2 = dflash_drafter(QWEN35_27B, 5, 8, "Qwen3.8-27B DFlash2 (5 layers, block 8)")
@@ -172,7 +200,8 @@ def _rmagur_8b_batch(batch: int, tree_budget: int, accept_ratio: float, chain_s:
     step_note = ("chain step published (34.17 ms, §41-3)" if batch == 16 else
                  "chain step at this batch not published: interpolated between batch 1 (30.00 ms) and 16 (34.17 ms)")
     return Figure(
-        key=f"rmagur-8b-eagle3-b{batch}", source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §41 (findings §1)",
+        key=f"rmagur-8b-eagle3-b{batch}", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §41 (findings §1)",
         url=RMAGUR_LOG, model="Qwen3-8B + EAGLE3 (3 draft steps)", hardware="1 of 2x RTX A6000", batch=batch,
         mode="CUDA graphs (vLLM V2)", tree=Arm(f"DDTree depth 3, budget {tree_budget}", tree_budget,
                                               round(chain_tau * accept_ratio, 3)),
@@ -184,9 +213,45 @@ def _rmagur_8b_batch(batch: int, tree_budget: int, accept_ratio: float, chain_s:
                  f"(only the ratio {accept_ratio} enters the prediction)"))
 
 
+def _rmagur_27b_superset(siblings: int, budget: int, tau: float, tree_ms: float) -> Figure:
+    """rmagur1203's superset trees on the 27B hybrid (findings §8): the DFlash2 chain of 7 (3.200 tokens and
+    43.35 ms per step) against its spine plus siblings, each arm's tokens and milliseconds per step published."""
+    return Figure(
+        key=f"rmagur-27b-superset-b{budget}", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §8 (superset trees)", url=RMAGUR,
+        model="Qwen3.8-27B-AWQ-INT4 hybrid + DFlash2", hardware="1 of 2x RTX A6000", batch=1,
+        mode="CUDA graphs (vLLM V2)",
+        tree=Arm(f"spine 7 + {siblings} sibling{'s' if siblings > 1 else ''}", budget, tau),
+        ref=Arm("DFlash2 chain (7)", 7, 3.200), published=(tau / tree_ms) / (3.200 / 43.35),
+        published_as=f"{tau} vs 3.200 tokens/step at {tree_ms} vs 43.35 ms/step (6 prompts x 192 tokens)",
+        target=QWEN35_27B, draft=_QWEN38_27B_DFLASH2, gpu="RTX A6000", prompt_len=200, dtype="int8",
+        ref_step_s=43.35e-3, calibration="chain 43.35 ms/step (published)",
+        tree_machinery="above 8 query tokens the fused GDN kernel falls back to a Triton path: +7 ms (§10)"
+        if budget > 7 else "",
+        assumed=("INT4 (AWQ) weights costed as int8: weight bytes 2x too high",
+                 "Qwen3.8-27B costed with the Qwen3.5-27B text layout (the same published widths)",
+                 "context not published: 200 tokens assumed (6 prompts, 192 generated)", DRAFTER_WIDTHS))
+
+
+def _paper_humaneval(model: str, target, draft, dflash: tuple, ddtree: tuple) -> Figure:
+    """The DDTree paper's Table 1, HumanEval at T=0, for one target: (speedup over AR, tau) of each arm."""
+    return Figure(
+        key=f"ddtree-paper-{model.lower()}", engine="transformers", graph="eager", origin=PAPER_ORIGIN,
+        source="DDTree paper (Ringel & Romano), Table 1, HumanEval T=0 (the project site's results.tex)",
+        url=PAPER_TABLE, model=f"{model} + DFlash-b16", hardware="1 of 8x H200 (data parallel)", batch=1,
+        mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 256, ddtree[1]),
+        ref=Arm("DFlash chain (15)", 15, dflash[1]), published=ddtree[0] / dflash[0],
+        published_as=f"{ddtree[0]}x vs {dflash[0]}x AR, tau {ddtree[1]} vs {dflash[1]}",
+        target=target, draft=draft, gpu="H200", prompt_len=512, ref_speedup_vs_ar=dflash[0],
+        calibration=f"DFlash {dflash[0]}x AR with tau {dflash[1]} (published)",
+        assumed=("the best budget per cell is not published: 256 assumed", "context not published: 512 tokens "
+                 "assumed (HumanEval, up to 2048 generated)", *((DRAFTER_WIDTHS,) if isinstance(draft, dict) else ())))
+
+
 FIGURES: tuple = (
     Figure(
-        key="rmagur-4b-graphs", source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §2 (DDTREE-SCOPING.md §23)",
+        key="rmagur-4b-graphs", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §2 (DDTREE-SCOPING.md §23)",
         url=RMAGUR, model="Qwen3.5-4B hybrid + DFlash", hardware="1 of 2x RTX A6000", batch=1,
         mode="CUDA graphs (vLLM V1)", tree=Arm("DDTree(16)", 16, round(128 / 34, 3)),
         ref=Arm("DFlash chain (15)", 15, round(128 / 34, 3)), published=99.1 / 144.9,
@@ -198,7 +263,8 @@ FIGURES: tuple = (
                  "context not published: 96 tokens assumed (short factual prompts, 128 generated)",
                  "weights bf16 assumed", DRAFTER_WIDTHS)),
     Figure(
-        key="rmagur-4b-eager", source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §2 (DDTREE-SCOPING.md §23)",
+        key="rmagur-4b-eager", engine="vllm", graph="eager",
+        source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §2 (DDTREE-SCOPING.md §23)",
         url=RMAGUR, model="Qwen3.5-4B hybrid + DFlash", hardware="1 of 2x RTX A6000", batch=1,
         mode="eager (vLLM V1)", tree=Arm("DDTree(16)", 16, round(128 / 33, 3)),
         ref=Arm("DFlash chain (15)", 15, round(128 / 34, 3)), published=70.7 / 70.9,
@@ -210,7 +276,8 @@ FIGURES: tuple = (
                  "context not published: 96 tokens assumed (short factual prompts, 128 generated)",
                  "weights bf16 assumed", DRAFTER_WIDTHS)),
     Figure(
-        key="rmagur-8b-eagle3-b1", source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §35-§44 (findings §1)",
+        key="rmagur-8b-eagle3-b1", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §35-§44 (findings §1)",
         url=RMAGUR_LOG, model="Qwen3-8B + EAGLE3 (3 draft steps)", hardware="1 of 2x RTX A6000", batch=1,
         mode="CUDA graphs (vLLM V2)", tree=Arm("DDTree depth 3, budget 16", 16, 1.761),
         ref=Arm("EAGLE3 chain (3)", 3, 1.498), published=23.29 / 23.28,
@@ -223,7 +290,8 @@ FIGURES: tuple = (
     _rmagur_8b_batch(4, 8, 1.154, 4.39, 4.52, ""),
     _rmagur_8b_batch(16, 4, 1.160, 5.19, 5.43, "3.97 ms per step at batch 16 (per-request host work, §41-3)"),
     Figure(
-        key="rmagur-27b-dflash2", source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §1, §4-§5 (SCOPING §42)",
+        key="rmagur-27b-dflash2", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-FINDINGS-EN.md §1, §4-§5 (SCOPING §42)",
         url=RMAGUR, model="Qwen3.8-27B-AWQ-INT4 hybrid + DFlash2", hardware="1 of 2x RTX A6000", batch=1,
         mode="CUDA graphs (vLLM V2)", tree=Arm("DDTree(7)", 7, 3.097), ref=Arm("DFlash2 chain (7)", 7, 3.200),
         published=0.78, published_as="0.78x (63.55 ms/step less the 9.77 ms fixed, vs 43.34; tau 3.097 vs 3.200)",
@@ -234,19 +302,21 @@ FIGURES: tuple = (
                  "Qwen3.8-27B costed with the Qwen3.5-27B text layout (the same published widths)",
                  "context not published: 200 tokens assumed (6 prompts, 192 generated)", DRAFTER_WIDTHS)),
     Figure(
-        key="rmagur-0.6b-ngram", source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §24-§26 (findings §1)",
+        key="rmagur-0.6b-ngram", engine="vllm", graph="graphs",
+        source="rmagur1203/vllm-ddtree, DDTREE-SCOPING.md §24-§26 (findings §1)",
         url=RMAGUR_LOG, model="Qwen3-0.6B + n-gram", hardware="1 of 2x RTX A6000", batch=1,
         mode="CUDA graphs (vLLM V1)", tree=Arm("DDTree depth 16, budget 16", 16, round(384 / 184, 3)),
         ref=Arm("n-gram chain (15)", 15, round(384 / 193, 3)), published=1.217 / 1.282,
         published_as="1.282 s vs 1.217 s for 4 prompts; 184 vs 193 steps (0.95x)",
-        target=QWEN3_0_6B, gpu="RTX A6000", prompt_len=128, ref_step_s=1.217 / 193,
+        target=QWEN3_0_6B, gpu="RTX A6000", prompt_len=128, ref_step_s=1.217 / 193, tree_steps=0.28,
         calibration="chain 1.217 s / 193 steps = 6.31 ms/step (published)",
         assumed=("tau from the step counts 184 and 193 for one output: 384 tokens (4 x 96) assumed; only the "
                  "ratio enters", "the n-gram drafter has no forward: none is costed",
                  "context not published: 128 tokens assumed", "72% of steps draft nothing (the source): both "
                  "arms are costed as if every step verified its full width")),
     Figure(
-        key="patrick-thor", source="patrickbdevaney/dflash-caddtree-integrations, docs/DDTREE.md §7", url=PATRICK,
+        key="patrick-thor", engine="vllm", graph="graphs",
+        source="patrickbdevaney/dflash-caddtree-integrations, docs/DDTREE.md §7", url=PATRICK,
         model="Qwen3.6-35B-A3B-NVFP4 (MoE hybrid) + DFlash", hardware="Jetson AGX Thor", batch=1,
         mode="CUDA graphs (vLLM fork)", tree=Arm("DDTree W=2, 13 nodes with the root", 12, 5.70), ref=Arm("DFlash chain (12)", 12, 5.75),
         published=56.23 / 78.0, published_as="56.23 vs 78.0 tok/s, tau 5.70 vs 5.75 (0.72x)",
@@ -257,7 +327,8 @@ FIGURES: tuple = (
                  "context not published: 128 tokens assumed (5 coding prompts, 128 generated)",
                  "drafter: 5 layers and block 16 assumed (num_speculative_tokens=12 verified)", DRAFTER_WIDTHS)),
     Figure(
-        key="patrick-depth-breadth", source="patrickbdevaney/dflash-caddtree-integrations, b-sweep-crossover.md",
+        key="patrick-depth-breadth", engine="vllm", graph="eager",
+        source="patrickbdevaney/dflash-caddtree-integrations, b-sweep-crossover.md",
         url=PATRICK_SWEEP, model="Qwen3.6-35B-A3B-NVFP4 (MoE hybrid) + DFlash", hardware="Jetson AGX Thor",
         batch=1, mode="eager (vLLM fork)", tree=Arm("spine 12 + ~4 branches, 17 nodes", 16, 4.26),
         ref=Arm("chain, spine 16", 16, 5.82), published=17.45 / 40.42,
@@ -267,7 +338,8 @@ FIGURES: tuple = (
         assumed=("NVFP4 weights costed as fp8 (1 byte): weight bytes 2x too high",
                  "context not published: 128 tokens assumed (5 prompts x 128 tokens)", DRAFTER_WIDTHS)),
     Figure(
-        key="hipfire-code", source="warpfront/hipfire #149, findings/path-d-vs-path-c.md", url=HIPFIRE,
+        key="hipfire-code", engine="hipfire", graph="compiled",
+        source="warpfront/hipfire #149, findings/path-d-vs-path-c.md", url=HIPFIRE,
         model="Qwen3.5-27B MQ4 hybrid + DFlash MQ4", hardware="Radeon RX 7900 XT", batch=1,
         mode="HIP, own engine (graph capture not stated)", tree=Arm("Path C, budget 12, top-2", 12, 8.69),
         ref=Arm("DFlash chain (15)", 15, 8.85), published=138.64 / 153.75,
@@ -279,7 +351,8 @@ FIGURES: tuple = (
                  "Path C phase 1 verifies the main path first (the source): costed as one verify of 1 + 12",
                  DRAFTER_WIDTHS)),
     Figure(
-        key="hipfire-prose", source="warpfront/hipfire #149, findings/path-d-vs-path-c.md", url=HIPFIRE,
+        key="hipfire-prose", engine="hipfire", graph="compiled",
+        source="warpfront/hipfire #149, findings/path-d-vs-path-c.md", url=HIPFIRE,
         model="Qwen3.5-27B MQ4 hybrid + DFlash MQ4", hardware="Radeon RX 7900 XT", batch=1,
         mode="HIP, own engine (graph capture not stated)", tree=Arm("Path C, budget 12, top-2", 12, 11.08),
         ref=Arm("DFlash chain (15)", 15, 13.27), published=177.55 / 228.99,
@@ -291,7 +364,8 @@ FIGURES: tuple = (
                  "Path C phase 1 verifies the main path first (the source): costed as one verify of 1 + 12",
                  DRAFTER_WIDTHS)),
     Figure(
-        key="unsloth-llamacpp", source="unslothai/llama.cpp #224, examples/speculative-tree/README.md", url=UNSLOTH,
+        key="unsloth-llamacpp", engine="ggml", graph="compiled",
+        source="unslothai/llama.cpp #224, examples/speculative-tree/README.md", url=UNSLOTH,
         model="Qwen3-32B Q4_K_M + Qwen3-0.6B draft model", hardware="B200", batch=1,
         mode="llama.cpp CUDA (graph capture not stated)", tree=Arm("top-4, depth 2, 12 nodes", 11, 2.72),
         ref=Arm("linear, depth 2", 2, 2.46), published=74.22 / 91.64,
@@ -305,7 +379,8 @@ FIGURES: tuple = (
                  "nodes counted with the root (3 nodes = depth 2 linear): tree budget 11",
                  "context not published: 96 tokens assumed (short prompts, 128 generated)")),
     Figure(
-        key="ddtree-mlx", source="humanrouter/ddtree-mlx, README (Performance)", url=MLX,
+        key="ddtree-mlx", engine="mlx", graph="compiled",
+        source="humanrouter/ddtree-mlx, README (Performance)", url=MLX,
         model="Qwen3.5-27B 4-bit hybrid + DFlash", hardware="Apple M3 Ultra", batch=1,
         mode="MLX (no graph capture)", tree=Arm("DDTree (budget not published)", 16, 4.2), ref=Arm("AR", None, 1.0),
         published=42.3 / 27.9, published_as="42.3 vs 27.9 tok/s (1.52x AR); DFlash 38.6 tok/s, so 1.10x DFlash",
@@ -317,7 +392,8 @@ FIGURES: tuple = (
                  "context: up to 8K generated; 4096 tokens assumed", DRAFTER_WIDTHS),
         alt_budgets=(32, 64)),
     Figure(
-        key="lucebox-b22", source="Luce-Org/lucebox #86, dflash/RESULTS.md (RTX 5090 budget sweep)", url=LUCEBOX,
+        key="lucebox-b22", engine="ggml", graph="compiled",
+        source="Luce-Org/lucebox #86, dflash/RESULTS.md (RTX 5090 budget sweep)", url=LUCEBOX,
         model="Qwen3.6-27B Q5_K_XL hybrid + DFlash", hardware="RTX 5090", batch=1,
         mode="own C++/ggml engine (graph capture not stated)", tree=Arm("DDTree(22)", 22, 7.25),
         ref=Arm("DFlash chain (15)", 15, 4.99), published=211.20 / 174.45,
@@ -328,10 +404,11 @@ FIGURES: tuple = (
                  "Q5_K_XL weights costed as int8: weight bytes 1.5x too high",
                  "context not published: 256 tokens assumed (HumanEval prompts, 128 generated)", DRAFTER_WIDTHS)),
     Figure(
-        key="lucebox-b64", source="Luce-Org/lucebox #86, dflash/RESULTS.md (RTX 5090 budget sweep)", url=LUCEBOX,
+        key="lucebox-b64", engine="ggml", graph="compiled",
+        source="Luce-Org/lucebox #86, dflash/RESULTS.md (RTX 5090 budget sweep)", url=LUCEBOX,
         model="Qwen3.6-27B Q5_K_XL hybrid + DFlash", hardware="RTX 5090", batch=1,
         mode="own C++/ggml engine (graph capture not stated)", tree=Arm("DDTree(64)", 64, 7.14),
-        ref=Arm("DDTree(16)", 16, 5.76), published=148.12 / 176.98,
+        ref=Arm("DDTree(16)", 16, 5.76, tree=True), published=148.12 / 176.98,
         published_as="148.12 vs 176.98 tok/s, AL 7.14 vs 5.76",
         target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="RTX 5090", prompt_len=256, dtype="int8",
         ref_step_s=5.76 / 176.98, calibration="DDTree(16) 5.76 / 176.98 tok/s = 32.5 ms/step (published)",
@@ -339,7 +416,8 @@ FIGURES: tuple = (
                  "Q5_K_XL weights costed as int8: weight bytes 1.5x too high",
                  "context not published: 256 tokens assumed", DRAFTER_WIDTHS)),
     Figure(
-        key="hxri-ddtree-vs-ar", source="hxri/ddtreeplus, BLOG_dynamic_tree_negative_result.md", url=HXRI,
+        key="hxri-ddtree-vs-ar", engine="transformers", graph="eager",
+        source="hxri/ddtreeplus, BLOG_dynamic_tree_negative_result.md", url=HXRI,
         model="Qwen3-4B + Qwen3-4B-DFlash-b16", hardware="RTX PRO 6000 Blackwell", batch=1,
         mode="eager (HF transformers, SDPA)", tree=Arm("DDTree(128)", 128, 9.08), ref=Arm("AR", None, 1.0),
         published=5.76, published_as="5.76x AR, acceptance 9.08 (GSM8K, B = 128)",
@@ -348,17 +426,19 @@ FIGURES: tuple = (
         assumed=("no chain arm: DDTree is compared with AR", "no step time published: overhead 0",
                  "context not published: 512 tokens assumed (GSM8K, up to 2048 generated)", DRAFTER_WIDTHS)),
     Figure(
-        key="hxri-prop-budget", source="hxri/ddtreeplus, BLOG_dynamic_tree_negative_result.md", url=HXRI,
+        key="hxri-prop-budget", engine="transformers", graph="eager",
+        source="hxri/ddtreeplus, BLOG_dynamic_tree_negative_result.md", url=HXRI,
         model="Qwen3-4B + Qwen3-4B-DFlash-b16", hardware="RTX PRO 6000 Blackwell", batch=1,
         mode="eager (HF transformers, SDPA)", tree=Arm("budget-proportional tree", 128, 8.86),
-        ref=Arm("DDTree(128), best-first", 128, 9.08), published=5.85 / 5.76,
+        ref=Arm("DDTree(128), best-first", 128, 9.08, tree=True), published=5.85 / 5.76,
         published_as="5.85x vs 5.76x AR, acceptance 8.86 vs 9.08 (+1.6%, the best of 7 strategies)",
         target=QWEN3_4B, draft=_QWEN3_4B_DRAFT, gpu="RTX PRO 6000 Blackwell", prompt_len=512,
         ref_speedup_vs_ar=5.76, calibration="DDTree(128) 5.76x AR with tau 9.08 (published)",
         assumed=("the budget-proportional tree's node count is not published: 128 (DDTree's) assumed",
                  "context not published: 512 tokens assumed", DRAFTER_WIDTHS)),
     Figure(
-        key="ddtree-paper", source="DDTree paper (Ringel & Romano), Table 1, HumanEval T=0; Appendix B", url=PAPER,
+        key="ddtree-paper", engine="transformers", graph="eager", origin=PAPER_ORIGIN,
+        source="DDTree paper (Ringel & Romano), Table 1, HumanEval T=0; Appendix B", url=PAPER,
         model="Qwen3-Coder-30B-A3B (MoE) + DFlash", hardware="1 of 8x H200 (data parallel)", batch=1,
         mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 256, 10.72),
         ref=Arm("DFlash chain (15)", 15, 8.02), published=8.22 / 6.09,
@@ -368,8 +448,55 @@ FIGURES: tuple = (
         assumed=("the best budget per cell is not published: 256 assumed (the paper's Qwen3-8B MATH-500 peak is "
                  "256-512)", "context not published: 512 tokens assumed (HumanEval, up to 2048 generated)"),
         alt_budgets=(64, 1024)),
+    _rmagur_27b_superset(1, 8, 3.200, 60.77),
+    _rmagur_27b_superset(2, 9, 3.329, 62.04),
+    _rmagur_27b_superset(5, 12, 3.273, 61.98),
+    _rmagur_27b_superset(9, 16, 3.310, 63.23),
+    _rmagur_27b_superset(25, 32, 3.282, 72.53),
     Figure(
-        key="users-8x-rtx-pro-6000", source="our users' report of a standalone DDTree service (not public; the "
+        key="patrick-thor-typical", engine="vllm", graph="graphs",
+        source="patrickbdevaney/dflash-caddtree-integrations, staged-optimization-final.md (Stage 1)",
+        url=PATRICK_STAGED, model="Qwen3.6-35B-A3B-NVFP4 (MoE hybrid) + DFlash", hardware="Jetson AGX Thor",
+        batch=1, mode="CUDA graphs (vLLM fork), T=0.3", tree=Arm("tree + typical acceptance, B=13", 12, 6.35),
+        ref=Arm("linear + typical acceptance (12)", 12, 6.84), published=66.1 / 90.71,
+        published_as="66.1 vs 90.71 tok/s, tau 6.35 vs 6.84 (typical acceptance in both arms)",
+        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, dtype="fp8",
+        ref_step_s=6.84 / 90.71, calibration="linear 6.84 / 90.71 tok/s = 75.4 ms/step (published)",
+        tree_machinery="the tree's per-step overhead: per-branch GDN, eager attention, host tree ops (the source)",
+        assumed=("NVFP4 weights costed as fp8 (1 byte): weight bytes 2x too high",
+                 "context not published: 128 tokens assumed (5 coding prompts x 128 tokens)",
+                 "drafter: 5 layers and block 16 assumed (num_spec=12)", DRAFTER_WIDTHS)),
+    Figure(
+        key="hipfire-qwen36-code", engine="hipfire", graph="compiled",
+        source="warpfront/hipfire, findings/path-c-qwen36.md (code)", url=HIPFIRE_QWEN36,
+        model="Qwen3.6-27B MQ4 hybrid + DFlash MQ4", hardware="Radeon 8060S (Strix Halo)", batch=1,
+        mode="HIP, own engine (graph capture not stated)",
+        tree=Arm("Path C phase 1, budget 12, top-2", 12, 5.722),
+        ref=Arm("DFlash chain (15)", 15, 5.737), published=34.51 / 36.73,
+        published_as="34.51 vs 36.73 tok/s, tau 5.722 vs 5.737 (-6.0%, code)",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, dtype="int8",
+        ref_step_s=5.737 / 36.73, calibration="chain 5.737 / 36.73 tok/s = 156 ms/step (published)",
+        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+                 "context not published: 384 tokens assumed (an LRU-cache prompt, 120 generated)",
+                 "Qwen3.6-27B costed with the Qwen3.5-27B text layout", DRAFTER_WIDTHS)),
+    Figure(
+        key="hipfire-qwen36-prose", engine="hipfire", graph="compiled",
+        source="warpfront/hipfire, findings/path-c-qwen36.md (prose)", url=HIPFIRE_QWEN36,
+        model="Qwen3.6-27B MQ4 hybrid + DFlash MQ4", hardware="Radeon 8060S (Strix Halo)", batch=1,
+        mode="HIP, own engine (graph capture not stated)",
+        tree=Arm("Path C phase 1, budget 12, top-2", 12, 9.500),
+        ref=Arm("DFlash chain (15)", 15, 9.500), published=65.20 / 69.36,
+        published_as="65.20 vs 69.36 tok/s, tau 9.500 in both (-6.0%, prose)",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, dtype="int8",
+        ref_step_s=9.5 / 69.36, calibration="chain 9.500 / 69.36 tok/s = 137 ms/step (published)",
+        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+                 "context not published: 384 tokens assumed (a merge-sort prompt, 169 generated)",
+                 "Qwen3.6-27B costed with the Qwen3.5-27B text layout", DRAFTER_WIDTHS)),
+    _paper_humaneval("Qwen3-4B", QWEN3_4B, _QWEN3_4B_DRAFT, (4.81, 6.62), (6.81, 9.44)),
+    _paper_humaneval("Qwen3-8B", "qwen3-8b", "qwen3-8b-dflash-b16", (4.84, 6.61), (6.90, 9.67)),
+    Figure(
+        key="users-8x-rtx-pro-6000", engine="not published", graph="not published",
+        source="our users' report of a standalone DDTree service (not public; the "
         "project's reference notes, ddtree-in-production.md)", url=None,
         model="not published (Qwen3-8B + DFlash-b16 assumed)", hardware="8x RTX PRO 6000 Blackwell, PCIe",
         batch=1, mode="not published", tree=Arm("DDTree (budget not published)", 64, None),
