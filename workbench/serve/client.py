@@ -260,13 +260,16 @@ class RemoteEngine(BaseEngine):
     def session(self, prompt: str | None = None, policy: Policy = DDTree(32), temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, max_new_tokens: int | None = None,
                 kernel_backend: str | None = None, record_topk: int = 8, capture=None, *, messages=None,
-                prompt_ids=None, static_shapes: bool | None = None, records: str = "view") -> "RemoteSession":
+                prompt_ids=None, static_shapes: bool | None = None, records: str = "view",
+                hooks=None) -> "RemoteSession":
         """Start a generation on the server (runs the prefill there), with engine.session's arguments: one of
         ``prompt``, ``messages`` or ``prompt_ids``; ``static_shapes``. ``capture=True`` records module shapes.
         ``max_new_tokens=None``: the engine's default (DEFAULT_MAX_NEW_TOKENS), capped by the server's limit.
         ``records``: what each cycle carries as it arrives: ``"view"`` (what the views read; the drafter's
         top-k, the target's top-2 logits and the forward records come from the server when first read, while
-        the session lives) or ``"full"`` (every field at once)."""
+        the session lives) or ``"full"`` (every field at once). ``hooks``: refused (the cycles run on the server)."""
+        if hooks is not None:
+            raise no_hooks("remote.session(..., hooks=)")
         Sampling(temperature, top_p, top_k), validate.seed(seed)  # the local checks and messages first
         wire.check_records(records)
         body = {"prompt": prompt, "policy": wire.policy_to_wire(as_policy(policy)), "temperature": temperature,
@@ -319,6 +322,12 @@ class RemoteEngine(BaseEngine):
         if why is None:
             raise AttributeError(f"'RemoteEngine' object has no attribute {name!r}")
         raise AttributeError(f"RemoteEngine.{name} is not served: {why}")
+
+
+def no_hooks(what: str) -> EngineLacks:
+    """The one line refusing a hook argument of a served session: its cycles run in the server's process."""
+    return EngineLacks(f"{what}: a served session takes no hooks; its cycles run in the server's process, where "
+                       "a function of yours cannot go; hook a local session (wb.load(...)) of the same pair")
 
 
 def _ids(prompt_ids) -> list:
@@ -556,8 +565,10 @@ class RemoteSession(SessionState, BaseSession):
                 f"{len(self.generated)} new tokens, {state})")
 
     # ---------------------------------------------------------------- running
-    def step(self) -> Cycle:
-        """Run one cycle on the server (one request) and return its record."""
+    def step(self, hooks=None) -> Cycle:
+        """Run one cycle on the server (one request) and return its record. ``hooks``: refused (see ``hooks``)."""
+        if hooks is not None:
+            raise no_hooks("s.step(hooks=)")
         body = self._held()
         if self.engine.timing:
             body["timing"] = True
@@ -586,6 +597,14 @@ class RemoteSession(SessionState, BaseSession):
             if self.finished or end not in wire.STREAM_BOUNDS:
                 return self.trace
             body = self._held()  # (the limit is set already)
+
+    def hooks(self, *hooks):
+        """Refused in one line: hook points run in the server's process."""
+        raise no_hooks("s.hooks(...)")
+
+    def run_with_hooks(self, max_new_tokens: int | None = None, hooks=()):
+        """Refused in one line: hook points run in the server's process."""
+        raise no_hooks("s.run_with_hooks(...)")
 
     def _stream(self, body: dict) -> str | None:
         """One /run stream, applied frame by frame. -> why it ended (the server's word)."""
