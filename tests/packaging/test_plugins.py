@@ -204,3 +204,39 @@ def test_pip_installed_into_a_scratch_venv_it_reaches_the_command_line(tmp_path)
     out = json.loads(r.stdout)
     assert (out["policy"], out["engine"], out["new_tokens"]) == ("Prefix(3)", "slowref", 12)
     assert out["cycles"] < 12  # it speculated through the plugin's tree
+
+
+def test_a_broken_plugin_is_one_line_naming_it_and_does_not_stop_the_workbench_under_W_error(tmp_path):
+    site = install(tmp_path)
+    (site / "scratch_wb" / "policy.py").write_text("raise RuntimeError('half-installed')\n")
+    probe = "import workbench as wb; print(wb.parse_policy('ddtree:4'))"
+    for flags in (["-W", "error"], ["-W", "always"], []):
+        r = run_py(site, *flags, "-c", probe)
+        assert r.returncode == 0 and r.stdout.strip() == "DDTree(4)", (flags, r.stderr[-2000:])
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, (flags, r.stderr)
+        assert "workbench.policies plugin 'prefix' (scratch_wb.policy) failed to import: RuntimeError: " \
+               "half-installed" in lines[0] and "policies/__init__.py" not in lines[0], lines[0]
+    # its category and its words filter it, as any warning's do
+    r = run_py(site, "-W", "ignore:workbench.policies plugin", "-c", probe)
+    assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+    r = run_py(site, "-c", "import warnings; warnings.simplefilter('error'); "
+                           "from workbench.interface.plugins import PluginWarning, import_declared; "
+                           "warnings.simplefilter('ignore', PluginWarning); import_declared('workbench.policies'); "
+                           "print(issubclass(PluginWarning, UserWarning))")
+    assert r.returncode == 0 and r.stdout.strip().endswith("True"), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("scratch_wb.nosuch:SlowRef", "module scratch_wb.nosuch is not there: scratch_wb is installed"),
+    ("scratch_wb.engine:NoSuch", "scratch_wb.engine has no 'NoSuch'"),
+])
+def test_an_engine_entry_point_naming_what_is_not_there_says_what_is_missing(tmp_path, entry, words):
+    site = install(tmp_path)
+    info = site / "scratch_wb-0.1.dist-info" / "entry_points.txt"
+    info.write_text(info.read_text().replace("scratch_wb.engine:SlowRef", entry))
+    r = run_py(site, "-m", "workbench", "run", "--engine", "slowref", "--prompt", "x", "--max-new-tokens", "4")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "pip install" not in lines[0], r.stderr[-2000:]
+    assert "'slowref'" in lines[0] and entry in lines[0]

@@ -55,14 +55,50 @@ def check_name(name) -> str:
     return name
 
 
+class EngineEntryError(ValueError):
+    """An engine entry ('module:Class') naming a module or class that is not there, or a module that fails."""
+
+
 def engine_class(name) -> type[BaseEngine]:
-    """The engine class registered under ``name`` (imported now)."""
+    """The engine class registered under ``name`` (imported now). An entry naming a module its installed
+    package lacks, or a class its module lacks, is one line saying which (a package that is not installed
+    stays an ImportError: the command line says what to pip install)."""
     path = known()[check_name(name)]
     module, _, cls_name = path.partition(":")
-    cls = getattr(importlib.import_module(module), cls_name)
+    entry = f"engine {name!r} ({path}{declared_where(name)})"
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        gone = e.name or ""
+        if "." not in gone or not (module == gone or module.startswith(gone + ".")):
+            raise  # the package itself, or a package the module imports: what to install
+        parent, _, leaf = gone.rpartition(".")
+        raise EngineEntryError(f"{entry}: module {gone} is not there: {parent} is installed, but has no {leaf!r}; "
+                               "the entry names a module its package lacks") from None
+    except ImportError:
+        raise
+    except Exception as e:  # the engine's module raised on import: its error, on one line
+        raise EngineEntryError(f"{entry}: importing {module} failed: {type(e).__name__}: "
+                               f"{' '.join(str(e).split())}") from None
+    cls = getattr(mod, cls_name, None) if cls_name else None
+    if cls is None:
+        there = sorted(n for n, v in vars(mod).items() if isinstance(v, type) and issubclass(v, BaseEngine)
+                       and v.__module__ == mod.__name__)
+        raise EngineEntryError(f"{entry}: {module} has no {cls_name!r}"
+                               + (f"; its engine classes: {', '.join(there)}" if there else
+                                  "; it defines no BaseEngine subclass"))
     if not (isinstance(cls, type) and issubclass(cls, BaseEngine)):
-        raise TypeError(f"engine {name!r} ({path}) is not a workbench.interface.base.BaseEngine")
+        raise EngineEntryError(f"{entry}: {cls_name} is not a workbench.interface.base.BaseEngine subclass")
     return cls
+
+
+def declared_where(name: str) -> str:
+    """", the workbench.engines entry point of DIST" for an engine an installed package declares (and no
+    registration in this process overrides), else ""."""
+    if name in ENGINES:
+        return ""
+    dist = plugins.declared_by(plugins.ENGINE_GROUP, name)
+    return f", the {plugins.ENGINE_GROUP} entry point of {dist}" if dist else ""
 
 
 def load(engine: str = "workbench", target=None, draft=None, **options) -> BaseEngine:
