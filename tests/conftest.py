@@ -3,12 +3,19 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (`make test`: two workers on two cores) each worker computes on one thread, and so does
+# every process it starts (wb.load() reads OMP_NUM_THREADS; so do notebook kernels, CLI and server subprocesses):
+# two OpenMP teams of two on two cores spin against each other. Set before torch is imported.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
-from tiny_models import make_pair
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+from tiny_models import make_pair  # noqa: E402
+
+torch.set_num_threads(1 if XDIST_WORKER else min(2, os.cpu_count() or 1))
 
 
 TINY_SHAPES = {
@@ -56,3 +63,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def heavy_first(item) -> bool:
+    """A notebook's cells or a test marked slow: its file goes to a worker early, so that no long file is
+    left for last while the other worker waits."""
+    return item.nodeid.split("::")[0].endswith(".ipynb") or item.get_closest_marker("slow") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (``--dist loadfile --no-loadscope-reorder``: whole files in collection order), the files holding
+    a slow test or a notebook come first; within a file the order stays as written."""
+    if not XDIST_WORKER:
+        return
+    heavy = {item.nodeid.split("::")[0] for item in items if heavy_first(item)}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: files keep their order

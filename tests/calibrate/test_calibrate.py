@@ -73,6 +73,7 @@ def test_bad_cost_sources_are_one_line(tmp_path):
     assert read_costs("dense").rows == (1, 8) and read_costs("hybrid").rows == (1, 4)
 
 
+@pytest.mark.slow
 def test_a_small_calibration_is_taken_on_its_pair_and_refused_on_the_other(tmp_path, engine, capsys):
     out = tmp_path / "cal.json"
     assert main(["--target", "dense", "--out", str(out), "--prompts", "24", "--max-new-tokens", "32",

@@ -19,6 +19,7 @@ def test_train_help():
     assert r.returncode == 0 and "--smoke" in r.stdout
 
 
+@pytest.mark.slow
 def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=600)

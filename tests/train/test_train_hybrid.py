@@ -63,6 +63,7 @@ def test_fast_delta_rule_is_patched_only_inside_and_restored_on_error():
     assert mq.torch_chunk_gated_delta_rule is original
 
 
+@pytest.mark.slow
 def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,6 +104,7 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkey
     assert r.returncode == 2 and "pass --arch hybrid" in r.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_greedy_simulation_counts_what_the_engine_and_dflash_generate_count(monkeypatch):
     """On the embedded dense pair (which the engine runs), the simulated cycles are the real ones."""
     import dflash.model as dm
