@@ -242,6 +242,24 @@ def test_draft_heatmap_and_mask(tiny, ddtree_trace):
     assert views.draft_heatmap(ar[0]).layout.annotations
 
 
+def test_the_mask_figures_key_labels_sit_below_its_title(tiny, ddtree_trace):
+    """The key labels stand upright above the mask (their height: their length); the title is pinned to the
+    figure's top, and the top margin holds the title, the axis title and the tallest label one above the other."""
+    import html
+
+    char, line, axis_title = 6, 24, 16  # at least: px a 12 px label character, a title line, the axis title take
+    c = max(ddtree_trace.cycles, key=lambda c: c.n_nodes)
+    for max_nodes in (None, 3):  # one title line; two, when the mask shows only some nodes
+        lay = views.mask_figure(c, tiny.tokenizer, max_nodes=max_nodes).layout
+        tallest = max(len(html.unescape(t)) for t in lay.xaxis.ticktext)
+        assert lay.xaxis.side == "top" and lay.xaxis.tickangle == -90
+        assert (lay.title.yref, lay.title.y, lay.title.yanchor) == ("container", 1, "top")
+        lines = 2 if lay.title.subtitle.text else 1
+        assert (lay.title.subtitle.text is not None) == (max_nodes is not None)
+        assert lay.margin.t >= (lay.title.pad.t or 0) + line * lines + axis_title + char * tallest
+        assert lay.height >= lay.margin.t + lay.margin.b + 12 * len(lay.xaxis.ticktext)  # the cells keep their room
+
+
 # ----------------------------------------------------------------------------- streams and comparisons
 def test_token_stream_covers_generated_text(tiny, ddtree_trace):
     tok = tiny.tokenizer

@@ -346,23 +346,44 @@ def mask_figure(cycle: Cycle, tokenizer=None, max_nodes: int | None = 256) -> go
     cycle = one_cycle(cycle, "mask_figure")
     n = int(cycle.tokens.shape[0])
     m = n if max_nodes is None else min(n, max_nodes + 1)
-    label = _labeller(tokenizer)
+    label, short = _labeller(tokenizer), _labeller(tokenizer, short=True)
     vis = cycle.visibility[:m, :m].numpy().astype(np.int8)
-    names = [f"{i}:{label(t)}" for i, t in enumerate(cycle.tokens[:m].tolist())]
+    ids = cycle.tokens[:m].tolist()
+    names = [f"{i}:{label(t)}" for i, t in enumerate(ids)]  # the hover's, whole
     fig = go.Figure(go.Heatmap(
         z=vis, x=list(range(m)), y=list(range(m)), colorscale=[[0, "#ffffff"], [1, "#1f77b4"]], zmin=0, zmax=1,
         showscale=False, xgap=1 if m <= 64 else 0, ygap=1 if m <= 64 else 0,
         customdata=[[[names[r], names[c]] for c in range(m)] for r in range(m)],
         hovertemplate="%{customdata[0]} sees %{customdata[1]}: %{z}<extra></extra>",
     ))
-    ticks = dict(tickmode="array", tickvals=list(range(m)), ticktext=names) if m <= 64 else {}
+    ticktext = [f"{i}:{short(t)}" for i, t in enumerate(ids)] if m <= 64 else [str(i) for i in range(m)]
+    ticks = dict(tickmode="array", tickvals=list(range(m)), ticktext=ticktext) if m <= 64 else {}
     title = f"cycle {cycle.index}: tree attention mask ({n} x {n}, ancestor-or-self)"
-    if m < n:
-        title += f"<br><sup>showing the first {m} nodes</sup>"
-    fig.update_layout(title=title, xaxis=dict(title="key node", side="top", **ticks),
-                      yaxis=dict(title="query node", autorange="reversed", **ticks),
-                      height=int(min(max(360, 14 * m + 160), 1200)), width=int(min(max(420, 14 * m + 220), 1300)))
+    frame = mask_frame(title, f"showing the first {m} nodes" if m < n else None, ticktext, m)
+    fig.update_layout(**frame, xaxis=dict(title="key node", side="top", tickangle=-90, automargin=True, **ticks),
+                      yaxis=dict(title="query node", autorange="reversed", automargin=True, **ticks))
     return fig
+
+
+# The mask's frame, in px at plotly's default 12 px font: a label character (wide ones included), a title line,
+# an axis title with its gap, a mask cell.
+CHAR_PX, MASK_TITLE_LINE_PX, MASK_AXIS_TITLE_PX, MASK_CELL_PX = 7, 30, 26, 14
+TITLE_CHAR_PX = 9  # a character of the title (plotly's 17 px title font): the figure is at least its width
+
+
+def mask_frame(title: str, subtitle: str | None, ticktext: list[str], m: int) -> dict:
+    """Title, margins and size of an m-node mask whose key labels stand upright above it: the title (and its
+    subtitle) pinned to the figure's top and, under it, the axis title and the tallest label, one above the
+    other (a label run into the title is what a top margin sized for the title alone gives)."""
+    tallest = CHAR_PX * max((len(html.unescape(t)) for t in ticktext), default=1)
+    pad = 10
+    top = pad + MASK_TITLE_LINE_PX * (2 if subtitle else 1) + MASK_AXIS_TITLE_PX + tallest + 6
+    left = MASK_AXIS_TITLE_PX + tallest + 10
+    side = int(min(max(MASK_CELL_PX * m, 200), 1000))
+    return dict(title=dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=pad),
+                           **({"subtitle": dict(text=subtitle)} if subtitle else {})),
+                margin=dict(t=top, l=left, r=30, b=20), height=side + top + 20,
+                width=max(side + left + 30, 420, TITLE_CHAR_PX * len(title) + 60))
 
 
 # ----------------------------------------------------------------------------- token stream
