@@ -18,7 +18,7 @@ EVERY = [wb.AR(), wb.DFlash(), wb.DDTree(8), wb.DDTree(16, width=1), wb.EagleTre
 # Calibrated on one pair (its shipped calibration): the tiny random pairs below have none, so these run on the
 # embedded pairs (tests/engine/test_new_policies.py: lossless, static nodes, refusals).
 CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.CutTree(7, width=1), wb.PairTree(8),
-              wb.PairChain(4)]
+              wb.PairChain(4), policies.CondTree(8), policies.CondChain(4)]
 
 
 def test_every_servable_policy_round_trips_text_and_wire():

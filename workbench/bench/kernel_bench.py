@@ -89,6 +89,7 @@ def time_kernels(budgets=KERNEL_BUDGETS, repeats: int = 10, device="cpu", depth:
         out["kv_compact"].append(kv_compact_row(b, tree, acc, prefix, g, repeats, dev))
         bar.update(1)
     bar.close()
+    out["cond_build"] = cond_build_rows(budgets, repeats, dev, depth, vocab, seed)
     return out
 
 
@@ -185,6 +186,71 @@ def kv_compact_row(b: int, tree, acc, prefix: int, g: torch.Generator, repeats: 
     return krow
 
 
+COND_ROWS = (1, 8)  # batch rows of the conditioned build's rows
+
+
+def random_head(vocab: int, hidden: int, seed: int, rank: int = 64, K: int = 16):
+    """A conditioned head of random weights (``workbench.engine.policies.cond_head.CondHead``): its cost is its
+    shapes'."""
+    import numpy as np
+
+    from workbench.engine.policies.cond_head import BUCKETS, CondHead
+
+    r = np.random.default_rng(seed)
+    shapes = {"P": (rank, hidden), "p0": (rank,), "E": (vocab, rank), "R": (BUCKETS, rank), "U": (vocab, rank),
+              "u_out": (rank,), "scalars": (2,)}
+    return CondHead("random", {k: (0.05 * r.standard_normal(v)).astype(np.float32) for k, v in shapes.items()},
+                    {"K": K})
+
+
+def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: int, hidden: int = 256) -> list[dict]:
+    """The conditioned tree's build beside DDTree's at each budget and batch rows (``COND_ROWS``), each from the
+    drafted log-probs [rows, depth, vocab]: DDTree's build on this device (``build_tree``: a host heap on a CPU),
+    DDTree's vectorised build, CondTree's stage (top-K, the head's increments, ``ddtree_kernels.cond_tree``) and
+    its build alone (from the increments)."""
+    from ddtree_kernels import build_tree
+    from ddtree_kernels.cond_tree import build_cond_tree
+    from ddtree_kernels.tree_build import build_tree_vectorized, sorted_slots, top_slots
+    from workbench.engine.policies.cond_head import conditioned_increments
+
+    g = torch.Generator().manual_seed(seed + 1)
+    head = random_head(vocab, hidden, seed)
+    out = []
+    for b in budgets:
+        for rows in COND_ROWS:
+            lp = torch.log_softmax(torch.randn(rows, depth, vocab, generator=g) * 3, dim=-1).to(dev)
+            h = torch.randn(rows, depth, hidden, generator=g).to(dev)
+            root = torch.arange(1, rows + 1, device=dev)
+            k, K = min(b, vocab), min(head.K, vocab)
+
+            def stage():  # as the policy runs it off static shapes: the device's cheapest exact top-K
+                topv, topi = top_slots(lp, K)
+                inc = conditioned_increments(head, h, topv, topi, root, min(b, K))
+                return build_cond_tree(inc, topi[..., : min(b, K)], root, b)
+
+            topv, topi = sorted_slots(lp, K)
+            inc = conditioned_increments(head, h, topv, topi, root, min(b, K))
+            row = {"budget": b, "rows": rows}
+            ddtree = _timed(row, "ddtree", lambda: build_tree(lp, root, b), repeats, dev)
+            _timed(row, "ddtree_vectorized", lambda: build_tree_vectorized(*sorted_slots(lp, k), root, b), repeats, dev)
+            cond = _timed(row, "cond", stage, repeats, dev)
+            _timed(row, "cond_head", lambda: conditioned_increments(head, h, topv, topi, root, min(b, K)), repeats, dev)
+            _timed(row, "cond_build", lambda: build_cond_tree(inc, topi[..., : min(b, K)], root, b), repeats, dev)
+            row["cond_over_ddtree"] = cond / ddtree
+            out.append(row)
+    return out
+
+
+def cond_table(rows: list[dict]) -> str:
+    def us(v):
+        return f"{1e6 * v:.0f}"
+
+    body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_s"]), us(r["cond_s"]),
+             us(r["cond_head_s"]), us(r["cond_build_s"]), f"{r['cond_over_ddtree']:.2f}"] for r in rows]
+    return text_table(["conditioned build", "budget", "rows", "ddtree", "ddtree vec", "cond", "cond head",
+                       "cond build", "cond/ddtree"], body)
+
+
 def kernel_table(res: dict) -> str:
     """The kernel medians with their min-max over the timed calls; contradictory rows flagged '!'."""
     def us(v):
@@ -217,6 +283,8 @@ def kernel_table(res: dict) -> str:
               rng(r, "loop"), f"{r['loop_over_compact']:.1f}"] for r in res["kv_compact"]]
     lines += ["", text_table(["kv compaction", "budget", "accepted", "compact_kv", "range", "loop", "range",
                               "loop/compact"], krows)]
+    if res.get("cond_build"):
+        lines += ["", cond_table(res["cond_build"])]
     lines += ["", legend([
         ("build_tree", "our tree build (host heap on a CPU, vectorized on a GPU)"),
         ("heap", "the plain baseline: top-k, one copy to the host, a Python heap"),
@@ -224,5 +292,9 @@ def kernel_table(res: dict) -> str:
         ("build+compile", "build_tree then compile_tree (verify inputs); never truly below build_tree alone"),
         ("flag", "'!': the row's measurements contradict each other (a busy machine); see the note"),
         ("accept walk", "the walk through each backend; sglang = SGLang's kernel (Triton interpreter on a CPU)"),
-        ("kv compaction", "compact_kv vs a per-row loop over the accepted rows")])]
+        ("kv compaction", "compact_kv vs a per-row loop over the accepted rows"),
+        ("conditioned build", "per batch of rows, from the drafted log-probs: ddtree = DDTree's build_tree, ddtree "
+                              "vec = its vectorised build (exact top-k by key), cond = CondTree's stage (top-16, a random "
+                              "head's increments, the vectorised conditioned build), cond head = the increments "
+                              "alone, cond build = the build alone")])]
     return "\n".join(lines)

@@ -65,6 +65,9 @@ class DraftKV:
         self._seen: list | None = None  # while an observed draft runs: per row, the pieces its forwards read
         self.kernel_backend = "torch"  # the drafter's forward runs no kernel of its own
         self._hooks: Callable[[], None] | None = None  # releases MASK_HOOKS (held from the first mixed-mask draft)
+        # the last draft's masked slots' final hidden states [B, block - 1, H] (what a conditioned head reads)
+        self.hidden: Tensor | None = None
+        self._kept: dict = {}
 
     def preallocate(self, rows: int, capacity: int) -> None:
         """Static shapes from now on: every draft forward is [rows, block] queries over ``block`` context
@@ -97,6 +100,7 @@ class DraftKV:
             self._seen = [{"features": [], "positions": [], "block": None} for _ in roots]
         try:
             logits, rec = self._draft(roots, starts)
+            self.hidden = self._kept.pop("hidden", None)
             if observe is not None:
                 observe(self._observed())
         finally:
@@ -120,7 +124,7 @@ class DraftKV:
             positions = torch.arange(starts[0] - ctx.shape[1], starts[0] + Bk, device=dev)[None]
             if self._seen is not None:
                 self._note(block, positions, ctx, [ctx.shape[1]], ctx.shape[1])
-            return run_draft(m.draft, m.target, block, positions, ctx, self.cache, self.capture)
+            return run_draft(m.draft, m.target, block, positions, ctx, self.cache, self.capture, keep=self._kept)
         return self._draft_rows(roots, starts)
 
     def _note(self, block: Tensor, positions: Tensor, ctx: Tensor, real: list[int], slots: int) -> None:
@@ -166,7 +170,7 @@ class DraftKV:
         if self._seen is not None:
             self._note(block, pos, ctx, ctx_lens, M)
         try:
-            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first)
+            return run_draft(m.draft, m.target, block, pos, ctx, self.cache, self.capture, first, self._kept)
         finally:
             self.cache.layer_masks = None
 
@@ -246,15 +250,18 @@ class DraftKV:
         if len(masks) > 1:
             self._install_hooks()
             self.cache.layer_masks = {i: masks[k] for i, k in enumerate(self.kinds)}
-        def forward():
-            return run_draft(m.draft, m.target, bufs["block"], pos, bufs["ctx"], self.cache, self.capture,
-                             masks[self.kinds[0]])
+        def forward():  # the hidden states are outputs too: a replayed graph's are its own
+            kept: dict = {}
+            return (*run_draft(m.draft, m.target, bufs["block"], pos, bufs["ctx"], self.cache, self.capture,
+                               masks[self.kinds[0]], kept), kept["hidden"])
 
         try:
             if self.graphs is not None:
-                return self.graphs.run("draft", (bufs["block"], pos, bufs["ctx"], rows, self.cache.store,
-                                                 *masks.values()), forward)
-            return forward()
+                logits, rec, self._kept["hidden"] = self.graphs.run(
+                    "draft", (bufs["block"], pos, bufs["ctx"], rows, self.cache.store, *masks.values()), forward)
+            else:
+                logits, rec, self._kept["hidden"] = forward()
+            return logits, rec
         finally:
             self.cache.layer_masks = None
 

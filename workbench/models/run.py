@@ -103,9 +103,10 @@ def run_target(target, ids: Tensor, positions: Tensor, cache, mode: ForwardMode,
 
 
 def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tensor, cache, capture=None,
-              mask: Tensor | None = None):
+              mask: Tensor | None = None, keep: dict | None = None):
     """The drafter's block forward. block_ids [bs, B]; positions [bs, ctx + B]; context [bs, ctx, F];
-    mask: additive [bs, 1, B, keys] or None (every key visible: the drafter is not causal).
+    mask: additive [bs, 1, B, keys] or None (every key visible: the drafter is not causal). ``keep``: a dict
+    that receives "hidden", the masked slots' final hidden states [bs, B-1, H] (the LM head's input).
 
     -> (logits [bs, B-1, V] for the masked slots, ForwardRecord)
     """
@@ -128,6 +129,8 @@ def run_draft(draft, target, block_ids: Tensor, positions: Tensor, context: Tens
             def head(h: Tensor) -> Tensor:
                 return lin(target.lm_head, h)
         logits = draft.compute_logits(hidden[:, 1:], head)
+        if keep is not None:
+            keep["hidden"] = hidden[:, 1:]
     rec = ForwardRecord(
         "draft", ForwardMode.TARGET_VERIFY,
         {"input_ids": shape_of(block_ids), "positions": shape_of(positions), "target_hidden": shape_of(context),

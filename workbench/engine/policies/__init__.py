@@ -18,10 +18,12 @@ from workbench.engine.policies.cost_tree import CostTree
 from workbench.engine.policies.cut_tree import CutTree
 from workbench.engine.policies.pair_tree import PairTree
 from workbench.engine.policies.pair_chain import PairChain
+from workbench.engine.policies.cond_tree import CondTree
+from workbench.engine.policies.cond_chain import CondChain
 from workbench.engine.policies.custom import TreePolicy
 
 __all__ = [
-    "AR", "CostTree", "CutTree", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "PairChain", "PairTree", "PathTree",
+    "AR", "CondChain", "CondTree", "CostTree", "CutTree", "DDTree", "DFlash", "EagleTree", "MAX_BUDGET", "PairChain", "PairTree", "PathTree",
     "Policy", "Spine",
     "TreePolicy", "as_policy", "by_kind",
     "choices", "from_wire", "knob_values", "parse_policy", "register", "registered", "to_wire", "unregister",

@@ -36,6 +36,18 @@ def best_chain(inc: Tensor) -> tuple[Tensor, Tensor]:
     return ranks, steps.cumsum(1)
 
 
+def chain_tree(inc: Tensor, topi: Tensor, roots: Tensor) -> Tree:
+    """The Viterbi chain of ``inc`` [bs, D, k, k] as a tree: the root, then one candidate per slot (topi [bs, D, k]
+    their ids; roots [bs])."""
+    ranks, score = best_chain(inc)  # [bs, D] each
+    bs, D = ranks.shape
+    idx = torch.arange(D + 1, device=ranks.device).expand(bs, D + 1)
+    zero = torch.zeros(bs, 1, dtype=torch.long, device=ranks.device)
+    return Tree(tokens=torch.cat([roots.reshape(bs, 1).long(), topi.gather(2, ranks[:, :, None])[:, :, 0]], dim=1),
+                parents=idx - 1, depth=idx.clone(), rank=torch.cat([zero, ranks], dim=1),
+                score=torch.cat([zero.double(), score], dim=1))
+
+
 @register
 @dataclass(frozen=True)
 class PairChain(Calibrated):
@@ -69,10 +81,4 @@ class PairChain(Calibrated):
         lp = drafted.logprobs  # [1, D, V]
         k = min(self.width, cal.width, lp.shape[-1])
         topv, topi = sorted_slots(lp, k) if sync_free else drafted.top(k)  # [1, D, k]
-        ranks, score = best_chain(conditioned_increments(head, topv, topi, roots, beta))  # [1, D] each
-        bs, D = ranks.shape
-        idx = torch.arange(D + 1, device=ranks.device).expand(bs, D + 1)
-        zero = torch.zeros(bs, 1, dtype=torch.long, device=ranks.device)
-        return Tree(tokens=torch.cat([roots.reshape(bs, 1).long(), topi.gather(2, ranks[:, :, None])[:, :, 0]], dim=1),
-                    parents=idx - 1, depth=idx.clone(), rank=torch.cat([zero, ranks], dim=1),
-                    score=torch.cat([zero.double(), score], dim=1))
+        return chain_tree(conditioned_increments(head, topv, topi, roots, beta), topi, roots)

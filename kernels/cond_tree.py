@@ -1,0 +1,104 @@
+"""The conditioned tree's build: the N best prefixes when a candidate's increment depends on its parent's rank
+(a previous-token-conditioned score: ``ddtree_kernels.path_tree`` with ``rank_class``), vectorised over the batch.
+
+inc [bs, D, k, k]: [b, d, j, c] = the log-probability increment of candidate j of slot d under a parent that is
+candidate c of slot d - 1 (slot 0: the root, class 0). The tree and its node order are ``path_tree_heap(inc, topi,
+roots, budget, rank_class, 0)``'s, by the same tie rule (score descending, then depth ascending, then the parent's
+index ascending, then the candidate's position among its siblings, siblings by increment descending, equal
+increments by rank ascending).
+
+Per-depth beams, as DDTree's ``build_tree_vectorized``: every shape follows from (D, k, budget), nothing is read
+back from the device (static shapes, CUDA graphs), and no Python runs per node. Only candidates that can make the
+tree are formed. A node at slot d (depth d + 1) whose parent is entry p of slot d - 1's beam and which is the
+j-th of that parent's children (sibling order) comes after the p + 1 beam entries up to its parent, its j better
+siblings and its d - 1 other ancestors, so it is in the best ``budget`` only if p + j + d + 1 <= budget; likewise
+slot d's beam keeps at most budget - d entries. So a depth forms fewer than budget x k candidates, and the loop
+stops at depth ``budget``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+from ddtree_kernels.tree_build import Tree
+
+
+@lru_cache(maxsize=512)
+def plan(D: int, k: int, budget: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(beam sizes per slot, candidate pairs formed per slot), from the shapes alone. Slot 0's beam: its best
+    min(k, budget) candidates; slot d's: at most budget - d entries, from the pairs p + j + d + 1 <= budget."""
+    sizes, pairs = [min(k, budget)], [min(k, budget)]
+    for d in range(1, min(D, budget)):
+        n = sum(min(k, budget - d - p) for p in range(sizes[-1]) if budget - d - p > 0)
+        if n == 0:
+            break
+        pairs.append(n)
+        sizes.append(min(budget - d, n))
+    return tuple(sizes), tuple(pairs)
+
+
+@lru_cache(maxsize=512)
+def pair_table(m: int, k: int, budget: int, d: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(parent beam position p, sibling position j) of every candidate slot d forms, parent-major: row p holds
+    j < min(k, budget - d - p). Made on the device from host shapes (no copy, no wait)."""
+    counts = (budget - d - torch.arange(m, device=device)).clamp(min=0, max=k)  # [m]
+    total = sum(min(k, max(0, budget - d - p)) for p in range(m))
+    p = torch.repeat_interleave(torch.arange(m, device=device), counts, output_size=total)  # [total]
+    starts = counts.cumsum(0) - counts
+    return p, torch.arange(total, device=device) - starts[p]
+
+
+@lru_cache(maxsize=512)
+def entry_depths(sizes: tuple, device: torch.device) -> Tensor:
+    """[total] the depth (1-based) of every beam entry, depth by depth."""
+    return torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=device) for d, s in enumerate(sizes)])
+
+
+def _desc(x: Tensor, m: int) -> Tensor:
+    """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
+    return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
+
+
+def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
+    """The ``budget`` best prefixes under rank-conditioned increments, as a Tree (root first, then nodes in the
+    tie rule's order). inc [bs, D, k, k] (<= 0, float64 sums); topi [bs, D, k]; root_tokens [bs]."""
+    bs, D, k, _ = inc.shape
+    dev = inc.device
+    # Siblings in the order a parent of class c meets them: [bs, D, c, position] increments and their ranks.
+    sinc, order = torch.sort(inc.permute(0, 1, 3, 2).double(), dim=-1, descending=True, stable=True)
+    sinc, order = sinc.reshape(bs, D, k * k), order.reshape(bs, D, k * k)  # [bs, D, class * k + position]
+    sizes, _ = plan(D, k, budget)
+    beam = sinc[:, 0, : sizes[0]]  # [bs, m0]: the root's class is 0
+    cls = order[:, 0, : sizes[0]]  # [bs, m0]: each entry's rank, its children's class
+    scores, parents, ranks = [beam], [torch.full_like(cls, -1)], [cls]
+    offset = 0
+    for d in range(1, len(sizes)):
+        p, j = pair_table(sizes[d - 1], k, budget, d, dev)  # [n] each
+        at = cls[:, p] * k + j  # [bs, n]: where each candidate's increment and rank sit in slot d's row
+        cand = beam[:, p] + sinc[:, d].gather(1, at)  # [bs, n]
+        pick = _desc(cand, sizes[d])  # [bs, m_d]
+        beam = cand.gather(1, pick)
+        cls = order[:, d].gather(1, at.gather(1, pick))
+        scores.append(beam)
+        parents.append(p[pick] + offset)
+        ranks.append(cls)
+        offset += sizes[d - 1]
+    all_scores = torch.cat(scores, dim=1)  # [bs, total]: a stable sort of it is the tie rule's global order
+    total = all_scores.shape[1]
+    n = min(budget, total)
+    sel = _desc(all_scores, n)  # [bs, n] entries in node order
+    node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
+    node_of.scatter_(1, sel + 1, torch.arange(1, n + 1, device=dev).expand(bs, n))
+    depth = entry_depths(sizes, dev)[sel]  # [bs, n]
+    rank = torch.cat(ranks, dim=1).gather(1, sel)
+    root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
+    return Tree(
+        tokens=torch.cat([root_tokens.reshape(bs, 1).long(), topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank)],
+                         dim=1),
+        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parents, dim=1).gather(1, sel) + 1)], dim=1),
+        depth=torch.cat([root, depth], dim=1),
+        rank=torch.cat([root, rank], dim=1),
+        score=torch.cat([root.double(), all_scores.gather(1, sel)], dim=1),
+    )
