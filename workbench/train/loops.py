@@ -1,5 +1,5 @@
 """The target's loops phase (off by default): unlikelihood rounds against the n-grams its own greedy
-continuations repeat, beside the usual next-token loss (docs/training.md, "Earlier pairs").
+continuations repeat, beside the usual next-token loss (docs/training.md, "The embedded dense pair": the loops phase row).
 """
 from __future__ import annotations
 

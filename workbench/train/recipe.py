@@ -24,7 +24,7 @@ class Recipe:
     table_keep_one_in: int = 4  # generated codec tables kept in the target's corpus (1 in N)
     # The loops phase (off: ul_rounds 0): rounds of unlikelihood against the target's own greedy
     # repeats. Tried on the 6-layer target, it raised the distinct-token share to ~0.6 but the
-    # target escaped its loops into junk tokens (docs/training.md, "Earlier pairs").
+    # target escaped its loops into junk tokens (docs/training.md, "The embedded dense pair": the loops phase row).
     ul_rounds: int = 0
     ul_steps: int = 10  # steps per round; each round continues fresh prompts first
     ul_prompts: int = 32
