@@ -40,7 +40,7 @@ class Recipe:
     # z-lab's rule (1 to N-3, one id per draft layer) would give 2 ids of 6 layers; 4 ids read more.
     target_layer_ids: tuple[int, ...] = (1, 2, 3, 4)
     block_size: int = 16
-    distill_prompts: int = 12288  # 6,144 before: twice the data raised DFlash tau 2.66 / 2.81 to 2.77 / 3.07 (docs/training.md)
+    distill_prompts: int = 12288  # twice 6,144 raised DFlash tau from 2.66 / 2.81 to 2.77 / 3.07 (docs/training.md)
     distill_prompt_tokens: int = 96
     distill_new_tokens: int = 96
     short_share: float = 0.55  # share of distillation prompts in the short shapes people type
