@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads while checking (the issue measured 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads while checking (the cost assets were measured with 1)")
     ap.add_argument("--gpu", default="H200")
     ap.add_argument("--contexts", default="1024,8192", help="context lengths for the estimate, comma-separated")
     ap.add_argument("--estimate-only", action="store_true")

@@ -166,11 +166,11 @@ def test_order_verdict_claims_only_what_the_spread_holds():
     clear = order_values({"AR": ar, "DDTree(16)": dd, "DFlash": [1.2 + 0.01 * i for i in range(12)]}, "x")
     assert clear.holds and clear.order == ["DDTree(16)", "DFlash", "AR"]
     assert "order holds" in str(clear) and "DDTree(16) > DFlash > AR" in str(clear)
-    noisy = order_values({"AR": [1.0, 1.0], "DDTree(16)": [1.8, 0.4]}, "x")  # the 1.80x -> 0.40x
+    noisy = order_values({"AR": [1.0, 1.0], "DDTree(16)": [1.8, 0.4]}, "x")  # 1.80x on one prompt, 0.40x on another
     assert not noisy.holds and "too noisy" in str(noisy) and noisy.overlapping == [("DDTree(16)", "AR")]
     one = order_values({"AR": [1.0], "DDTree(16)": [1.8]}, "x")
     assert not one.holds and "no order is claimed" in str(one)
-    # The case: ranges overlap (1.11-1.20 vs 1.0-1.25), yet DDTree wins every one of 12 pairs.
+    # Ranges overlap (1.11-1.20 vs 1.0-1.25), yet DDTree wins every one of 12 pairs.
     base = [1.0, 1.05, 1.1, 1.25, 1.0, 1.02, 1.08, 1.2, 1.01, 1.04, 1.12, 1.06]
     paired = order_values({"DFlash": base, "DDTree(16)": [b * (1.11 + 0.008 * i) for i, b in enumerate(base)]}, "x")
     assert min(paired.values["DDTree(16)"]) < max(base) and paired.holds

@@ -47,7 +47,7 @@ def lines(path: Path) -> list[dict]:
 
 def save(objs: list[dict], out: Path, fix_end: bool = True) -> Path:
     """Write ``objs`` as a dump; the end line's count made to agree (an edit that keeps the file's own count
-    honest, as the issue's reproductions did)."""
+    honest, as a user's reproduction would)."""
     if fix_end and objs[-1].get("kind") == "end":
         objs[-1]["records"] = len(objs) - 2
     out.write_text("".join(json.dumps(o) + "\n" for o in objs))

@@ -386,7 +386,7 @@ def test_kernels_flags_timings_that_contradict_each_other(monkeypatch):
     alone) is a busy machine, and the row says so instead of printing 'heap/ours 0.0'."""
     import itertools
 
-    fake = itertools.cycle([6.748e-3, 0.1e-3, 11.975e-3])  # build_tree, heap, build+compile (the issue's numbers)
+    fake = itertools.cycle([6.748e-3, 0.1e-3, 11.975e-3])  # build_tree, heap, build+compile (measured ms)
 
     def timed(row, name, fn, repeats, dev):
         row[f"{name}_s"] = v = next(fake) if name in ("vectorized", "heap", "build_compile") else 1e-4

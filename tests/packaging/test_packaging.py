@@ -65,7 +65,7 @@ def test_kernels_import_name_is_not_bare_kernels():
 
 
 # ------------------------------------------------------------------------------------------------ a GPU host's install
-# A GPU host as the issue found it: a CUDA torch and what was built against it. Bare .dist-info records
+# A GPU host as users run it: a CUDA torch and what was built against it. Bare .dist-info records
 # (no Requires-Dist): pip sees exactly these versions installed, and nothing it would want to add for them.
 HOST = {"torch": "2.11.0+cu130", "triton": "3.6.0", "transformers": "5.17.0", "tokenizers": "0.23.2",
         "safetensors": "0.7.0", "numpy": "2.2.6", "huggingface-hub": "1.4.0",

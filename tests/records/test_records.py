@@ -30,7 +30,7 @@ def eng(pair):
 
 
 def mixed_session(eng, n=40):
-    """The issue's example: DFlash for a cycle, DDTree(64) for a cycle, then DDTree(64) sampling at 0.9."""
+    """A mixed run: DFlash for a cycle, DDTree(64) for a cycle, then DDTree(64) sampling at 0.9."""
     s = eng.session("t1 t2 t3", policy=wb.DFlash(), max_new_tokens=n)
     s.step()
     s.policy = wb.DDTree(64)
