@@ -141,3 +141,32 @@ def test_each_pair_gets_its_own_head_and_not_the_others(engine, hybrid):
     with pytest.raises(CondHeadError, match="was trained on another pair: its drafter is") as e:
         hybrid.session("x = 1\n", policy=CondTree(8, head="dense"), max_new_tokens=8)
     assert "\n" not in str(e.value)
+
+
+def test_the_chain_has_the_most_expected_accepted_tokens():
+    """Against every chain of a small block: E = q1 (1 + q2 (1 + ...)), q under each chosen parent."""
+    import itertools
+
+    from workbench.engine.policies.cond_chain import longest_chain
+    from workbench.engine.policies.pair_chain import best_chain
+
+    g = torch.Generator().manual_seed(3)
+    bs, D, k = 60, 6, 3
+    inc = torch.log(torch.rand(bs, D, k, k, generator=g, dtype=torch.float64) ** 3)
+
+    def expected(b, ranks):
+        total, p, parent = 0.0, 1.0, 0
+        for d, r in enumerate(ranks):
+            p *= float(inc[b, d, r, parent].exp())
+            total, parent = total + p, r
+        return total
+
+    ranks, score = longest_chain(inc)
+    for b in range(bs):
+        best = max(expected(b, c) for c in itertools.product(range(k), repeat=D))
+        assert abs(expected(b, ranks[b].tolist()) - best) < 1e-12
+        steps = [float(inc[b, d, r, 0 if d == 0 else ranks[b, d - 1]]) for d, r in enumerate(ranks[b].tolist())]
+        assert torch.allclose(score[b], torch.tensor(steps, dtype=torch.float64).cumsum(0))
+    # the Viterbi chain (the likeliest to be accepted whole) is another: 0.95 then 0.3 beats 0.5 then 0.99
+    two = torch.log(torch.tensor([[[[0.95, 0.95], [0.5, 0.5]], [[0.3, 0.99], [0.01, 0.01]]]], dtype=torch.float64))
+    assert longest_chain(two)[0].tolist() == [[0, 0]] and best_chain(two)[0].tolist() == [[1, 0]]

@@ -79,9 +79,10 @@ def training_prompts(n: int, seed: int) -> list[tuple[str, bool]]:
     return keep[:n]
 
 
-def continuations(models, prompts: list[list[int]], new_tokens: int) -> list[tuple[list[int], int]]:
-    """The target's greedy continuations of token-id prompts. -> [(prompt + continuation, prompt length)]"""
-    return continue_prompts(models.target, prompts, new_tokens, "cond-head continuations")
+def continuations(models, prompts: list[list[int]], new_tokens: int, rows: int = 64) -> list[tuple[list[int], int]]:
+    """The target's greedy continuations of token-id prompts, ``rows`` at a time (a batch's prompts are cut to
+    its shortest; 1: every prompt whole). -> [(prompt + continuation, prompt length)]"""
+    return continue_prompts(models.target, prompts, new_tokens, "cond-head continuations", bs=rows)
 
 
 @torch.no_grad()

@@ -33,9 +33,10 @@ def prompts(per_split: int | None) -> list[tuple[str, bool]]:
 
 def accuracy(models, texts, new_tokens: int, head, table, beta) -> dict:
     """Next-slot top-1 by path state on blocks rooted at every position of the target's continuations."""
-    from workbench.train.cond_data import prompt_blocks
+    from workbench.train.cond_data import blocks_of, continuations
 
-    blocks = prompt_blocks(models, texts, new_tokens, K, None, 0, max_prompt_tokens=10_000)
+    encoded = [ids for ids in (models.tokenizer(t, add_special_tokens=False)["input_ids"] for t, _ in texts) if ids]
+    blocks = blocks_of(models, continuations(models, encoded, new_tokens, rows=1), K, None, 0)  # whole prompts
     return accuracy_table(examples(blocks), head, table, beta)
 
 

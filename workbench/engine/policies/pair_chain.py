@@ -31,15 +31,21 @@ def best_chain(inc: Tensor) -> tuple[Tensor, Tensor]:
     for arg in reversed(back):
         ranks.append(arg.gather(1, ranks[-1][:, None])[:, 0])
     ranks = torch.stack(ranks[::-1], dim=1)  # [bs, D]
+    return ranks, chain_scores(inc, ranks)
+
+
+def chain_scores(inc: Tensor, ranks: Tensor) -> Tensor:
+    """The cumulative increments [bs, D] along the chain that takes candidate ranks[b, d] at slot d."""
+    bs, D, k, _ = inc.shape
     prev = torch.cat([torch.zeros_like(ranks[:, :1]), ranks[:, :-1]], dim=1)  # slot 0's class: any (0)
     steps = inc.gather(2, ranks[:, :, None, None].expand(bs, D, 1, k))[:, :, 0, :].gather(2, prev[:, :, None])[:, :, 0]
-    return ranks, steps.cumsum(1)
+    return steps.cumsum(1)
 
 
-def chain_tree(inc: Tensor, topi: Tensor, roots: Tensor) -> Tree:
-    """The Viterbi chain of ``inc`` [bs, D, k, k] as a tree: the root, then one candidate per slot (topi [bs, D, k]
-    their ids; roots [bs])."""
-    ranks, score = best_chain(inc)  # [bs, D] each
+def chain_tree(inc: Tensor, topi: Tensor, roots: Tensor, pick=best_chain) -> Tree:
+    """The chain ``pick`` chooses from ``inc`` [bs, D, k, k] (default: the Viterbi chain) as a tree: the root, then one
+    candidate per slot (topi [bs, D, k] their ids; roots [bs])."""
+    ranks, score = pick(inc)  # [bs, D] each
     bs, D = ranks.shape
     idx = torch.arange(D + 1, device=ranks.device).expand(bs, D + 1)
     zero = torch.zeros(bs, 1, dtype=torch.long, device=ranks.device)
