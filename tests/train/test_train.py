@@ -21,7 +21,8 @@ def test_train_help():
 
 @pytest.mark.slow
 def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke",
+                        "--threads", "1"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loops round 1 step 1" in r.stderr  # the target's loops phase ran, both rounds
@@ -45,7 +46,8 @@ def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
         assert s.run() and ar.run() and s.tokens == ar.tokens
     # --stage loops reruns only the loops phase, on the target already there.
     before = (tmp_path / "target" / "model.safetensors").read_bytes()
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "loops"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "loops",
+                        "--threads", "1"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "loops round 1 step 1" in r.stderr, r.stderr[-2000:]
     assert (tmp_path / "target" / "model.safetensors").read_bytes() != before

@@ -70,7 +70,8 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkey
     from workbench.engine import loading
     from workbench.train.distill import greedy_continue
 
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--arch", "hybrid", "--out", str(tmp_path), "--smoke"],
+    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--arch", "hybrid", "--out", str(tmp_path), "--smoke",
+                        "--threads", "1"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
@@ -114,7 +115,7 @@ def test_greedy_simulation_counts_what_the_engine_and_dflash_generate_count(monk
     from workbench.bench.policy_bench import run_one
     from workbench.shipped import eval_prompts
 
-    engine = wb.load(threads=2)
+    engine = wb.load(threads=1)  # the process-wide count: later tests in this process keep it
     target, draft, tok = engine.models.target, engine.models.draft, engine.tokenizer
     eos = tok.eos_token_id
     if not torch.cuda.is_available():  # dflash_generate's stats clock calls torch.cuda.synchronize()
