@@ -40,14 +40,15 @@ def plan(D: int, k: int, budget: int) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 @lru_cache(maxsize=512)
-def pair_table(m: int, k: int, budget: int, d: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(parent beam position p, sibling position j) of every candidate slot d forms, parent-major: row p holds
-    j < min(k, budget - d - p). Made on the device from host shapes (no copy, no wait)."""
+def pair_table(m: int, k: int, budget: int, d: int, offset: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(parent beam position p, p + ``offset`` (its entry among all depths'), sibling position j) of every candidate
+    slot d forms, parent-major: row p holds j < min(k, budget - d - p). Made on the device from host shapes (no
+    copy, no wait)."""
     counts = (budget - d - torch.arange(m, device=device)).clamp(min=0, max=k)  # [m]
     total = sum(min(k, max(0, budget - d - p)) for p in range(m))
     p = torch.repeat_interleave(torch.arange(m, device=device), counts, output_size=total)  # [total]
     starts = counts.cumsum(0) - counts
-    return p, torch.arange(total, device=device) - starts[p]
+    return p, p + offset, torch.arange(total, device=device) - starts[p]
 
 
 @lru_cache(maxsize=512)
@@ -66,24 +67,25 @@ def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int)
     tie rule's order). inc [bs, D, k, k] (<= 0, float64 sums); topi [bs, D, k]; root_tokens [bs]."""
     bs, D, k, _ = inc.shape
     dev = inc.device
-    # Siblings in the order a parent of class c meets them: [bs, D, c, position] increments and their ranks.
+    # Siblings in the order a parent of class c meets them: [bs, D, c, position] increments and their ranks; a rank
+    # is kept times k, the offset of the row its children read (class c's row starts at c * k).
     sinc, order = torch.sort(inc.permute(0, 1, 3, 2).double(), dim=-1, descending=True, stable=True)
-    sinc, order = sinc.reshape(bs, D, k * k), order.reshape(bs, D, k * k)  # [bs, D, class * k + position]
+    sinc, row_of = sinc.reshape(bs, D, k * k), (order * k).reshape(bs, D, k * k)  # [bs, D, class * k + position]
     sizes, _ = plan(D, k, budget)
     beam = sinc[:, 0, : sizes[0]]  # [bs, m0]: the root's class is 0
-    cls = order[:, 0, : sizes[0]]  # [bs, m0]: each entry's rank, its children's class
-    scores, parents, ranks = [beam], [torch.full_like(cls, -1)], [cls]
+    row = row_of[:, 0, : sizes[0]]  # [bs, m0]: each entry's rank times k, where its children's increments start
+    scores, parents, rows = [beam], [torch.full_like(row, -1)], [row]
     offset = 0
     for d in range(1, len(sizes)):
-        p, j = pair_table(sizes[d - 1], k, budget, d, dev)  # [n] each
-        at = cls[:, p] * k + j  # [bs, n]: where each candidate's increment and rank sit in slot d's row
+        p, entry, j = pair_table(sizes[d - 1], k, budget, d, offset, dev)  # [n] each
+        at = row[:, p] + j  # [bs, n]: where each candidate's increment and rank sit in slot d's row
         cand = beam[:, p] + sinc[:, d].gather(1, at)  # [bs, n]
         pick = _desc(cand, sizes[d])  # [bs, m_d]
         beam = cand.gather(1, pick)
-        cls = order[:, d].gather(1, at.gather(1, pick))
+        row = row_of[:, d].gather(1, at.gather(1, pick))
         scores.append(beam)
-        parents.append(p[pick] + offset)
-        ranks.append(cls)
+        parents.append(entry[pick])
+        rows.append(row)
         offset += sizes[d - 1]
     all_scores = torch.cat(scores, dim=1)  # [bs, total]: a stable sort of it is the tie rule's global order
     total = all_scores.shape[1]
@@ -92,7 +94,7 @@ def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int)
     node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
     node_of.scatter_(1, sel + 1, torch.arange(1, n + 1, device=dev).expand(bs, n))
     depth = entry_depths(sizes, dev)[sel]  # [bs, n]
-    rank = torch.cat(ranks, dim=1).gather(1, sel)
+    rank = torch.cat(rows, dim=1).gather(1, sel) // k
     root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
     return Tree(
         tokens=torch.cat([root_tokens.reshape(bs, 1).long(), topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank)],

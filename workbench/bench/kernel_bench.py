@@ -206,12 +206,16 @@ def random_head(vocab: int, hidden: int, seed: int, rank: int = 64, K: int = 16)
 def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: int, hidden: int = 256) -> list[dict]:
     """The conditioned tree's build beside DDTree's at each budget and batch rows (``COND_ROWS``), each from the
     drafted log-probs [rows, depth, vocab]: DDTree's build on this device (``build_tree``: a host heap on a CPU),
-    DDTree's vectorised build, CondTree's stage (top-K, the head's increments, ``ddtree_kernels.cond_tree``) and
-    its build alone (from the increments)."""
+    DDTree's vectorised build alone, CondTree's stage as a cycle runs it (a new draft's top-K, the head's
+    increments, the build for this device), the increments alone, and its two builds alone (the vectorised
+    ``ddtree_kernels.cond_tree`` and the host heap)."""
     from ddtree_kernels import build_tree
     from ddtree_kernels.cond_tree import build_cond_tree
+    from ddtree_kernels.path_tree import path_tree_heap, rank_class
     from ddtree_kernels.tree_build import build_tree_vectorized, sorted_slots, top_slots
+    from workbench.engine.policies import CondTree
     from workbench.engine.policies.cond_head import conditioned_increments
+    from workbench.engine.stages.draft import Draft
 
     g = torch.Generator().manual_seed(seed + 1)
     head = random_head(vocab, hidden, seed)
@@ -222,20 +226,19 @@ def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: in
             h = torch.randn(rows, depth, hidden, generator=g).to(dev)
             root = torch.arange(1, rows + 1, device=dev)
             k, K = min(b, vocab), min(head.K, vocab)
-
-            def stage():  # as the policy runs it off static shapes: the device's cheapest exact top-K
-                topv, topi = top_slots(lp, K)
-                inc = conditioned_increments(head, h, topv, topi, root, min(b, K))
-                return build_cond_tree(inc, topi[..., : min(b, K)], root, b)
-
-            topv, topi = sorted_slots(lp, K)
+            policy = CondTree(b).bound_to(head)
+            topv, topi = top_slots(lp, K)
             inc = conditioned_increments(head, h, topv, topi, root, min(b, K))
+            dv, di = sorted_slots(lp, k)
             row = {"budget": b, "rows": rows}
             ddtree = _timed(row, "ddtree", lambda: build_tree(lp, root, b), repeats, dev)
-            _timed(row, "ddtree_vectorized", lambda: build_tree_vectorized(*sorted_slots(lp, k), root, b), repeats, dev)
-            cond = _timed(row, "cond", stage, repeats, dev)
+            _timed(row, "ddtree_vectorized_build", lambda: build_tree_vectorized(dv, di, root, b), repeats, dev)
+            cond = _timed(row, "cond", lambda: policy.build_tree(Draft(lp, None, hidden=h), root, dev.type != "cpu"),
+                          repeats, dev)
             _timed(row, "cond_head", lambda: conditioned_increments(head, h, topv, topi, root, min(b, K)), repeats, dev)
             _timed(row, "cond_build", lambda: build_cond_tree(inc, topi[..., : min(b, K)], root, b), repeats, dev)
+            _timed(row, "cond_heap", lambda: path_tree_heap(inc, topi[..., : min(b, K)], root, b, rank_class, 0),
+                   repeats, dev)
             row["cond_over_ddtree"] = cond / ddtree
             out.append(row)
     return out
@@ -245,10 +248,11 @@ def cond_table(rows: list[dict]) -> str:
     def us(v):
         return f"{1e6 * v:.0f}"
 
-    body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_s"]), us(r["cond_s"]),
-             us(r["cond_head_s"]), us(r["cond_build_s"]), f"{r['cond_over_ddtree']:.2f}"] for r in rows]
+    body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_build_s"]), us(r["cond_s"]),
+             us(r["cond_head_s"]), us(r["cond_build_s"]), us(r["cond_heap_s"]), f"{r['cond_over_ddtree']:.2f}",
+             f"{r['cond_build_s'] / r['ddtree_vectorized_build_s']:.2f}"] for r in rows]
     return text_table(["conditioned build", "budget", "rows", "ddtree", "ddtree vec", "cond", "cond head",
-                       "cond build", "cond/ddtree"], body)
+                       "cond vec", "cond heap", "cond/ddtree", "vec/vec"], body)
 
 
 def kernel_table(res: dict) -> str:
@@ -293,8 +297,10 @@ def kernel_table(res: dict) -> str:
         ("flag", "'!': the row's measurements contradict each other (a busy machine); see the note"),
         ("accept walk", "the walk through each backend; sglang = SGLang's kernel (Triton interpreter on a CPU)"),
         ("kv compaction", "compact_kv vs a per-row loop over the accepted rows"),
-        ("conditioned build", "per batch of rows, from the drafted log-probs: ddtree = DDTree's build_tree, ddtree "
-                              "vec = its vectorised build (exact top-k by key), cond = CondTree's stage (top-16, a random "
-                              "head's increments, the vectorised conditioned build), cond head = the increments "
-                              "alone, cond build = the build alone")])]
+        ("conditioned build", "per batch of rows, from the drafted log-probs [rows, 15, V]: ddtree = DDTree's "
+                              "build_tree (its stage: top-k and build), ddtree vec = its vectorised build alone "
+                              "from the top-k, cond = CondTree's stage (top-16, a random head's increments, the "
+                              "build this device runs), cond head = the increments alone, cond vec = the "
+                              "vectorised conditioned build alone, cond heap = its host heap alone, vec/vec = "
+                              "cond vec / ddtree vec")])]
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddtree_kernels.cond_tree import build_cond_tree
+from ddtree_kernels.path_tree import path_tree_heap, rank_class
 from workbench.engine.policies.base import register
 from workbench.engine.policies.calibrated import check_budget
 from workbench.engine.policies.conditioned import Conditioned, check_head_field
@@ -15,8 +16,9 @@ class CondTree(Conditioned):
     """A tree scored with the learned conditioned head (``cond_head``): candidate j of slot d under a parent at
     rank c of slot d - 1 adds log q, the head's estimate that j is the target's token given the drafter's hidden
     state at slot d and the parent's token. The tree holds the ``budget`` prefixes with the highest product of q
-    (``PairTree``'s tree: ``path_tree`` with rank classes), built on every device by the vectorised build
-    (``ddtree_kernels.cond_tree``: over the batch, no Python per node, nothing read back from the device).
+    (``PairTree``'s tree: ``path_tree`` with rank classes). Built as DDTree's is: under static shapes and off the
+    CPU by the vectorised build (``ddtree_kernels.cond_tree``: over the batch, no Python per node, nothing read
+    back from the device), on a CPU otherwise by the host heap, cheaper there; the two give the same tree.
     ``head``: 'dense', 'hybrid', a file, or None for the one shipped for the pair; a head trained on another pair
     is refused in one line before any decode."""
 
@@ -36,4 +38,6 @@ class CondTree(Conditioned):
 
     def build_tree(self, drafted, roots, sync_free):
         inc, topi = self.increments(drafted, roots, self.budget, sync_free)  # [bs, D, k, k], [bs, D, k]
-        return build_cond_tree(inc, topi, roots, self.budget)
+        if sync_free or inc.device.type != "cpu":
+            return build_cond_tree(inc, topi, roots, self.budget)
+        return path_tree_heap(inc, topi, roots, self.budget, rank_class, 0)

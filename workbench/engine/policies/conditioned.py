@@ -38,6 +38,10 @@ class Conditioned(Calibrated):
         else:
             head = load_head(self.head)
             head.check_pair(pair)
+        return self.bound_to(head)
+
+    def bound_to(self, head: CondHead) -> "Conditioned":
+        """A copy that scores with ``head`` (checked by the caller); equal to this one."""
         bound = dataclasses.replace(self)
         object.__setattr__(bound, "_bound", head)  # not a field: equality, labels and the wire stay the same
         return bound
