@@ -248,9 +248,9 @@ def cond_table(rows: list[dict]) -> str:
     def us(v):
         return f"{1e6 * v:.0f}"
 
-    body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_build_s"]), us(r["cond_s"]),
-             us(r["cond_head_s"]), us(r["cond_build_s"]), us(r["cond_heap_s"]), f"{r['cond_over_ddtree']:.2f}",
-             f"{r['cond_build_s'] / r['ddtree_vectorized_build_s']:.2f}"] for r in rows]
+    body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_build_s"]),
+             us(r["cond_s"]), us(r["cond_head_s"]), us(r["cond_build_s"]), us(r["cond_heap_s"]),
+             f"{r['cond_over_ddtree']:.2f}", f"{r['cond_build_s'] / r['ddtree_vectorized_build_s']:.2f}"] for r in rows]
     return text_table(["conditioned build", "budget", "rows", "ddtree", "ddtree vec", "cond", "cond head",
                        "cond vec", "cond heap", "cond/ddtree", "vec/vec"], body)
 

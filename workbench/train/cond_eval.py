@@ -106,7 +106,8 @@ def main(argv=None) -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
         result["tau"] = taus(engine, texts, args.new_tokens, policies(sizes, args.width))
         for name, v in result["tau"].items():
-            print(f"{name:16s} tau {v['tau']:.3f} ({v['cycles']} forwards){'' if v['same_as_dflash'] else '  OUTPUT DIFFERS'}")
+            differs = "" if v["same_as_dflash"] else "  OUTPUT DIFFERS"
+            print(f"{name:16s} tau {v['tau']:.3f} ({v['cycles']} forwards){differs}")
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         with open(args.json, "w") as f:

@@ -156,7 +156,8 @@ def table_best(table, beta: float, ex: dict) -> Tensor:
 
 def accuracy_table(ex: dict, head, table=None, beta: float = 0.5) -> dict:
     """Next-slot top-1 by path state: the drafter's marginal (rank 0), the successor table, the learned head."""
-    out = {"marginal": top1_by_state(ex, torch.zeros_like(ex["label"])), "learned": top1_by_state(ex, learned_best(head, ex))}
+    out = {"marginal": top1_by_state(ex, torch.zeros_like(ex["label"])),
+           "learned": top1_by_state(ex, learned_best(head, ex))}
     if table is not None:
         out["table"] = top1_by_state(ex, table_best(table, beta, ex))
     return out

@@ -140,7 +140,8 @@ def load_head(name_or_path) -> CondHead:
             raise CondHeadError(f"conditioned head {p} is not a head file ({type(e).__name__}); train one with "
                                 f"{MAKE}") from None
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise CondHeadError(f"conditioned head {p} is not a version-{VERSION} conditioned head; train one with {MAKE}")
+            raise CondHeadError(f"conditioned head {p} is not a version-{VERSION} conditioned head; train one with "
+                                f"{MAKE}")
         V, r = arrays["E"].shape
         H = arrays["P"].shape[1]
         want = {"P": (r, H), "p0": (r,), "E": (V, r), "R": (BUCKETS, r), "U": (V, r), "u_out": (r,), "scalars": (2,)}

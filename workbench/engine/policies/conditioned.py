@@ -14,7 +14,8 @@ import dataclasses
 from torch import Tensor
 
 from workbench.engine.policies.calibrated import Calibrated
-from workbench.engine.policies.cond_head import MAKE, SHIPPED, CondHead, CondHeadError, conditioned_increments, load_head, shipped_for
+from workbench.engine.policies.cond_head import (MAKE, SHIPPED, CondHead, CondHeadError, conditioned_increments,
+                                                 load_head, shipped_for)
 
 
 def check_head_field(who: str, value) -> None:
