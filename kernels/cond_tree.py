@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from ddtree_kernels.tree_build import Tree
+from ddtree_kernels.tree_build import Tree, top_desc, tree_from_beams
 
 
 @lru_cache(maxsize=512)
@@ -51,17 +51,6 @@ def pair_table(m: int, k: int, budget: int, d: int, offset: int, device: torch.d
     return p, p + offset, torch.arange(total, device=device) - starts[p]
 
 
-@lru_cache(maxsize=512)
-def entry_depths(sizes: tuple, device: torch.device) -> Tensor:
-    """[total] the depth (1-based) of every beam entry, depth by depth."""
-    return torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=device) for d, s in enumerate(sizes)])
-
-
-def _desc(x: Tensor, m: int) -> Tensor:
-    """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
-    return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
-
-
 def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
     """The ``budget`` best prefixes under rank-conditioned increments, as a Tree (root first, then nodes in the
     tie rule's order). inc [bs, D, k, k] (<= 0, float64 sums); topi [bs, D, k]; root_tokens [bs]."""
@@ -80,27 +69,12 @@ def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int)
         p, entry, j = pair_table(sizes[d - 1], k, budget, d, offset, dev)  # [n] each
         at = row[:, p] + j  # [bs, n]: where each candidate's increment and rank sit in slot d's row
         cand = beam[:, p] + sinc[:, d].gather(1, at)  # [bs, n]
-        pick = _desc(cand, sizes[d])  # [bs, m_d]
+        pick = top_desc(cand, sizes[d])  # [bs, m_d]
         beam = cand.gather(1, pick)
         row = row_of[:, d].gather(1, at.gather(1, pick))
         scores.append(beam)
         parents.append(entry[pick])
         rows.append(row)
         offset += sizes[d - 1]
-    all_scores = torch.cat(scores, dim=1)  # [bs, total]: a stable sort of it is the tie rule's global order
-    total = all_scores.shape[1]
-    n = min(budget, total)
-    sel = _desc(all_scores, n)  # [bs, n] entries in node order
-    node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
-    node_of.scatter_(1, sel + 1, torch.arange(1, n + 1, device=dev).expand(bs, n))
-    depth = entry_depths(sizes, dev)[sel]  # [bs, n]
-    rank = torch.cat(rows, dim=1).gather(1, sel) // k
-    root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
-    return Tree(
-        tokens=torch.cat([root_tokens.reshape(bs, 1).long(), topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank)],
-                         dim=1),
-        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parents, dim=1).gather(1, sel) + 1)], dim=1),
-        depth=torch.cat([root, depth], dim=1),
-        rank=torch.cat([root, rank], dim=1),
-        score=torch.cat([root.double(), all_scores.gather(1, sel)], dim=1),
-    )
+    ranks = [r // k for r in rows]  # [bs, m_d] each: a row offset's rank in its slot
+    return tree_from_beams(root_tokens, topi, sizes, scores, parents, ranks, budget)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ddtree_kernels.tree_build import Tree
+from ddtree_kernels.tree_build import Tree, tree_from_beams
 
 SPINE, SIBLING, OFF = 0, 1, 2
 STATES = ("spine", "sibling", "off")  # index -> name, as calibration files spell them
@@ -136,25 +136,7 @@ def path_tree_vectorized(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget:
         ranks.append(r)
         offset += sizes[d - 1]
 
-    # Global order: a stable sort over [depth-1 beam; depth-2 beam; ...] is (score desc, depth asc, the beam's
-    # own order), the documented rule; a parent always precedes its children (increments <= 0, depth asc).
-    all_scores = torch.cat(scores, dim=1)  # [bs, total]
-    total = all_scores.shape[1]
-    n = min(budget, total)
-    sel = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :n]  # [bs, n] entries, node order
-    node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
-    node_of.scatter_(1, sel + 1, torch.arange(1, n + 1, device=dev).expand(bs, n))
-    depth = torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=dev) for d, s in enumerate(sizes)])[sel]
-    rank = torch.cat(ranks, dim=1).gather(1, sel)  # [bs, n]
-    root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
-    return Tree(
-        tokens=torch.cat([root_tokens.reshape(bs, 1).long(), topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank)],
-                         dim=1),
-        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parent, dim=1).gather(1, sel) + 1)], dim=1),
-        depth=torch.cat([root, depth], dim=1),
-        rank=torch.cat([root, rank], dim=1),
-        score=torch.cat([root.double(), all_scores.gather(1, sel)], dim=1),
-    )
+    return tree_from_beams(root_tokens, topi, sizes, scores, parent, ranks, budget)
 
 
 def path_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int, sync_free: bool = False,

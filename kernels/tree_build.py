@@ -132,7 +132,7 @@ def _pairs(beam: int, k: int, budget: int, device: torch.device) -> tuple[Tensor
     return p, torch.arange(total, device=device) - starts[p]
 
 
-def _top_desc(x: Tensor, m: int) -> Tensor:
+def top_desc(x: Tensor, m: int) -> Tensor:
     """[bs, n] -> [bs, m] indices of the m largest, value descending, equal values by index."""
     return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :m]
 
@@ -175,36 +175,47 @@ def build_tree_vectorized(topv: Tensor, topi: Tensor, root_tokens: Tensor, budge
     for d in range(1, D):
         p, j = _pairs(sizes[d - 1], k, budget, dev)
         cand = beam[:, p] + topv[:, d, j]  # [bs, n_pairs]
-        order = _top_desc(cand, sizes[d])  # [bs, m]
+        order = top_desc(cand, sizes[d])  # [bs, m]
         beam = cand.gather(1, order)
         scores.append(beam)
         parent.append(p[order] + offset)
         rank.append(j[order])
         offset += sizes[d - 1]
 
-    # Global order: a stable sort over [depth 1 beam; depth 2 beam; ...] realises
-    # (score desc, depth asc, within-depth order asc) == the documented tie rule.
+    return tree_from_beams(root_tokens, topi, sizes, scores, parent, rank, budget)
+
+
+def tree_from_beams(root_tokens: Tensor, topi: Tensor, sizes: tuple, scores: list, parents: list, ranks: list,
+                    budget: int) -> Tree:
+    """Per-depth beams -> the tree of their ``budget`` best entries (every vectorised build ends here).
+
+    scores / parents / ranks: one [bs, m_d] tensor per depth d = 1..D (``sizes[d - 1]`` = m_d): each entry's path
+    score, the global beam entry of its parent (-1 at depth 1) and its token's rank in its slot; topi [bs, D, k].
+    A stable sort over [depth-1 beam; depth-2 beam; ...] is (score desc, depth asc, the beam's own order): the
+    documented tie rule, and a parent always precedes its children."""
+    bs, D, k = topi.shape
+    dev = topi.device
     all_scores = torch.cat(scores, dim=1)  # [bs, total]
     total = all_scores.shape[1]
-    n_nodes = min(budget, total)
-    sel = _top_desc(all_scores, n_nodes)  # [bs, n_nodes]: beam entries in node order
+    n = min(budget, total)
+    sel = top_desc(all_scores, n)  # [bs, n]: beam entries in node order
     node_of = torch.zeros(bs, total + 1, dtype=torch.long, device=dev)  # entry + 1 -> node (0: the root)
-    node_of.scatter_(1, sel + 1, torch.arange(1, n_nodes + 1, device=dev).expand(bs, n_nodes))
-    depth = _entry_depths(sizes, dev)[sel]  # [bs, n_nodes]
-    rank_sel = torch.cat(rank, dim=1).gather(1, sel)
+    node_of.scatter_(1, sel + 1, torch.arange(1, n + 1, device=dev).expand(bs, n))
+    depth = entry_depths(sizes, dev)[sel]  # [bs, n]
+    rank = torch.cat(ranks, dim=1).gather(1, sel)  # [bs, n]
     root = torch.zeros(bs, 1, dtype=torch.long, device=dev)
     return Tree(
-        tokens=torch.cat([root_tokens.reshape(bs, 1).long(),
-                          topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank_sel)], dim=1),
-        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parent, dim=1).gather(1, sel) + 1)], dim=1),
+        tokens=torch.cat([root_tokens.reshape(bs, 1).long(), topi.reshape(bs, D * k).gather(1, (depth - 1) * k + rank)],
+                         dim=1),
+        parents=torch.cat([root - 1, node_of.gather(1, torch.cat(parents, dim=1).gather(1, sel) + 1)], dim=1),
         depth=torch.cat([root, depth], dim=1),
-        rank=torch.cat([root, rank_sel], dim=1),
+        rank=torch.cat([root, rank], dim=1),
         score=torch.cat([root.double(), all_scores.gather(1, sel)], dim=1),
     )
 
 
-@lru_cache(maxsize=256)
-def _entry_depths(sizes: tuple, device: torch.device) -> Tensor:
+@lru_cache(maxsize=512)
+def entry_depths(sizes: tuple, device: torch.device) -> Tensor:
     """[total] the depth (1-based) of every beam entry, depth by depth (fills: no host-to-device copy)."""
     return torch.cat([torch.full((s,), d + 1, dtype=torch.long, device=device) for d, s in enumerate(sizes)])
 
