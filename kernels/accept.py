@@ -28,11 +28,18 @@ def accept_walk(tokens: Tensor, parents: Tensor, depth: Tensor, visibility: Tens
     agreed[:, 0] = True
     # Accepted = agreed and every ancestor agreed.
     ok = ~(visibility & ~agreed[:, None, :]).any(-1)  # [bs, n]
-    length = ok.sum(-1) - 1
+    # A visibility that hides an ancestor leaves a node ok under a rejected parent: the parent's verdict is held
+    # too, and below only the run of depths whose node hangs from the one before counts (the accepted path).
+    ok &= ok.gather(1, parents.clamp(min=0))
     slot = torch.where(ok, depth, max_depth + 1)  # rejected nodes go to a spare column, dropped below
     index = torch.full((bs, max_depth + 2), -1, dtype=torch.long, device=tokens.device)
-    index.scatter_(1, slot, torch.arange(n, device=tokens.device).expand(bs, n))
+    # the smallest node of each depth where a faulty visibility leaves several (one, on a well-formed one)
+    index.scatter_reduce_(1, slot, torch.arange(n, device=tokens.device).expand(bs, n), "amin", include_self=False)
     index = index[:, : max_depth + 1]
+    linked = parents.gather(1, index.clamp(min=0))[:, 1:] == index[:, :-1]  # [bs, max_depth]
+    on_path = torch.cat([index[:, :1] >= 0, linked & (index[:, 1:] >= 0)], 1).long().cumprod(1).bool()
+    index = torch.where(on_path, index, -1)
+    length = on_path.sum(-1) - 1
     last = index.gather(1, length[:, None])
     bonus = choice.gather(1, last)[:, 0]
     return Accepted(index, length, bonus)

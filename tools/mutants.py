@@ -171,7 +171,7 @@ MUTANTS = [
       "    rows = accepted.to(kv.device) + start\n", "    rows = accepted.to(kv.device) + start - 1\n",
       "compaction reads one row early"),
     M("kernels.accept_length_off_by_one", "kernels/accept.py",
-      "    length = ok.sum(-1) - 1", "    length = (ok.sum(-1) - 1).clamp(max=max_depth - 1)",
+      "    length = on_path.sum(-1) - 1", "    length = (on_path.sum(-1) - 1).clamp(max=max_depth - 1)",
       "the accept walk's length capped one short of the deepest node"),
     M("kernels.accept_root_not_agreed", "kernels/accept.py",
       "    agreed[:, 0] = True", "    agreed[:, 0] = tokens[:, 0] == choice[:, 0]", "the root must match its own choice"),
