@@ -12,8 +12,8 @@ from workbench.records.divergence import Divergence, first_divergence
 from workbench.engine.core import Engine, Session, SessionFinished, load
 from workbench.records.forward import ForwardMode, ForwardRecord
 from workbench.engine.loading import ModelPairError, load_models
-from workbench.engine.policies import (AR, CostTree, CutTree, DDTree, DFlash, EagleTree, PairChain, PairTree, PathTree,
-                                        Policy, Spine, TreePolicy, parse_policy)
+from workbench.engine.policies import (AR, CondChain, CondTree, CostTree, CutTree, DDTree, DFlash, EagleTree, PairChain,
+                                        PairTree, PathTree, Policy, Spine, TreePolicy, parse_policy)
 from workbench.engine.policies import register as register_policy
 from workbench.interface.base import BaseEngine, BaseSession
 from workbench.interface.registry import register_engine
@@ -48,7 +48,8 @@ __all__ = [
     "AR", "Cycle", "compare", "conform", "pays_off", "DDTree", "DFlash", "Policy", "Spine", "register_policy",
     "BaseEngine", "BaseSession", "register_engine", "Divergence", "Engine", "ForwardMode", "ForwardRecord", "ModelPairError",
     "RemoteEngine", "RemoteSession", "Session", "SessionFinished", "Stepper", "Summary", "Trace", "TraceFileError",
-    "EagleTree", "TreePolicy", "PathTree", "CostTree", "CutTree", "PairTree", "PairChain", "analysis", "connect",
+    "EagleTree", "TreePolicy", "PathTree", "CostTree", "CutTree", "PairTree", "PairChain", "CondTree", "CondChain",
+    "analysis", "connect",
     "first_divergence", "load", "load_models", "parse_policy",
     "shapes", "views",
 ]

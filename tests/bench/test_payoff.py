@@ -379,7 +379,9 @@ def test_notebook_11_states_the_rules_its_verdicts_use():
 
 
 # ------------------------------------------------------------------------- the calibrated policies side by side
-CALIBRATED_LABELS = ["PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)"]
+CALIBRATED_LABELS = ["PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)", "CondTree(16)",
+                     "CondChain(8)"]
+LEARNED_LABELS = CALIBRATED_LABELS[-2:]  # the learned head's: they run where a head was trained on the pair
 
 
 def test_the_default_set_holds_one_size_of_each_calibrated_policy_in_its_own_family():
@@ -390,15 +392,16 @@ def test_the_default_set_holds_one_size_of_each_calibrated_policy_in_its_own_fam
 
     shapes = default_shapes(15, 4096)
     fams = {s.label: s.family for s in shapes}
-    assert [s.label for s in shapes][-5:] == CALIBRATED_LABELS  # one size each: five decodes more per unit, not 25
+    assert [s.label for s in shapes][-7:] == CALIBRATED_LABELS  # one size each: seven decodes more per unit, not 35
     assert [fams[x] for x in CALIBRATED_LABELS] == list(CALIBRATED_FAMILIES)
     assert "other" not in fams.values() and set(fams.values()) <= set(SHAPE_FAMILIES)
     assert family(wb.CutTree(8, width=1)) == "cut-tree" and family(wb.PathTree(64)) == "path-tree"
     sub = argparse.ArgumentParser().add_subparsers()
     add_parser(sub)
     said = " ".join(sub.choices["pays-off"].format_help().split())
-    assert ("one size of each calibrated policy per batch size (path, costed, cut, pairtree: the size with the most "
-            "replayed tokens per predicted ms on calibration prompts, never the measured ones; pairchain:8)") in said
+    assert ("one size of each calibrated policy per batch size (path, costed, cut, pairtree, condtree: the size with "
+            "the most replayed tokens per predicted ms on calibration prompts, never the measured ones; pairchain:8, "
+            "condchain:8)") in said
 
 
 def test_a_calibration_made_on_another_pair_is_refused_before_any_decode(tiny_engines, engine, guarded):
@@ -416,8 +419,11 @@ def test_a_calibration_made_on_another_pair_is_refused_before_any_decode(tiny_en
     inp = check_inputs(PROMPTS, batch=1, max_new_tokens=4)
     labels = [s.label for s in fit_to_engine(inp, eng)]
     assert not set(CALIBRATED_LABELS) & set(labels) and "DDTree(8)" in labels
-    assert inp.notes == [f"{', '.join(CALIBRATED_LABELS)} left out of the default set: no shipped calibration was made "
-                         f"on this pair (vocabulary 64, block size 8); {made} and pass calibration=FILE"]
+    assert inp.notes == [f"{', '.join(CALIBRATED_LABELS[:5])} left out of the default set: no shipped calibration was "
+                         f"made on this pair (vocabulary 64, block size 8); {made} and pass calibration=FILE",
+                         f"{', '.join(LEARNED_LABELS)} left out of the default set: no shipped conditioned head was "
+                         "trained on this pair (vocabulary 64, block size 8); train one with python -m "
+                         "workbench.train.cond_head --target dense --out FILE and pass head=FILE"]
     with pytest.raises(Reached):
         pays_off(eng, PROMPTS, max_new_tokens=4, progress=False)
 
@@ -429,7 +435,22 @@ def test_both_embedded_pairs_run_every_calibrated_policy_by_default(engine, guar
         assert set(CALIBRATED_LABELS) <= set(shapes) and inp.notes == []
         for label in CALIBRATED_LABELS:  # bound to the pair's own calibration, and still equal to the unbound policy
             p = shapes[label]
-            assert p == wb.parse_policy(label) and p.calibration_data().pair["vocab"] == eng.models.target.config.vocab_size
+            bound = p.head_data().meta if label in LEARNED_LABELS else p.calibration_data().__dict__
+            assert p == wb.parse_policy(label) and bound["pair"]["vocab"] == eng.models.target.config.vocab_size
+
+
+def test_a_pair_without_its_head_file_leaves_the_learned_policies_out_in_one_line(engine, monkeypatch, tmp_path):
+    from workbench.engine.policies import cond_head
+
+    monkeypatch.setattr(cond_head, "SHIPPED", {"dense": tmp_path / "cond_head.npz"})  # the asset is missing
+    inp = check_inputs(PROMPTS, batch=(1, 8), max_new_tokens=4)
+    labels = [s.label for s in fit_to_engine(inp, engine)]
+    assert not set(LEARNED_LABELS) & set(labels) and set(CALIBRATED_LABELS[:5]) <= set(labels)
+    assert inp.notes == [f"{', '.join(LEARNED_LABELS)} left out of the default set: no shipped conditioned head was "
+                         "trained on this pair (vocabulary 4096, block size 16); train one with python -m "
+                         "workbench.train.cond_head --target dense --out FILE and pass head=FILE"]
+    with pytest.raises(PaysOffInputError, match=r"^CondTree\(8\): no shipped conditioned head was trained on this pair"):
+        fit_to_engine(check_inputs(PROMPTS, batch=1, policies="dflash,condtree:8", max_new_tokens=4), engine)
 
 
 def stand_in_run(tokens_per_forward: float, tokens_per_s: float, verify_ms: float, rest_ms: float) -> measure.UnitRun:

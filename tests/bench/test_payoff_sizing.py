@@ -35,9 +35,23 @@ def recorded_cycles(n: int = 40, depth: int = 15, k: int = 16, seed: int = 0) ->
                   0.0, 0)
 
 
+def recomputed_blocks(n: int = 12, depth: int = 15, k: int = 16, hidden: int = 256, seed: int = 1):
+    """Blocks as ``sizing.cond_blocks`` recomputes them for CondTree: random drafter states, each slot's top-k
+    and the target's tokens (the recorded cycles' ranks and ids)."""
+    import torch
+
+    from workbench.train.cond_data import Blocks
+
+    cyc = recorded_cycles(n, depth, k, seed)
+    return Blocks(torch.randn(n, depth, hidden, generator=torch.Generator().manual_seed(seed)).half(),
+                  torch.from_numpy(cyc.topv.copy()), torch.from_numpy(cyc.topi), torch.from_numpy(cyc.path),
+                  torch.arange(n))
+
+
 @pytest.fixture
 def collected(monkeypatch):
-    """collect's stand-in: the prompts it was asked to decode, and recorded cycles in return."""
+    """collect's stand-in: the prompts it was asked to decode, and recorded cycles in return (and CondTree's
+    blocks of their continuations)."""
     seen = []
 
     def collect(engine, prompts, max_new_tokens, width, progress=None):
@@ -45,6 +59,7 @@ def collected(monkeypatch):
         return recorded_cycles()
 
     monkeypatch.setattr("workbench.calibrate.collect.collect", collect)
+    monkeypatch.setattr("workbench.payoff.sizing.cond_blocks", lambda models, sequences, K: recomputed_blocks())
     return seen
 
 
@@ -67,11 +82,12 @@ def test_sizes_are_chosen_per_batch_on_calibration_prompts_only(engine, collecte
     shapes = fit_to_engine(inp, engine)
     sz = size_policies(engine, shapes, inp.batches, inp.texts)
     assert collected and not set(collected) & set(inp.texts)  # decoded: calibration prompts, none measured
-    assert len(collected) == sz.prompts == 32 and sz.cycles == 40
+    assert len(collected) == sz.prompts == 32 and sz.cycles == 40 and sz.blocks == 12
     for b in (1, 8):
         for fam, rates in sz.figures[b].items():
             assert list(rates) == list(SIZES) and sz.sizes[b][fam] == max(SIZES, key=lambda n: (rates[n], -n))
-    assert set(sz.sizes[8]) == {"path-tree", "cost-tree", "cut-tree", "pair-tree"}  # PairChain's width is no size
+    # PairChain's and CondChain's widths are no sizes
+    assert set(sz.sizes[8]) == {"path-tree", "cost-tree", "cut-tree", "pair-tree", "cond-tree"}
     # a measured prompt planted in the calibration set is never decoded for the sizing
     collected.clear()
     calib = [p["prompt"] for p in calibration_prompts(9)[0]]
@@ -82,8 +98,9 @@ def test_sizes_are_chosen_per_batch_on_calibration_prompts_only(engine, collecte
     by_family = {s.family: s.policy for s in sized}
     for fam, n in sz.sizes[8].items():
         p = by_family[fam]
-        assert p.budget == n and p.calibration_data().pair["vocab"] == 4096
-    assert str(by_family["pair-chain"]) == "PairChain(8)"
+        bound = p.head_data().meta if fam == "cond-tree" else p.calibration_data().__dict__
+        assert p.budget == n and bound["pair"]["vocab"] == 4096
+    assert str(by_family["pair-chain"]) == "PairChain(8)" and str(by_family["cond-chain"]) == "CondChain(8)"
     assert [s.label for s in sized if s.family in ("ar", "chain", "tree")] == \
         [s.label for s in shapes if s.family in ("ar", "chain", "tree")]
 
@@ -100,9 +117,10 @@ def test_the_default_set_measures_the_sizes_chosen_for_its_batch(engine, collect
     chosen = res.sizing.sizes[1]
     labels = res.settings["shapes_by_batch"]["1"]
     assert f"PathTree({chosen['path-tree']})" in labels and f"PairTree({chosen['pair-tree']})" in labels
+    assert f"CondTree({chosen['cond-tree']})" in labels and "CondChain(8)" in labels
     assert set(labels) == set(decoded) and not set(collected) & set(MEASURED)
     assert [c.label for c in res.batches[1].versus_best] == [x for x in labels if x.startswith(
-        ("PathTree", "CostTree", "CutTree", "PairTree", "PairChain"))]
+        ("PathTree", "CostTree", "CutTree", "PairTree", "PairChain", "CondTree", "CondChain"))]
     assert f"calibrated sizes at batch 1: PathTree({chosen['path-tree']}), " in str(res)
     assert res.to_dict()["sizing"]["sizes"]["1"] == chosen
 

@@ -18,7 +18,7 @@ EVERY = [wb.AR(), wb.DFlash(), wb.DDTree(8), wb.DDTree(16, width=1), wb.EagleTre
 # Calibrated on one pair (its shipped calibration): the tiny random pairs below have none, so these run on the
 # embedded pairs (tests/engine/test_new_policies.py: lossless, static nodes, refusals).
 CALIBRATED = [wb.PathTree(8), wb.CostTree(16), wb.CutTree(8, threshold=0.3), wb.CutTree(7, width=1), wb.PairTree(8),
-              wb.PairChain(4), policies.CondTree(8), policies.CondChain(4)]
+              wb.PairChain(4), wb.CondTree(8), wb.CondChain(4)]
 
 
 def test_every_servable_policy_round_trips_text_and_wire():
@@ -26,6 +26,7 @@ def test_every_servable_policy_round_trips_text_and_wire():
     built_in = {k for k, cls in policies.registered().items() if cls.__module__.startswith("workbench.")}
     assert {p.kind for p in EVERY + CALIBRATED} == built_in - {"tree"}
     for p in EVERY + CALIBRATED:
+        assert type(p).__name__ in wb.__all__  # every built-in policy is a public name of the package
         assert wb.parse_policy(str(p)) == p and wb.parse_policy(repr(p)) == p
         assert wire.policy_from_wire(wire.loads(wire.dumps(wire.policy_to_wire(p)))) == p
     assert wb.parse_policy("spine:4") == wb.parse_policy("Spine(4)") == wb.parse_policy("spine(siblings=4)") == wb.Spine(4)

@@ -33,6 +33,9 @@ class Cycles:
     prompts: np.ndarray  # int [C]: which prompt each cycle came from (to split prompts, never cycles of one)
     seconds: float  # wall time of the decodes
     tokens: int  # tokens generated
+    # per decoded prompt: (its ids followed by the target's tokens, the prompt's length); what the drafter's states
+    # at any block of the continuation are recomputed from (``workbench.train.cond_data.blocks_of``)
+    sequences: tuple = ()
 
     @property
     def K(self) -> int:
@@ -40,7 +43,7 @@ class Cycles:
 
     def subset(self, keep: np.ndarray) -> "Cycles":
         return Cycles(self.topv[keep], self.topi[keep], self.ranks[keep], self.path[keep], self.prompts[keep],
-                      self.seconds, self.tokens)
+                      self.seconds, self.tokens, self.sequences)
 
 
 def sorted_top(tokens: np.ndarray, logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,13 +55,14 @@ def sorted_top(tokens: np.ndarray, logprobs: np.ndarray) -> tuple[np.ndarray, np
 def collect(engine, prompts: list[str], max_new_tokens: int, width: int, progress=None) -> Cycles:
     """Decode ``prompts`` greedily (policies alternating, ``POLICIES``) recording the top-``width`` per slot."""
     t0 = time.perf_counter()
-    tops, ids, ranks, paths, which, tokens = [], [], [], [], [], 0
+    tops, ids, ranks, paths, which, tokens, seqs = [], [], [], [], [], 0, []
     D = engine.models.block_size - 1
     for i, text in enumerate(prompts):
         s = engine.session(text, policy=POLICIES[i % len(POLICIES)], max_new_tokens=max_new_tokens,
                            record_topk=width)
         trace = s.run()
         tokens += len(s.generated)
+        seqs.append((list(s.prompt_ids) + list(s.generated), len(s.prompt_ids)))
         drafted = [c for c in trace.cycles if c.draft_topk_tokens.numel()]
         if progress is not None:
             progress(i + 1, len(prompts))
@@ -82,4 +86,4 @@ def collect(engine, prompts: list[str], max_new_tokens: int, width: int, progres
             paths.append(path)
             which.append(i)
     return Cycles(np.stack(tops), np.stack(ids), np.stack(ranks), np.stack(paths), np.array(which),
-                  time.perf_counter() - t0, tokens)
+                  time.perf_counter() - t0, tokens, tuple(seqs))

@@ -39,11 +39,12 @@ def add_parser(sub) -> None:
                    help="comma-separated shapes in any spelling the policy registry takes, e.g. "
                         "dflash,ddtree:16,ddtree:8:2,spine:2,eagle:4:5:16,path:32,'DDTree(16, width=1)' (default: "
                         "AR, DFlash, the chain cut to 4 and 8, Spine(1,2,4), DDTree(4..64) and one size of each "
-                        "calibrated policy per batch size (path, costed, cut, pairtree: the size with the most "
-                        "replayed tokens per predicted ms on calibration prompts, never the measured ones; "
-                        "pairchain:8), to keep the run's cost down (other sizes: name them here); a calibrated "
-                        "policy runs only on a pair its calibration was made on: left out of the default set "
-                        "otherwise, refused when named; AR and DFlash are always added)")
+                        "calibrated policy per batch size (path, costed, cut, pairtree, condtree: the size with the "
+                        "most replayed tokens per predicted ms on calibration prompts, never the measured ones; "
+                        "pairchain:8, condchain:8), to keep the run's cost down (other sizes: name them here); a "
+                        "calibrated policy runs only on a pair its calibration (condtree, condchain: its learned "
+                        "head) was made on: left out of the default set otherwise, with a note, refused when named; "
+                        "AR and DFlash are always added)")
     p.add_argument("--max-new-tokens", type=int, default=MEASURED_NEW_TOKENS,
                    help=f"new tokens per prompt, >= 3 (default {MEASURED_NEW_TOKENS})")
     p.add_argument("--repeats", type=int, default=1, help="timed decodes per unit and shape, medians kept (default 1)")

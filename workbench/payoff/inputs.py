@@ -162,7 +162,8 @@ def check_inputs(prompts=None, batch=(1, 8), policies=None, max_new_tokens: int 
 
 def bind_to_pair(shapes: list, pair: dict, asked: bool) -> tuple[list, list[str]]:
     """Each shape's policy ready for ``pair`` (``Policy.for_pair``: a calibrated policy loads its calibration
-    and refuses one made on another pair), before any decode. -> (the shapes, bound; notes).
+    and refuses one made on another pair; a learned-head one loads its head and refuses a pair no head was
+    trained on, or a missing head file), before any decode. -> (the shapes, bound; notes).
 
     ``asked``: the user named the policies, so a refusal is theirs to fix: PaysOffInputError with its line.
     Otherwise (the default set) a policy that cannot run here is left out, and a note says which and why:
@@ -176,7 +177,8 @@ def bind_to_pair(shapes: list, pair: dict, asked: bool) -> tuple[list, list[str]
         except ValueError as e:
             if asked:
                 raise PaysOffInputError(str(e)) from None
-            # one note per reason: the five calibrated policies of a pair nobody calibrated share one
+            # one note per reason: the calibrated policies of a pair nobody calibrated share one, and the two
+            # learned-head ones of a pair without a head another
             left.setdefault(str(e).removeprefix(f"{s.label}: "), []).append(s.label)
     notes = [f"{', '.join(labels)} left out of the default set: {why}" for why, labels in left.items()]
     return kept, notes
@@ -185,9 +187,9 @@ def bind_to_pair(shapes: list, pair: dict, asked: bool) -> tuple[list, list[str]
 def fit_to_engine(inp: Inputs, engine) -> list:
     """The shapes to decode on ``engine``'s pair (``workbench.payoff.tree_shapes``), after every check that
     needs the loaded models: a shape the drafter's block cannot fill or needs more slots than it drafts,
-    a calibrated policy whose calibration was made on another pair (``bind_to_pair``; from the default set it
-    is left out, with a note in ``inp.notes``), a prompt that runs past the target's positions, a batch the
-    device's memory cannot hold."""
+    a calibrated policy whose calibration was made on another pair, a learned-head policy without a head for
+    the pair (``bind_to_pair``; from the default set it is left out, with a note in ``inp.notes``), a prompt
+    that runs past the target's positions, a batch the device's memory cannot hold."""
     from workbench.engine.runner import static_nodes
     from workbench.models.identity import pair_identity
     from workbench.payoff.tree_shapes import check_batch_fits, default_shapes, shapes_of

@@ -5,26 +5,27 @@ Shapes, all over the same drafter: AR (no drafter), DFlash's chain (the argmax o
 to N nodes (``DDTree(N, width=1)``), the spine with k siblings (``Spine(k)``: the chain plus the k best
 rank-1+ candidates over all slots, each a leaf), DDTree(N), the N best prefixes, and the calibrated policies
 (``docs/calibrated-policies.md``), one budget each in the default set: PathTree(16), CostTree(64),
-CutTree(16), PairTree(16), PairChain(8).
+CutTree(16), PairTree(16), PairChain(8), and the learned head's CondTree(16) and CondChain(8).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.engine.policies import (AR, CostTree, CutTree, DDTree, DFlash, PairChain, PairTree, PathTree, Spine,
-                                       as_policy)
+from workbench.engine.policies import (AR, CondChain, CondTree, CostTree, CutTree, DDTree, DFlash, PairChain, PairTree,
+                                       PathTree, Spine, as_policy)
 
 CHAIN_CUTS = (4, 8)  # the chain cut to N nodes (below the drafter's slots; at the slots it is DFlash)
 SPINE_SIBLINGS = (1, 2, 4)
 BUDGETS = (4, 8, 16, 32, 64)
-# One size per calibrated policy: five more shapes add 5/12 to a default run that already decodes 12 per unit.
+# One size per calibrated policy: seven more shapes add 7/12 to a default run that already decodes 12 per unit.
 # pays-off replaces these budgets per batch size with the ones chosen on calibration prompts
 # (workbench.payoff.sizing); these are the sizes the calibration replays compared with DDTree(16)
 # (docs/calibrated-policies.md), kept where a calibration holds no cost table to size with. PairChain's width 8
-# is the one its head's beta was chosen on. Other sizes: --policies.
-CALIBRATED = (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8))
+# is the one its head's beta was chosen on, CondChain's the one its head was compared at. The two learned-head
+# policies (CondTree, CondChain) run where a head was trained on the pair. Other sizes: --policies.
+CALIBRATED = (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8), CondTree(16), CondChain(8))
 # The calibrated policies' families: the verdict compares each of them with the best DDTree budget.
-CALIBRATED_FAMILIES = ("path-tree", "cost-tree", "cut-tree", "pair-tree", "pair-chain")
+CALIBRATED_FAMILIES = ("path-tree", "cost-tree", "cut-tree", "pair-tree", "pair-chain", "cond-tree", "cond-chain")
 # what family() returns: how the tables group shapes
 SHAPE_FAMILIES = ("ar", "chain", "chain-cut", "spine", "tree", *CALIBRATED_FAMILIES, "other")
 
@@ -43,7 +44,8 @@ class Shape:
 
 # A policy's family by its registered kind (the DDTree chain cut: width 1); any other kind is "other".
 KIND_FAMILY = {"ar": "ar", "dflash": "chain", "spine": "spine", "ddtree": "tree", "path": "path-tree",
-               "costed": "cost-tree", "cut": "cut-tree", "pairtree": "pair-tree", "pairchain": "pair-chain"}
+               "costed": "cost-tree", "cut": "cut-tree", "pairtree": "pair-tree", "pairchain": "pair-chain",
+               "condtree": "cond-tree", "condchain": "cond-chain"}
 
 
 def family(policy) -> str:
