@@ -86,7 +86,10 @@ def defaults() -> argparse.Namespace:
 def run(args, out, err) -> int:
     from workbench.shipped import eval_prompts, load_prompts
 
+    from workbench.engine.policies.calibration import check_named
+
     policies = validate.policy_list(args.policies, "--policies")
+    check_named(policies)  # the calibration files they name, read before any model loads
     prompts = load_prompts(args.prompts) if args.prompts else eval_prompts(args.split)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -104,9 +107,23 @@ def run(args, out, err) -> int:
         raise UsageError(f"--check-lossless compares greedy outputs; --temperature {args.temperature:g} samples: "
                          "drop one of them")
     engine = load_engine(args)
+    policies = bound_to_pair(engine, policies)
     if args.batch_size:
         return batch(args, engine, policies, prompts, out)
     return side_by_side(args, engine, policies, prompts, out, err)
+
+
+def bound_to_pair(engine, policies: list) -> list:
+    """Every policy bound to the loaded pair before any of them decodes (``validate.policy_fits``, as pays-off
+    binds its shapes first): a calibration made on another pair is refused now, not at its policy's turn. An
+    engine without the workbench's model states binds its policies itself, per session."""
+    from workbench.models.identity import pair_identity
+
+    models = getattr(engine, "models", None)
+    if models is None or not hasattr(models, "block_size"):
+        return policies
+    pair = pair_identity(models)
+    return [validate.policy_fits(p, models.block_size - 1, pair) for p in policies]
 
 
 def side_by_side(args, engine, policies, prompts, out, err) -> int:

@@ -47,6 +47,7 @@ def engine_policy(engine: str, text: str | None):
     """The policy a command runs on ``engine`` (``--policy``; None: the engine's own default), refused in one
     line before any weight loads when the engine's sessions do not take its kind."""
     from workbench.engine.policies import parse_policy
+    from workbench.engine.policies.calibration import check_named
     from workbench.interface.registry import engine_class
 
     cls = engine_class(engine)
@@ -57,6 +58,7 @@ def engine_policy(engine: str, text: str | None):
     if cls.policy_kinds is not None and policy.kind not in cls.policy_kinds:
         raise UsageError(f"--policy {text}: the {engine} engine runs {', '.join(cls.policy_kinds)} only; give "
                          f"--policy {cls.policy_kinds[0]}, or leave --policy out")
+    check_named([policy])  # a calibration file it names, read before any weight loads
     return policy
 
 

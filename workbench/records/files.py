@@ -63,14 +63,19 @@ def _file_mode() -> int:
 def write_text_atomic(path, text_: str) -> Path:
     """Write to a temporary file beside ``path``, then rename over it: never half-written. The parent
     folder must exist (nothing is created); an error names ``path``, never the temporary file."""
+    return write_bytes_atomic(path, text_.encode("utf-8"))
+
+
+def write_bytes_atomic(path, data: bytes) -> Path:
+    """``write_text_atomic`` for bytes (an .npz built in memory)."""
     path = output_path(path, "output")
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise OSError(f"cannot write '{path}': {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text_)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except OSError as e:

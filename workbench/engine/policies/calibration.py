@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from workbench.engine.policies.pair_head import PairHead, PairHeadError, load_head
 from workbench.engine.policies.path_model import PathModel
@@ -37,6 +40,7 @@ SHIPPED = {"dense": ASSETS / "calibration.json", "hybrid": ASSETS / "hybrid" / "
 # states are met only after the chain missed, a few times per cycle at most.
 MIN_CYCLES = 200
 MIN_HITS = 30
+SHAPES = ("tree", "chain")  # the shapes a threshold is chosen for
 MAKE = "python -m workbench.calibrate --target DIR --draft DIR --out FILE"
 # identity fields in the order a mismatch is named, with the words for them
 PAIR_FIELDS = (("vocab", "vocabulary size"), ("block_size", "drafter block size"), ("drafter", "drafter"),
@@ -97,6 +101,8 @@ class Calibration:
             raise CalibrationError(f"calibration {self.path} holds no pair head; make it with {MAKE} (the shipped "
                                    "head is workbench/assets/pair_head.npz)")
         path = Path(self.path).parent / spec["file"]
+        if not path.exists():
+            raise CalibrationError(self.missing_head(path))
         try:
             head = load_head(path)
             if file_sha256(path) != spec.get("sha256"):
@@ -108,6 +114,16 @@ class Calibration:
             raise CalibrationError(str(e)) from None
         self.__dict__["checked_head"] = (head, float(spec["beta"]))
         return head, float(spec["beta"])
+
+    def missing_head(self, path: Path) -> str:
+        """Why the head file is not where this calibration names it, and the fix: a calibration copied alone
+        needs its head beside it (at the same relative path), the shipped head when it is that one."""
+        spec = self.pair_head
+        shipped = ASSETS / "pair_head.npz"
+        which = (f" (the shipped {shipped} is that head)" if shipped.is_file()
+                 and file_sha256(shipped) == spec.get("sha256") else "")
+        return (f"calibration {self.path} names its pair head {spec['file']!r}, relative to its own folder, and "
+                f"{path} is not there: copy the head the calibration was made with to {path}{which}")
 
     def step_cost(self) -> StepCost:
         if self.cost is None:
@@ -156,7 +172,8 @@ def load(name_or_path) -> Calibration:
 
 
 def parse(p: Path) -> Calibration:
-    """Read and check one file (the format, the cycles the estimate needs, the model and cost table)."""
+    """Read and check one file (the format, the cycles the estimate needs, the model and cost table, every
+    value's type and range, each named by its field)."""
     where = f"calibration {p}"
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
@@ -168,33 +185,81 @@ def parse(p: Path) -> Calibration:
         raise CalibrationError(f"{where} is version {d.get('version')!r}; this workbench reads version {VERSION}: "
                                f"make it again with {MAKE}")
     made, acc = d.get("made") or {}, d.get("acceptance") or {}
-    cycles = int(made.get("cycles", 0) or 0)
+    if not isinstance(made, dict) or not isinstance(acc, dict):
+        raise CalibrationError(f"{where}: its made and acceptance entries must be JSON objects; make it again with {MAKE}")
+    cycles = whole(made.get("cycles", 0), where, "made.cycles", "the decoded cycles it was made from")
     if cycles < MIN_CYCLES:
         raise CalibrationError(f"{where} was made from {cycles} cycles; the path estimate needs at least {MIN_CYCLES}: "
                                f"make it again from more prompts or tokens ({MAKE} --prompts N)")
-    hits = acc.get("hits") or {}
-    thin = [s for s in acc.get("states", []) if int(hits.get(s, 0) or 0) < MIN_HITS]
-    if thin:
-        raise CalibrationError(f"{where} saw the target take a candidate in the {', '.join(thin)} state(s) only "
-                               f"{', '.join(str(int(hits.get(s, 0) or 0)) for s in thin)} time(s); the estimate "
-                               f"needs {MIN_HITS} each: make it again from more prompts ({MAKE} --prompts N)")
     try:
         model = PathModel.from_dict(acc, where)
         cost = StepCost.from_dict(d["cost"], where) if d.get("cost") else None
     except ValueError as e:
         raise CalibrationError(str(e)) from None
+    check_finite(model, cost, where)
+    hits = acc.get("hits") or {}
+    if not isinstance(hits, dict):
+        raise CalibrationError(f"{where}: acceptance.hits must be an object of counts per state; make it again with {MAKE}")
+    counts = {s: whole(hits.get(s, 0), where, f"acceptance.hits.{s}", "the target's hits in that state")
+              for s in acc["states"]}
+    thin = [s for s, n in counts.items() if n < MIN_HITS]
+    if thin:
+        raise CalibrationError(f"{where} saw the target take a candidate in the {', '.join(thin)} state(s) only "
+                               f"{', '.join(str(counts[s]) for s in thin)} time(s); the estimate "
+                               f"needs {MIN_HITS} each: make it again from more prompts ({MAKE} --prompts N)")
     pair = d.get("pair")
     if not isinstance(pair, dict) or any(k not in pair for k, _ in PAIR_FIELDS):
         raise CalibrationError(f"{where} records no pair identity (vocabulary, block size, drafter, target); make it "
                                f"again with {MAKE}")
-    width = int(acc.get("width", 0) or 0)
+    width = whole(acc.get("width", 0) or 0, where, "acceptance.width", "the candidates per slot it was fitted on")
     if width < 1:
         raise CalibrationError(f"{where} records no candidate width (acceptance.width); make it again with {MAKE}")
     head = d.get("pair_head")
     if head is not None and (not isinstance(head, dict) or not isinstance(head.get("file"), str)
                              or not isinstance(head.get("beta"), (int, float))):
         raise CalibrationError(f"{where}: its pair_head must name a file and a beta; make it again with {MAKE}")
-    return Calibration(str(p), pair, model, width, cost, d.get("thresholds") or {}, made, head)
+    if head is not None and (isinstance(head["beta"], bool) or not math.isfinite(head["beta"]) or head["beta"] < 0):
+        raise CalibrationError(f"{where}: pair_head.beta = {head['beta']!r} must be a finite number >= 0 (0: the "
+                               f"drafter's own marginal); make it again with {MAKE}")
+    return Calibration(str(p), pair, model, width, cost, thresholds_of(d.get("thresholds"), where), made, head)
+
+
+def whole(v, where: str, field: str, what: str) -> int:
+    """A count from the file: a whole number (JSON int), else one line naming the file and the field."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise CalibrationError(f"{where}: {field} = {v!r} is not a whole number ({what}); make it again with {MAKE}")
+    return v
+
+
+def thresholds_of(raw, where: str) -> dict:
+    """The thresholds table, checked: {"tree" | "chain": {batch size as text: threshold in (0, 1)}}, as CutTree
+    refuses a threshold outside (0, 1) at construction."""
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        raise CalibrationError(f"{where}: thresholds must be an object {{\"tree\" | \"chain\": {{rows: threshold}}}}; "
+                               f"make it again with {MAKE}")
+    for shape, table in raw.items():
+        if shape not in SHAPES or not isinstance(table, dict):
+            raise CalibrationError(f"{where}: thresholds.{shape} is not a table of one of the shapes "
+                                   f"({', '.join(SHAPES)}) by batch size; make it again with {MAKE}")
+        for rows, v in table.items():
+            if not (isinstance(rows, str) and rows.isdigit() and int(rows) >= 1):
+                raise CalibrationError(f"{where}: thresholds.{shape} key {rows!r} is not a batch size (a whole "
+                                       f"number of rows, e.g. \"8\"); make it again with {MAKE}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
+                raise CalibrationError(f"{where}: thresholds.{shape}[{rows!r}] = {v!r} must be a number in (0, 1), "
+                                       f"as CutTree's threshold is; make it again with {MAKE}")
+    return raw
+
+
+def check_finite(model: PathModel, cost: StepCost | None, where: str) -> None:
+    """NaN or infinity in the acceptance weights or the cost table would score every tree alike."""
+    if not np.isfinite(np.asarray(model.weights, dtype=np.float64)).all():
+        raise CalibrationError(f"{where}: acceptance.weights hold a value that is not finite; make it again with {MAKE}")
+    if cost is not None and not np.isfinite(np.asarray(cost.step_ms, dtype=np.float64)).all():
+        raise CalibrationError(f"{where}: cost.step_ms holds a value that is not finite; make it again with {MAKE} "
+                               "--costs FILE")
 
 
 def shipped_for(pair: dict) -> Calibration | None:
@@ -208,3 +273,13 @@ def shipped_for(pair: dict) -> Calibration | None:
                 continue
             return cal
     return None
+
+
+def check_named(policies) -> None:
+    """Read the calibration file each policy names, with what that policy needs from it (a cost table, a
+    threshold, a pair head), before any model loads: what the file alone shows (missing, not JSON, a value out
+    of range, no cost table) is refused now in one line (CalibrationError), not after the models load. The
+    pair itself is checked when the policy is bound to one (``Policy.for_pair``)."""
+    for p in policies:
+        if getattr(p, "calibration", None) is not None and callable(getattr(p, "calibration_data", None)):
+            p.calibration_data()

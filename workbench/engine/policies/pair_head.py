@@ -24,6 +24,8 @@ tokenizer is refused in one line (``PairHeadError``) before any decode.
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,9 +115,12 @@ def load_head(path) -> PairHead:
             with np.load(p, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 head = PairHead(str(p), z["succ_ids"], z["succ_logp"], z["backoff_logp"], meta)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:  # a file cut short or damaged in its archive
+            raise PairHeadError(f"pair head {p} is cut short or damaged ({type(e).__name__}: {e}); copy it again "
+                                f"or make it again with {MAKE}") from None
         except (OSError, ValueError, KeyError) as e:
             raise PairHeadError(f"pair head {p} is not a pair head file ({type(e).__name__}); make one with {MAKE}") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise PairHeadError(f"pair head {p} is not a version-{VERSION} pair head; make one with {MAKE}")
         V, M = head.succ_ids.shape
         if head.succ_logp.shape != (V, M) or head.backoff_logp.shape != (V,) or meta.get("vocab") != V:
