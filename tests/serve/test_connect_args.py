@@ -34,3 +34,18 @@ def test_the_serve_start_line_says_how_to_attach():
     url = "http://127.0.0.1:8765"
     assert attach_line(url, "~/tok") == f"attach with wb.connect({url!r}, token_file={str(Path.home() / 'tok')!r})"
     assert attach_line(url, None) == f"attach with wb.connect({url!r}, token=...)"
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604])
+def test_a_token_file_others_can_read_is_refused_as_the_server_refuses_it(tmp_path, mode):
+    import re
+
+    f = tmp_path / "token"
+    f.write_text(TOKEN + "\n")
+    f.chmod(mode)
+    why = f"token_file={f} has mode {mode:04o}: group or others can read or write it; the server refuses such a " \
+          f"file too; run `chmod 600 {f}`"
+    with pytest.raises(ValueError, match=re.escape(why)):
+        wb.connect("http://127.0.0.1:9", token_file=f)
+    with pytest.raises(ValueError, match=re.escape(f"token_file={tmp_path / 'none'}: no such file")):
+        wb.connect("http://127.0.0.1:9", token_file=tmp_path / "none")

@@ -19,7 +19,7 @@ import pytest
 
 import workbench as wb
 from workbench.serve import wire
-from workbench.serve.client import _Http
+from workbench.serve.client_http import Http
 from workbench.serve import EngineServer, Limits
 from workbench.serve.transport import ConnectionGuard
 
@@ -337,8 +337,8 @@ def test_the_client_never_sends_its_token_elsewhere(server):
     with pytest.raises(ValueError, match="plain http to 192.0.2.1.*insecure_http=True"):
         wb.connect("http://192.0.2.1:8765", token=TOKEN)
     assert time.perf_counter() - t < 0.5  # refused before any connection is tried
-    assert _Http("http://192.0.2.1:8765", TOKEN, 1.0, insecure_http=True).url == "http://192.0.2.1:8765"
-    assert _Http("https://192.0.2.1:8765", TOKEN, 1.0).url == "https://192.0.2.1:8765"
+    assert Http("http://192.0.2.1:8765", TOKEN, 1.0, insecure_http=True).url == "http://192.0.2.1:8765"
+    assert Http("https://192.0.2.1:8765", TOKEN, 1.0).url == "https://192.0.2.1:8765"
 
 
 def test_binding_off_loopback_warns_from_python_too(engine):

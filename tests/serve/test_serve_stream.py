@@ -254,8 +254,46 @@ def test_view_records_fetch_the_rest_when_read_and_only_then(eng, server):
     s2 = remote.session("t1 t2", policy=wb.DDTree(5), max_new_tokens=10)
     s2.run()
     held = list(s2.cycles)
-    s2.close()  # fetches what was not read first, so the trace held stays whole
+    before = len(calls)
+    s2.close()  # one request: what was not read is not fetched unless asked for
+    assert calls[before:] == [("DELETE", f"/sessions/{s2.id}")] and all(c.missing() for c in held)
+    s3 = remote.session("t1 t2", policy=wb.DDTree(5), max_new_tokens=10)
+    s3.run()
+    held = list(s3.cycles)
+    s3.close(fetch=True)  # asked: what was not read comes first, so the trace held stays whole
     assert all(c.missing() == [] for c in held)
+
+
+def test_a_stream_that_breaks_off_says_whether_the_server_is_gone_and_what_is_held(server, monkeypatch):
+    """A server killed mid-run breaks its stream off: the client's line says the server is gone (not that
+    s.refresh() brings anything) and what it holds; s.tokens holds the tokens of every cycle that arrived.
+    A server that still answers is told apart (s.refresh() then brings the rest)."""
+    from workbench.serve.client import committed_tokens
+
+    remote = wb.connect(server.url, token=TOKEN)
+    s = remote.session("t1 t2 t3", policy=wb.DDTree(5), max_new_tokens=16)
+    real = remote._http.stream
+
+    def cut(method, path, body=None):
+        for i, frame in enumerate(real(method, path, body)):
+            if i == 3:
+                raise ConnectionError(f"the workbench server at {server.url} broke off its stream: IncompleteRead")
+            yield frame
+
+    monkeypatch.setattr(remote._http, "stream", cut)
+    with pytest.raises(ConnectionError, match=r"the server still answers: 3 cycle\(s\) .* s.refresh\(\) brings"):
+        s.run()
+    monkeypatch.setattr(remote._http, "answers", lambda timeout=2.0: False)
+    with pytest.raises(ConnectionError, match=r"server at \S+ is gone: .*IncompleteRead.* 6 cycle\(s\) and "
+                                              r"\d+ token\(s\) are held here .*start a new one") as e:
+        s.run()
+    assert "refresh" not in str(e.value)
+    assert len(s.cycles) == 6 and len(s.tokens) == 1 + sum(c.committed for c in s.cycles) > 6
+    theirs = wb.connect(server.url, token=TOKEN).session_by_id(s.id)
+    assert theirs.tokens[:len(s.tokens)] == s.tokens  # the server's own tokens, in order
+    theirs.run()
+    assert [t for c in theirs.cycles for t in committed_tokens(c)] == theirs.tokens[1:]
+    theirs.close()
 
 
 def test_a_view_records_tensors_are_unpacked_when_first_read_and_a_bad_one_is_named(eng):

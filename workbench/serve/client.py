@@ -13,172 +13,29 @@ a proxy to a loopback server, and refuses plain http to another machine unless t
 """
 from __future__ import annotations
 
-import http.client
 import os
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 
 from workbench.serve import wire
 from workbench.records.cycle import Cycle, Trace
-from workbench.engine.core import SessionFinished, SessionState
+from workbench.engine.core import SessionState
 from workbench.engine import validate
 from workbench.engine.policies import DDTree, Policy, as_policy
 from workbench.engine.sampling import Sampling
 from workbench.interface.base import BaseEngine, BaseSession, EngineLacks
-from workbench.serve.connection import Connections, Reply
+from workbench.serve.client_errors import (InvalidRequest, LimitExceeded, RemoteError, RemoteSessionFinished,
+                                           SessionBusy, Unauthorized, UnknownSession, raise_for)
+from workbench.serve.client_http import Http
 from workbench.serve.lazy_cycle import LazyCycle
+from workbench.serve import token_file as token_files
 from workbench.serve.wire import WIRE_VERSION, WireVersionError
 
 __all__ = ["InvalidRequest", "LimitExceeded", "RemoteEngine", "RemoteError", "RemoteSession", "RemoteSessionFinished",
            "SessionBusy", "Unauthorized", "UnknownSession", "WireVersionError", "connect"]
-
-
-class RemoteError(RuntimeError):
-    """The server refused a request: ``status`` (HTTP), ``code``, and the ``field`` / ``limit`` it names."""
-
-    def __init__(self, message: str, status: int = 0, code: str = "", field: str | None = None,
-                 limit: str | None = None, state: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.field, self.limit = status, code, field, limit
-        self.state = state  # a session state that came with the refusal (a run stopped by the server)
-
-
-class Unauthorized(RemoteError):
-    """A missing or wrong token."""
-
-
-class UnknownSession(RemoteError, LookupError):
-    pass
-
-
-class InvalidRequest(RemoteError, ValueError):
-    """A bad value (as a local ValueError would be)."""
-
-
-class LimitExceeded(InvalidRequest):
-    """Over one of the server's limits (``limit`` names it)."""
-
-
-class RemoteSessionFinished(RemoteError, SessionFinished):
-    pass
-
-
-class SessionBusy(RemoteError):
-    """The session already has a request running and another waiting (429); retry when they are done."""
-
-
-def _raise_for(status: int, body) -> None:
-    if not isinstance(body, dict) or "error" not in body:
-        raise RemoteError(f"HTTP {status} from the server: {str(body)[:200]}", status)
-    code, msg = body["error"], body.get("message", "")
-    state = body.get("state") if isinstance(body.get("state"), dict) else None
-    kw = dict(status=status, code=code, field=body.get("field"), limit=body.get("limit"), state=state)
-    if code == "wire_version":
-        raise WireVersionError(msg)
-    cls = {"unauthorized": Unauthorized, "unknown_session": UnknownSession, "limit_exceeded": LimitExceeded,
-           "invalid": InvalidRequest, "session_finished": RemoteSessionFinished,
-           "session_busy": SessionBusy}.get(code, RemoteError)
-    raise cls(msg, **kw)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is refused: following it would send the bearer token to wherever it points."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        fp.close()
-        raise _redirect_refused(req.full_url, code, newurl)
-
-
-def _redirect_refused(url: str, code: int, where) -> RemoteError:
-    return RemoteError(f"the server at {url} answered {code} with a redirect to {wire.short(where)}; the workbench "
-                       "client never follows redirects (the token would go along): connect to the engine's own URL",
-                       code, "redirect")
-
-
-class _Http:
-    """JSON requests (``__call__``) and NDJSON streams (``stream``) to one server, with the token."""
-
-    def __init__(self, url: str, token: str, timeout: float, insecure_http: bool = False):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url={wire.short(url)} is not an http(s) URL such as 'http://127.0.0.1:8765'")
-        loopback = wire.is_loopback(parts.hostname)
-        if parts.scheme == "http" and not loopback and not insecure_http:
-            raise ValueError(f"url={wire.short(url)}: plain http to {parts.hostname}, another machine, would send the "
-                             "token and every prompt unencrypted; tunnel it (ssh -L 8765:127.0.0.1:8765 HOST, then "
-                             "connect to http://127.0.0.1:8765), use https://, or pass insecure_http=True")
-        self.url, self.timeout = url.rstrip("/"), timeout
-        self.headers = {"Authorization": f"Bearer {token}", wire.VERSION_HEADER: str(WIRE_VERSION),
-                        "Content-Type": "application/json"}
-        self.max_body: int | None = None  # the server's max_body_bytes, once /info has told it
-        # A proxy from the environment must not see a loopback token (nor fail to reach 127.0.0.1); a loopback
-        # server is also where connections are kept open between requests (workbench.serve.connection).
-        handlers = [urllib.request.ProxyHandler({})] if loopback else []
-        opener = urllib.request.build_opener(*handlers, _NoRedirect())
-        try:
-            port = parts.port
-        except ValueError:
-            raise ValueError(f"url={wire.short(url)} has a port that is not a number from 0 to 65535") from None
-        self.conns = Connections(parts.scheme, parts.hostname, port, parts.path.rstrip("/"), timeout, loopback,
-                                 opener)
-
-    def send(self, method: str, path: str, body: dict | None) -> Reply:
-        """The request, sent; a refusal (4xx, 5xx) or a redirect raised as the client's errors."""
-        data = wire.dumps(body) if body is not None else None
-        if data is not None and self.max_body is not None and len(data) > self.max_body:
-            raise LimitExceeded(f"this request's body is {len(data)} bytes, over the server's max_body_bytes="
-                                f"{self.max_body} (a prompt that long cannot fit the model); shorten it, or start "
-                                "the server with --max-body-bytes N", 413, "limit_exceeded", "body", "max_body_bytes")
-        try:
-            r = self.conns.send(method, path, data, self.headers)
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            if isinstance(e, RemoteError):
-                raise
-            why = getattr(e, "reason", None) or e
-            raise ConnectionError(f"cannot reach the workbench server at {self.url}: {why}") from None
-        if 300 <= r.status < 400:
-            r.close()
-            raise _redirect_refused(self.url + path, r.status, r.headers.get("Location"))
-        if r.status >= 400:
-            raw = r.read()
-            try:
-                answer = wire.loads(raw)
-            except ValueError:
-                answer = raw.decode(errors="replace")
-            _raise_for(r.status, answer)
-        return r
-
-    def __call__(self, method: str, path: str, body: dict | None = None):
-        r = self.send(method, path, body)
-        try:
-            return wire.loads(r.read())
-        except (OSError, http.client.HTTPException) as e:
-            raise ConnectionError(f"the workbench server at {self.url} broke off its answer: {e}") from None
-        finally:
-            r.close()
-
-    def stream(self, method: str, path: str, body: dict | None = None):
-        """The lines of a streamed answer, each one JSON object, as they arrive."""
-        r = self.send(method, path, body)
-        try:
-            while True:
-                try:
-                    line = r.readline()
-                except (OSError, http.client.HTTPException) as e:
-                    raise ConnectionError(f"the workbench server at {self.url} broke off its stream: {e}") from None
-                if not line:
-                    r.close(complete=True)
-                    return
-                if line.strip():
-                    yield wire.loads(line)
-        finally:
-            r.close()
 
 
 def connect(url: str, token: str | None = None, *, token_file=None, timeout: float = 600.0,
@@ -192,12 +49,12 @@ def connect(url: str, token: str | None = None, *, token_file=None, timeout: flo
     if token is not None and token_file is not None:
         raise ValueError("give one of token= or token_file=, not both (which one to send would be a guess)")
     if token is None and token_file is not None:
-        token = Path(token_file).read_text().strip()
+        token = token_files.read(token_file)  # refused as the server refuses it: readable by others
     token = token or os.environ.get("WORKBENCH_TOKEN")
     if not token:
         raise ValueError("no token: pass token=... (printed by `python -m workbench serve`), token_file=, "
                          "or set WORKBENCH_TOKEN")
-    return RemoteEngine(_Http(url, token, timeout, insecure_http), timing=timing)
+    return RemoteEngine(Http(url, token, timeout, insecure_http), timing=timing)
 
 
 class RemoteEngine(BaseEngine):
@@ -213,7 +70,7 @@ class RemoteEngine(BaseEngine):
         raise EngineLacks("a served engine is not loaded in this process: start one with `python -m workbench "
                           "serve` and connect with wb.connect(url, token=...)")
 
-    def __init__(self, http: _Http, timing: bool = False):
+    def __init__(self, http: Http, timing: bool = False):
         self._http = http
         self.timing = timing  # sessions record where each cycle's time went (RemoteSession.timings)
         self.info: dict = http("GET", "/info")
@@ -441,8 +298,8 @@ class RemoteSession(SessionState, BaseSession):
                                    "&records=full")
         except UnknownSession as e:
             raise UnknownSession(f"{e}: cycle {index} arrived as a view record and the rest of it cannot be fetched "
-                                 "now; read what you need while the session lives, or start sessions with "
-                                 "records='full'", e.status, e.code, e.field) from None
+                                 "now; read what you need before s.close() (or close with fetch=True), or start "
+                                 "sessions with records='full'", e.status, e.code, e.field) from None
         for k, d in enumerate(st["cycles"]):
             at = int(st["since"]) + k
             full = wire.cycle_from_wire(d)
@@ -610,37 +467,61 @@ class RemoteSession(SessionState, BaseSession):
         """One /run stream, applied frame by frame. -> why it ended (the server's word)."""
         if self.engine.timing:
             body["timing"] = True
-        held, last = self._trace.cycles, None
-        for frame in self.engine._http.stream("POST", f"/sessions/{self.id}/run", body):
-            if "cycle" in frame:
-                t0 = time.perf_counter()
-                c = self._decode(frame["cycle"])
-                if c.index != len(held):  # a stream starts at the client's count and never skips a cycle
-                    raise RemoteError(f"the run's stream sent cycle {c.index} where cycle {len(held)} was due",
-                                      0, "internal")
-                self._trace.append(c)
-                self._n_cycles = max(self._n_cycles, len(held))
-                if self.engine.timing:
-                    self.timings.append({"index": c.index, "at": time.perf_counter(), "decode": time.perf_counter()
-                                         - t0, **frame.get("timing", {})})
-            else:
-                last = frame  # the last line: the session's state, and why the stream ended (or its error)
+        held, last, since = self._trace.cycles, None, len(self._trace.cycles)
+        try:
+            for frame in self.engine._http.stream("POST", f"/sessions/{self.id}/run", body):
+                if "cycle" in frame:
+                    t0 = time.perf_counter()
+                    c = self._decode(frame["cycle"])
+                    if c.index != len(held):  # a stream starts at the client's count and never skips a cycle
+                        raise RemoteError(f"the run's stream sent cycle {c.index} where cycle {len(held)} was due",
+                                          0, "internal")
+                    self._trace.append(c)
+                    self._n_cycles = max(self._n_cycles, len(held))
+                    if self.engine.timing:
+                        self.timings.append({"index": c.index, "at": time.perf_counter(), "decode":
+                                             time.perf_counter() - t0, **frame.get("timing", {})})
+                else:
+                    last = frame  # the last line: the session's state, and why the stream ended (or its error)
+        except ConnectionError as e:
+            raise self._broken_off(since, str(e)) from None
         if last is None:
-            raise ConnectionError(f"the run's stream from {self.engine.url} ended before its last line; "
-                                  f"{len(held)} cycle(s) are held: s.refresh() brings the session's state")
+            raise self._broken_off(since, "it ended before its last line")
         if "state" in last:
             self._apply(last["state"])
         if "error" in last:
-            _raise_for(int(last.get("status", 500)), last)
+            raise_for(int(last.get("status", 500)), last)
         return last.get("end")
 
-    def close(self, fetch: bool = True) -> None:
-        """Drop the session on the server (its memory is returned); idle sessions also expire by themselves.
-        First the fields of view records not read yet are fetched (``fetch=False`` skips it: they then stay
-        unreadable), so the trace held here stays whole."""
+    def _broken_off(self, since: int, why: str) -> ConnectionError:
+        """A /run stream that broke off after the cycles from ``since``: their tokens join ``generated`` (what
+        this client holds, with its trace), and the message says whether the server still answers."""
+        for c in self._trace.cycles[since:]:
+            self.generated += committed_tokens(c)
+        self._trace.new_tokens = len(self.generated)
+        n, url = len(self._trace.cycles), self.engine.url
+        held = f"{n} cycle(s) and {len(self.generated)} token(s) are held here (s.trace, s.tokens)"
+        if self.engine._http.answers():
+            return ConnectionError(f"the run's stream from {url} broke off ({why}); the server still answers: "
+                                   f"{held}, and s.refresh() brings the session's state")
+        return ConnectionError(f"the workbench server at {url} is gone: the run's stream broke off ({why}) and "
+                               f"the server no longer answers. {held}; s.text is as the server last sent it. "
+                               "The session was lost with the server: once it runs again, start a new one")
+
+    def close(self, fetch: bool = False) -> None:
+        """Drop the session on the server (its memory is returned): one request; idle sessions also expire by
+        themselves. What this client read stays readable; the fields of view records not read yet do not
+        (reading one says so). ``fetch=True`` fetches those first (a request per page of cycles), so the trace
+        held here stays whole."""
         if fetch:
             held = self._trace.cycles
             for c in held:
                 if isinstance(c, LazyCycle) and c.missing():
                     self._complete(c)
         self.engine._http("DELETE", f"/sessions/{self.id}")
+
+
+def committed_tokens(c: Cycle) -> list[int]:
+    """The tokens cycle ``c`` added to the output: its accepted path past the root, then the bonus, the
+    first ``c.committed`` of them (fewer where the run ended inside the cycle)."""
+    return (c.accepted_tokens[1:].tolist() + [int(c.bonus)])[:c.committed]

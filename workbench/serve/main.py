@@ -4,10 +4,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import stat
 import tempfile
 import warnings
 from pathlib import Path
+
+from workbench.serve import token_file
 
 
 def read_or_make_token(path: str | None) -> tuple[str, str]:
@@ -19,19 +20,8 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
     if path is None:
         return new_token(), "generated"
     p = Path(path).expanduser()
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        fd = None
-    except OSError as e:
-        raise ValueError(f"--token-file {p}: cannot be read ({e.strerror}); it must be a regular file "
-                         "(not a symlink), or a path where a new one can be written") from None
+    fd = token_file.open_checked(p, f"--token-file {p}", remake=True)
     if fd is not None:  # checked and read through one descriptor: nothing can swap the file in between
-        try:
-            check_token_file(p, os.fstat(fd))
-        except ValueError:
-            os.close(fd)
-            raise
         with os.fdopen(fd) as fh:
             token = fh.read().strip()
         return check_token(token, f"--token-file {p}", "remove the file and a new token is written to it"), \
@@ -47,20 +37,6 @@ def read_or_make_token(path: str | None) -> tuple[str, str]:
         Path(tmp).unlink(missing_ok=True)
         raise
     return token, f"generated, written to {p}"
-
-
-def check_token_file(p: Path, st: os.stat_result) -> None:
-    """Refuse a token file that is not a regular file, belongs to another user, or that group or others may
-    read or write; the message says how to fix it."""
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"--token-file {p} exists but is not a regular file")
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    if uid is not None and st.st_uid != uid:
-        raise ValueError(f"--token-file {p} is owned by uid {st.st_uid}, not by you (uid {uid}): someone else "
-                         f"may know the token; remove it (a new one is made), or `chown {uid} {p}` if it is yours")
-    if uid is not None and st.st_mode & 0o077:
-        raise ValueError(f"--token-file {p} has mode {stat.S_IMODE(st.st_mode):04o}: group or others can read or "
-                         f"write it; run `chmod 600 {p}` (or remove it, and a new one is made)")
 
 
 def serve_main(args, out, err, load_engine, usage_error) -> int:
