@@ -4,6 +4,7 @@ on that pair and refuse on the other."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -74,10 +75,14 @@ def test_bad_cost_sources_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_small_calibration_is_taken_on_its_pair_and_refused_on_the_other(tmp_path, engine, capsys):
+def test_a_small_calibration_is_taken_on_its_pair_and_refused_on_the_other(tmp_path, engine, capsys, monkeypatch):
     out = tmp_path / "cal.json"
+    out.write_text("{}")  # an earlier file: written over only with --replace, atomically
+    replaced = []
+    monkeypatch.setattr("workbench.records.files.os.replace", lambda a, b: replaced.append(b) or os.rename(a, b))
     assert main(["--target", "dense", "--out", str(out), "--prompts", "24", "--max-new-tokens", "32",
-                 "--threads", "1", "--quiet"]) == 0
+                 "--threads", "1", "--quiet", "--replace"]) == 0
+    assert replaced == [out] and [p.name for p in tmp_path.iterdir()] == ["cal.json"]
     d = json.loads(out.read_text())
     assert d["made"]["cycles"] >= 200 and d["made"]["prompts"]["count"] == 24 and d["made"]["date"]
     assert set(d["thresholds"]) == {"tree", "chain"} and d["cost"]["rows"] == [1, 8]

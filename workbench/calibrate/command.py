@@ -5,8 +5,10 @@
     python -m workbench.calibrate --target /models/t --draft /models/d --costs payoff.json --out my.json
 
 Bad input is one line on stderr and exit code 2, before any model loads where it can be (a count that is not
-positive, an output folder that does not exist, a cost source that cannot be read) and before anything is
-written otherwise (too few cycles or too few hits per path state for the estimate). ``add_parser`` and
+positive or cannot give the cycles the estimate needs, a flag that does not apply to the target, a path that
+does not exist, an --out that cannot be written or exists without --replace, a cost source or head that cannot
+be read) and before anything is written otherwise (too few hits per path state). The file is written
+atomically. ``add_parser`` and
 ``run`` let ``python -m workbench calibrate`` offer the same command.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ def add_arguments(p) -> None:
                    help="dense (default) or hybrid: an embedded pair; or a target model directory with --draft")
     p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (with a --target directory)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the calibration (JSON)")
+    p.add_argument("--replace", action="store_true", help="write over an existing --out file (refused otherwise)")
     p.add_argument("--prompts", type=int, default=120, help="calibration prompts to decode (default 120)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     p.add_argument("--width", type=int, default=16, help="drafter candidates recorded per slot (default 16)")
@@ -60,18 +63,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    """Everything that can be refused before a model loads (ValueError, one line)."""
+    """Everything that can be refused before a model loads (ValueError, one line naming the flag and value)."""
+    from workbench.engine.policies.calibration import MIN_CYCLES
+    from workbench.records.files import output_path
+
     for name in ("prompts", "max_new_tokens", "width"):
         v = getattr(args, name)
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')} {v}: must be 1 or more")
     if args.max_new_tokens < 8:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: a calibration needs cycles, give 8 or more")
-    if args.target not in PAIRS and not args.draft:
+    most = args.prompts * (args.max_new_tokens - 1)  # a cycle adds a token at least; the prefill gives the first
+    if most < MIN_CYCLES:
+        raise ValueError(f"--prompts {args.prompts} x --max-new-tokens {args.max_new_tokens} give at most {most} "
+                         f"drafted cycles; the estimate needs at least {MIN_CYCLES}: give more --prompts or "
+                         "--max-new-tokens")
+    check_pair_args(args)
+    out = output_path(args.out, "--out")
+    if out.exists() and not args.replace:
+        raise ValueError(f"--out {out} exists; give --replace to write over it, or another path")
+
+
+def check_pair_args(args) -> None:
+    """--target and --draft: an embedded pair alone, or two model directories that exist."""
+    if args.target in PAIRS:
+        if args.draft is not None:
+            raise ValueError(f"--draft {args.draft}: --target {args.target} is an embedded pair with its own drafter; "
+                             "drop --draft, or give --target DIR with it")
+        return
+    if not Path(args.target).is_dir():
+        raise ValueError(f"--target {args.target}: neither {' nor '.join(PAIRS)} (an embedded pair) nor a model "
+                         "directory")
+    if not args.draft:
         raise ValueError(f"--target {args.target}: a model directory needs --draft DIR (or use {' or '.join(PAIRS)})")
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+    if not Path(args.draft).is_dir():
+        raise ValueError(f"--draft {args.draft}: not a directory (the DFlash drafter's model folder)")
 
 
 def compact_json(d: dict) -> str:
@@ -106,6 +132,7 @@ def make_calibration(args, out, err) -> int:
     from workbench.calibrate.choose import choose_thresholds
     from workbench.calibrate.collect import collect
     from workbench.engine.policies.calibration import FORMAT, VERSION
+    from workbench.records.files import write_text_atomic
 
     t0 = time.perf_counter()
     cost, items, kept_apart, head_path, head = read_inputs(args)
@@ -129,7 +156,7 @@ def make_calibration(args, out, err) -> int:
         "replay": replay,
     }
     doc["made"]["seconds"] = round(time.perf_counter() - t0, 1)
-    Path(args.out).write_text(compact_json(doc))
+    write_text_atomic(args.out, compact_json(doc))  # a temporary file beside it, then renamed over it
     print_summary(doc, len(items), cycles, out, args.out)
     return 0
 
@@ -146,9 +173,9 @@ def read_inputs(args) -> tuple:
         check_args(args)
         source = args.costs or (args.target if args.target in PAIRS else None)
         cost = read_costs(source) if source else None
-        items, kept_apart = calibration_prompts(args.prompts, args.seed)
         head_path = None if args.head == "none" else Path(args.head or ASSETS / "pair_head.npz")
         head = load_head(head_path) if head_path is not None and (args.head or head_path.is_file()) else None
+        items, kept_apart = calibration_prompts(args.prompts, args.seed)
     except (ValueError, CostInputError) as e:
         raise Refused(str(e)) from None
     return cost, items, kept_apart, head_path, head

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import platform
 import sys
@@ -23,6 +24,7 @@ import numpy as np
 
 from workbench.engine.policies.pair_head import FORMAT, VERSION
 from workbench.models.identity import tokenizer_fingerprint
+from workbench.records.files import output_path, write_bytes_atomic
 from workbench.shipped import ASSETS
 from workbench.train import corpus
 
@@ -66,24 +68,49 @@ def build(ids: list[np.ndarray], vocab: int, successors: int = SUCCESSORS, smoot
             "pairs": int(pairs.size), "distinct": int(keys.size)}
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workbench.train.pair_head", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="dense", help="dense or hybrid (an embedded pair), or a model directory "
                                                      "holding tokenizer.json")
     p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--replace", action="store_true", help="write over an existing --out file (refused otherwise)")
     p.add_argument("--successors", type=int, default=SUCCESSORS, help=f"followers kept per token ({SUCCESSORS})")
     p.add_argument("--smoothing", type=float, default=SMOOTHING, help=f"weight of the pair counts ({SMOOTHING})")
-    args = p.parse_args(argv)
-    if args.successors < 1 or not 0.0 < args.smoothing < 1.0:
-        print("pair_head: --successors must be >= 1 and --smoothing in (0, 1)", file=sys.stderr)
+    return p.parse_args(argv)
+
+
+def check_args(args) -> tuple[Path, int]:
+    """(the tokenizer's folder, the vocabulary size): every refusal before the work, one line naming the flag
+    and its value (ValueError)."""
+    if args.successors < 1:
+        raise ValueError(f"--successors {args.successors}: must be 1 or more")
+    if not 0.0 < args.smoothing < 1.0:
+        raise ValueError(f"--smoothing {args.smoothing}: must be in (0, 1), the weight of the pair counts")
+    out = output_path(args.out, "--out")
+    if out.suffix != ".npz":
+        raise ValueError(f"--out {out}: a pair head is an .npz file; give a name ending in .npz")
+    if out.exists() and not args.replace:
+        raise ValueError(f"--out {out} exists; give --replace to write over it, or another path")
+    tdir = TARGETS[args.target] if args.target in TARGETS else Path(args.target)
+    if not (tdir / "tokenizer.json").is_file() or not (tdir / "config.json").is_file():
+        raise ValueError(f"--target {args.target}: neither {' nor '.join(TARGETS)} (an embedded pair) nor a model "
+                         "directory holding tokenizer.json and config.json")
+    try:
+        cfg = json.loads((tdir / "config.json").read_text())
+        vocab = int(cfg.get("text_config", cfg)["vocab_size"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"--target {args.target}: its config.json gives no vocab_size") from None
+    return tdir, vocab
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        tdir, vocab = check_args(args)
+    except ValueError as e:
+        print(f"pair_head: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    tdir = TARGETS[args.target] if args.target in TARGETS else Path(args.target)
-    if not (tdir / "tokenizer.json").is_file():
-        print(f"pair_head: {tdir} holds no tokenizer.json", file=sys.stderr)
-        return 2
-    cfg = json.loads((tdir / "config.json").read_text())
-    vocab = int(cfg.get("text_config", cfg)["vocab_size"])
     files = [f for f in corpus.thin_generated_tables(corpus.list_sources(), TABLE_KEEP_ONE_IN) if not f.held_out]
     arrays = build(token_ids(tdir, files), vocab, args.successors, args.smoothing)
     meta = {"format": FORMAT, "version": VERSION, "vocab": vocab, "tokenizer": tokenizer_fingerprint(tdir),
@@ -95,7 +122,9 @@ def main(argv=None) -> int:
                      "pairs": arrays.pop("pairs"), "distinct_pairs": arrays.pop("distinct"),
                      "successors": args.successors, "smoothing": args.smoothing}}
     meta["made"]["seconds"] = round(time.perf_counter() - t0, 1)
-    np.savez_compressed(args.out, meta=np.array(json.dumps(meta)), **arrays)
+    buf = io.BytesIO()  # built in memory, then written beside --out and renamed over it: never half-written
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **arrays)
+    write_bytes_atomic(args.out, buf.getvalue())
     print(f"pair_head: {meta['made']['pairs']} token pairs from {len(files)} files -> {args.out} "
           f"({Path(args.out).stat().st_size // 1024} KiB, {meta['made']['seconds']} s)")
     return 0
