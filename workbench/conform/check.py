@@ -43,6 +43,7 @@ from workbench.conform import contracts as C
 from workbench.conform import features
 from workbench.conform.causes import match_causes
 from workbench.conform.dump import read_dump
+from workbench.conform.fault_cost import fault_cost
 from workbench.conform.inputs import ConformInputError, check_pair, header_pair_dirs, prescan
 from workbench.conform.replay import Replay, replay_records
 from workbench.conform.replay_reference import chain_logits
@@ -99,9 +100,11 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
         raise ConformInputError(f"{dump}: no contract could be checked on its {total} cycle(s) "
                                 f"({'; '.join(why)[:240]}): a check that judged nothing is no verdict; dump the "
                                 "fields the contracts read (docs/dump-format.md)")
+    say("decoding the reference along its own trajectory (what the run cost)")
+    cost = fault_cost(dump, head, models, sel, models.tokenizer.eos_token_id)
     report = ConformReport(str(dump), head, replay.results, total,
                            kept.requests if kept is not None else scan.requests, tol, time.perf_counter() - t0, notes,
-                           scan.policies, used, selection=sel.to_dict() if sel is not None else None)
+                           scan.policies, used, selection=sel.to_dict() if sel is not None else None, cost=cost)
     report.causes = match_causes(report)  # from the evidence to the known bug classes it matches
     return report
 

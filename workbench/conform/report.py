@@ -48,6 +48,7 @@ class ConformReport:
     pair_used: dict = field(default_factory=dict)  # the pair the replay ran on: target, draft, dtype
     selection: dict | None = None  # the slice checked (workbench.conform.selection), None: the whole dump
     causes: dict = field(default_factory=dict)  # broken contract -> the known causes its evidence matches
+    cost: object = None  # what the run lost beside the reference's own decode (workbench.conform.fault_cost)
 
     @property
     def title_policy(self) -> str:
@@ -76,7 +77,7 @@ class ConformReport:
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
                 "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()],
                 "causes": {name: [c.to_dict() for c in found] for name, found in self.causes.items()},
-                "selection": self.selection}
+                "selection": self.selection, "cost": None if self.cost is None else self.cost.to_dict()}
 
     def __str__(self) -> str:
         from workbench.records.texttable import text_table
@@ -106,15 +107,14 @@ class ConformReport:
                 f = self.results[name].first
                 cost = (f"; the reference's step commits {_tokens(f['reference_accept'])} there, the engine's "
                         f"{f['engine_accept']}" if f.get("reference_accept") is not None else "")
-                ref, eng = self.results[name].accept
-                over = (f" Over its {self.results[name].broken} broken cycles the reference's steps commit "
-                        f"{_tokens(ref)}, the engine's {eng}." if self.results[name].broken > 1 and ref else "")
                 lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
-                             f"{f['evidence']}{cost}.{over}")
+                             f"{f['evidence']}{cost}.")
             lines += report_lines(self.broken, self.causes)
         else:
             lines.append("no contract broken" + (" (see the contracts not checked)" if any(
                 r.status == "not checked" for r in self.results.values()) else ""))
+        if self.cost is not None:  # the per-step replay's counts above are each on the engine's own context
+            lines += self.cost.lines()
         near = [f"{r.name}: {r.near_ties}" for r in self.results.values() if r.near_ties]
         if near:
             lines.append("near ties (a different top-1 within the tolerance, not counted): " + ", ".join(near))
