@@ -20,7 +20,7 @@ def pair(tmp_path_factory):
                      seed=1, eos=False)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def server(pair):
     from workbench.serve import EngineServer, Limits
 
@@ -69,33 +69,41 @@ def test_one_thread_keeps_one_connection(server):
 
 
 def test_the_rounds_count_tokens_steps_and_where_the_time_went(server, pair):
-    from workbench.bench.serve_load import inproc_round, served_round, summarise, table
+    from workbench.bench.serve_load import add_ratios, inproc_round, served_round, summarise, table
     from workbench.serve import wire
 
     prompts, policy = ["t1 t2 t3", "t4 t5", "t6"], wb.DDTree(3)
     local = wb.load(target=pair[0], draft=pair[1])
     got = {"inproc": [inproc_round(local, prompts, 3, policy, 10)]}
-    for how in ("run", "step", "serial"):
+    for how in ("run", "step", "serial", "whole"):
         got[how] = [served_round(Handle(server), prompts, 3, wire.policy_to_wire(policy), 10, how)]
     for how, (r,) in got.items():
         assert r["tokens"] == 30, how  # no end of text in this pair: every session makes its 10 tokens
         assert r["seconds"] > 0 and all(r["latencies"]), how
-    cycles = {how: sum(len(c) for c in got[how][0]["latencies"]) for how in ("run", "step", "serial")}
-    assert cycles["run"] == cycles["step"] == cycles["serial"]  # a step per cycle per session, whatever the mode
-    for how in ("run", "step", "serial"):
+        assert (r["open_seconds"] is None) == (how not in ("inproc", "whole")), how  # the opening, where timed
+    whole = got["whole"][0]
+    assert 0 < whole["open_seconds"] < whole["seconds"]  # from the first opening to the last closing
+    cycles = {how: sum(len(c) for c in got[how][0]["latencies"]) for how in ("run", "step", "serial", "whole")}
+    assert cycles["run"] == cycles["step"] == cycles["serial"] == cycles["whole"]  # a step per cycle per session
+    for how in ("run", "step", "serial", "whole"):
         r = got[how][0]
         assert len(r["parts"]) == cycles[how] and r["gather"]["rows_stepped"] == cycles[how], how
         assert all(p["cycle"] > 0 and p["decode"] > 0 for p in r["parts"]), how
     assert got["serial"][0]["gather"]["rows_stepped"] == got["serial"][0]["gather"]["cycles"]  # one at a time
     assert wb.connect(server.url, token=server.token).sessions() == []  # every round closes its sessions
     res = {"policy": wire.policy_to_wire(policy), "max_new_tokens": 10, "repeats": 1,
-           "modes": ["inproc", "run", "step", "serial"],
+           "modes": ["inproc", "run", "step", "serial", "whole"],
            "rows": [{"clients": 3, **{m: summarise(got[m]) for m in got},
                      "at_once_vs_serial": [2.0]}]}
+    add_ratios(res["rows"][0], got)
     res["rows"][0]["run"]["tok_s_vs_inproc"] = res["rows"][0]["run"]["p50_vs_inproc"] = [0.9, 1.1]
     text = table(res)
     assert "3 clients at once (run) over one after another (serial): 2.00x" in text
     assert "0.90x [0.90-1.10]" in text and "where a served step goes" in text
+    x = res["rows"][0]
+    assert x["whole"]["tok_s_vs_inproc"] == [pytest.approx(30 / whole["seconds"] / x["inproc"]["tok_s_whole"])]
+    assert "3 client(s) opening, running and closing at once (whole) over the in-process batch from its making on" \
+        in text
     assert all(k in text for k in ("wait", "cycle", "record", "encode", "http", "wire", "decode"))
     steps = text.split("where a served step goes")[1].splitlines()
     assert [line.split()[1] for line in steps[2:6]] == ["inproc", "run", "step", "serial"]  # in process beside

@@ -6,13 +6,16 @@ engine or one built on it, said before any server starts.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
+import signal
+import threading
 
 from workbench.cli_args.engine_options import DEFAULT_ENGINE, add_model_args, load_engine, require_own_engine
 from workbench.cli_args.values import UsageError, check_output, positive_int
-from workbench.serve.command import SERVED_MAX_NEW_TOKENS
+from workbench.serve.command import SERVED_MAX_NEW_TOKENS, SERVED_MAX_SESSIONS
 
 
 def spare_core_threads(cores: int) -> int:
@@ -24,14 +27,39 @@ def spare_core_threads(cores: int) -> int:
     return max(1, min(cores - 1, 8))
 
 
+class Stopped(KeyboardInterrupt):
+    """bench-serve stopped by a signal: raised where it runs, so that its servers are stopped on the way out."""
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """SIGTERM (a timeout wrapper, ``kill``) raises ``Stopped`` as Ctrl-C raises KeyboardInterrupt: by default it
+    would end this process at once, before the servers it started are stopped. (A server also stops by itself
+    once this process is gone, however it went: ``workbench.bench.served_child``.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(sig, _frame):
+        raise Stopped(f"stopped by {signal.Signals(sig).name}")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench-serve", help="the served engine under load beside the same engine in process: N "
                        "clients at once, what the server adds per step and where it goes")
-    p.add_argument("--clients", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
+    p.add_argument("--clients", default="1,4,8,16",
+                   help=f"comma-separated client counts, each at most {SERVED_MAX_SESSIONS} (default 1,4,8,16)")
     p.add_argument("--modes", default="inproc,run,step,serial",
                    help="comma-separated, interleaved: inproc (one batch in this process), run (each client one "
                         "streamed request), step (one request per cycle), serial (run, one client after another), "
-                        "unbatched (run on a --no-batching server) (default inproc,run,step,serial)")
+                        "whole (each client opens, runs and closes its session), unbatched (run on a --no-batching "
+                        "server) (default inproc,run,step,serial,whole)")
     p.add_argument("--policy", default="ddtree:16", help="every client's policy (default ddtree:16)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="per session (default 48)")
     p.add_argument("--repeats", type=positive_int, default=1, help="rounds per (mode, clients), order alternating (default 1)")
@@ -67,6 +95,10 @@ def run(args, out, err) -> int:
         raise UsageError(f"--clients {args.clients!r} must be comma-separated whole numbers, e.g. 1,4,8,16") from None
     if any(n < 1 for n in clients) or len(set(clients)) != len(clients):
         raise UsageError(f"--clients {args.clients!r}: each count must be 1 or more, and each only once")
+    if max(clients) > SERVED_MAX_SESSIONS:
+        raise UsageError(f"--clients {args.clients!r}: at most {SERVED_MAX_SESSIONS} clients, a session each: a "
+                         f"served engine holds {SERVED_MAX_SESSIONS} sessions (`serve --max-sessions`) and batches "
+                         f"{SERVED_MAX_SESSIONS} rows a cycle by default; give counts from 1 to {SERVED_MAX_SESSIONS}")
     from workbench.bench.serve_load import MODES
 
     modes = [m.strip() for m in args.modes.split(",")]
@@ -98,9 +130,10 @@ def run(args, out, err) -> int:
     # stops every client thread and the in-process round at random, and both columns measure it.
     gc.freeze()
     try:
-        res = measure_served_load(model_args, load_frozen, prompts, clients, policy, args.max_new_tokens,
-                                  args.repeats, args.threads, modes,
-                                  progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
+        with stopped_by_signals():
+            res = measure_served_load(model_args, load_frozen, prompts, clients, policy, args.max_new_tokens,
+                                      args.repeats, args.threads, modes,
+                                      progress=lambda msg: print(f"bench-serve: {msg}", file=err, flush=True))
     finally:
         gc.unfreeze()  # (main() may run again in this process: tests)
     print(table(res), file=out)

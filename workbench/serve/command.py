@@ -14,6 +14,7 @@ from workbench.cli_args.values import UsageError, finite_float, positive_int
 from workbench.engine.validate import as_arg
 
 SERVED_MAX_NEW_TOKENS = 1024  # `serve --max-new-tokens`'s default: the limit of bench-serve's servers too
+SERVED_MAX_SESSIONS = 16  # `serve --max-sessions`'s default (and --max-batch-rows'): bench-serve's most clients
 
 
 def add_parser(sub) -> None:
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("limits")
     g.add_argument("--session-ttl", type=finite_float, default=600.0, metavar="S",
                    help="drop a session idle for S seconds (default 600)")
-    g.add_argument("--max-sessions", type=positive_int, default=16, help="live sessions at once (default 16)")
+    g.add_argument("--max-sessions", type=positive_int, default=SERVED_MAX_SESSIONS,
+                   help=f"live sessions at once (default {SERVED_MAX_SESSIONS})")
     g.add_argument("--max-new-tokens", type=positive_int, default=SERVED_MAX_NEW_TOKENS,
                    help=f"per session (default {SERVED_MAX_NEW_TOKENS})")
     g.add_argument("--max-budget", type=positive_int, default=1024, help="largest DDTree budget (default 1024)")
