@@ -59,6 +59,15 @@ def test_a_cut_head_is_one_line_in_python(cut_head, engine):
         engine.session("def f(x):", policy=PairTree(8, calibration=str(cal)), max_new_tokens=4)
 
 
+def test_a_cut_conditioned_head_is_one_line(tmp_path):
+    from workbench.engine.policies.cond_head import SHIPPED as COND, CondHeadError, load_head as load_cond
+
+    cut = tmp_path / "cond_head.npz"
+    cut.write_bytes(COND["dense"].read_bytes()[:4096])
+    with pytest.raises(CondHeadError, match=f"conditioned head {cut} is cut short or damaged .*copy it again"):
+        load_cond(str(cut))
+
+
 def test_a_cut_head_is_one_line_from_run(cut_head, capsys, monkeypatch):
     no_model_load(monkeypatch, "workbench.run_command")
     cal, head = cut_head

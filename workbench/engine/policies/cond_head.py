@@ -26,6 +26,8 @@ states, it is refused in one line (``CondHeadError``) on any other pair before a
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +138,9 @@ def load_head(name_or_path) -> CondHead:
             with np.load(p, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {k: z[k] for k in ARRAYS}
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:  # a file cut short or damaged in its archive
+            raise CondHeadError(f"conditioned head {p} is cut short or damaged ({type(e).__name__}: {e}); copy it "
+                                f"again or train it again with {MAKE}") from None
         except (OSError, ValueError, KeyError) as e:
             raise CondHeadError(f"conditioned head {p} is not a head file ({type(e).__name__}); train one with "
                                 f"{MAKE}") from None
