@@ -1,7 +1,7 @@
 """The calibration command: decode calibration prompts on a pair, fit, choose, write one JSON file.
 
-    python -m workbench.calibrate --target dense --out workbench/assets/calibration.json
-    python -m workbench.calibrate --target hybrid --out workbench/assets/hybrid/calibration.json
+    python -m workbench.calibrate --target dense --out workbench/assets/calibration.json --replace
+    python -m workbench.calibrate --target hybrid --out workbench/assets/hybrid/calibration.json --replace
     python -m workbench.calibrate --target /models/t --draft /models/d --costs payoff.json --out my.json
 
 Bad input is one line on stderr and exit code 2, before any model loads where it can be (a count that is not

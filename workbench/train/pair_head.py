@@ -7,7 +7,7 @@ followers with log p(c | p) = log(smoothing * count(p, c) / count(p) + (1 - smoo
 outside the table gets the unigram share alone. A few seconds on a CPU. The table and its making are written
 as ``workbench.engine.policies.pair_head`` reads them.
 
-    python -m workbench.train.pair_head --target dense --out workbench/assets/pair_head.npz
+    python -m workbench.train.pair_head --target dense --out workbench/assets/pair_head.npz --replace
 """
 from __future__ import annotations
 
