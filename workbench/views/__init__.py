@@ -9,6 +9,7 @@
 try:
     from workbench.views.analysis_figures import budget_needed_figure, policy_compare_figure, reliability_figure
     from workbench.views.cost_figures import speedup_figure, verify_cost_figure
+    from workbench.views.payoff_figures import by_policy_figure, next_top1_figure, payoff_figure
     from workbench.views.export import save_html, to_html
     from workbench.views.figures import (
         acceptance_figure, budget_sweep_figure, draft_heatmap, mask_figure, node_outcomes, stage_times_figure, token_stream, token_text,
@@ -35,3 +36,4 @@ __all__ = [
     "visible", "write_report", "budget_needed_figure", "policy_compare_figure", "reliability_figure",
 ]
 __all__ += ["speedup_figure", "verify_cost_figure"]  # the roofline cost model's figures
+__all__ += ["by_policy_figure", "next_top1_figure", "payoff_figure"]  # pays-off's results and the policies' counts
