@@ -128,6 +128,14 @@ def test_what_the_file_alone_shows_is_refused_before_any_model_loads(tmp_path, c
     assert msg in one_line(capsys.readouterr().err)
 
 
+def test_pays_off_reads_a_named_calibration_before_any_model_loads(tmp_path):
+    from workbench.payoff.inputs import PaysOffInputError, check_inputs
+
+    nocost = doctored(tmp_path, lambda d: d.update(cost=None), "nocost.json")
+    with pytest.raises(PaysOffInputError, match=f"calibration {nocost} holds no cost table"):
+        check_inputs(policies=f"ar,costtree(16, calibration={nocost})")  # the checks that need no model
+
+
 def test_a_calibration_copied_alone_is_told_to_copy_its_head(tmp_path):
     shutil.copy(SHIPPED["dense"], tmp_path / "calibration.json")
     cal = load(str(tmp_path / "calibration.json"))

@@ -128,10 +128,13 @@ def check_windows(batches: tuple, n: int) -> None:
 def parse_policy_list(policies) -> list | None:
     """``workbench.engine.validate.policy_list`` (the one parser of policy lists, the bench's too), its refusals
     as this module's error."""
+    from workbench.engine.policies.calibration import check_named
     from workbench.engine.validate import policy_list
 
     try:
-        return policy_list(policies)
+        pols = policy_list(policies)
+        check_named(pols or [])  # the calibration files they name, read before any model loads
+        return pols
     except ValueError as e:
         raise PaysOffInputError(str(e)) from None
 
