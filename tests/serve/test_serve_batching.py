@@ -88,3 +88,48 @@ def test_every_client_sees_its_own_session_as_if_alone(eng, batching):
         assert stats.most_waited <= len(CLIENTS) - 1
     else:
         assert stats is None
+
+
+def test_sessions_opened_together_share_one_prefill_and_one_alone_does_not_wait(eng):
+    """A session is said to be arriving from the moment its request reaches the store: a prefill about to run
+    waits for the others (at most join_seconds, 5 s here), so sessions opened together are prefilled as a
+    batch's are, not the first alone; a lone one, or one refused on its way, holds no prefill up."""
+    import time
+
+    from workbench.engine.scheduler import BatchLimits
+    from workbench.serve import Limits, ServeError, SessionStore
+
+    store = SessionStore(eng, Limits(max_sessions=4, max_new_tokens=8))
+    store.scheduler.limits = BatchLimits(join_seconds=5.0)
+    inside = {p: threading.Event() for p in ("t1 t2 t3", "t4 t5")}
+    go = threading.Event()
+    check = store.check_prompt
+
+    def held_check(prompt):  # both requests are on their way before either is submitted
+        inside.get(prompt, go).set()
+        if prompt == "t4 t5":
+            go.wait(10)
+        check(prompt)
+
+    store.check_prompt = held_check
+    made = []
+    threads = [threading.Thread(target=lambda p=p: made.append(store.create(p, wb.DDTree(3), max_new_tokens=4)))
+               for p in ("t4 t5", "t1 t2 t3")]
+    try:
+        t0 = time.perf_counter()
+        threads[0].start()
+        assert inside["t4 t5"].wait(10)
+        threads[1].start()
+        assert inside["t1 t2 t3"].wait(10)
+        go.set()
+        for t in threads:
+            t.join(10)
+        assert len(made) == 2 and store.scheduler.stats.prefills == 1 and time.perf_counter() - t0 < 4
+        with pytest.raises(ServeError, match="max_new_tokens=99"):
+            store.create("t6", wb.DDTree(3), max_new_tokens=99)  # refused on its way: it is not waited for
+        t0 = time.perf_counter()
+        store.create("t6", wb.DDTree(3), max_new_tokens=4)
+        assert store.scheduler.stats.prefills == 2 and time.perf_counter() - t0 < 2.5
+    finally:
+        store.drop_all()
+        store.close()

@@ -5,7 +5,8 @@ ordinary ``Session`` objects: their ``step()`` (and so ``run()``) hands the sche
 for the cycle that served it. The worker, in a loop:
 
 1. retires the rows of released sessions (``release``) and admits new sessions (one prefill, an EXTEND
-   over every prompt that arrived together, whose rows join the running ones: ``Rows.admit``);
+   over every prompt that arrived together, whose rows join the running ones: ``Rows.admit``; sessions a
+   caller said are on their way, ``arriving()``, are waited for first, at most ``join_seconds``);
 2. gathers the pending steps: after a cycle it waits for the sessions that were in it to ask again (a
    client's next request takes a round trip), and once for each new session that has not asked yet
    (clients that open sessions together start them together: without the wait the first to ask would run
@@ -38,6 +39,7 @@ caller drives them apart (``workbench.serve.store``).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -68,7 +70,7 @@ class BatchLimits:
     # opened sessions together send their first requests a few ms apart (8 /run requests on loopback: 5-10 ms),
     # and a cycle run without some of them splits the batch for good (their rows copied aside and back, their
     # cycles one behind: 6% of an 8-client round on the embedded pair when a 5 ms window cut it)
-    join_seconds: float = 0.02
+    join_seconds: float = 0.02  # (also the most a prefill waits for sessions said to be arriving)
 
     def __post_init__(self):
         for name in ("max_rows", "max_nodes"):
@@ -134,6 +136,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._steps: dict[object, _Ticket] = {}  # session -> its pending step (one per session)
         self._admits: list[_Ticket] = []
+        self._arriving = 0  # sessions being made elsewhere (``arriving()``) that no ticket holds yet
         self._releases: list = []
         self._seq = itertools.count()
         self._last: list = []  # the sessions of the last cycle (the gather waits for them)
@@ -145,12 +148,33 @@ class Scheduler:
         self._thread.start()
 
     # ------------------------------------------------------------------ the sessions' side (any thread)
-    def session(self, prompt=None, **kw):
+    def session(self, prompt=None, arrival: dict | None = None, **kw):
         """A new session driven here (``engine.session``'s arguments), prefilled with whatever else arrived
-        before this returns."""
+        before this returns. ``arrival``: the one ``arriving()`` gave for it."""
         s = self.engine.session(prompt, driver=self, **kw)
-        self._wait(self._submit(s, admit=True))
+        self._wait(self._submit(s, admit=True, arrival=arrival))
         return s
+
+    @contextlib.contextmanager
+    def arriving(self):
+        """Around making a session elsewhere (a server checking and encoding its prompt) up to ``session(...,
+        arrival=...)``: a prefill about to run waits for it, at most ``join_seconds``, so that sessions opened
+        together are prefilled together (one EXTEND, as a batch's), not the first alone and the rest after it.
+        -> the arrival to pass to ``session``."""
+        arrival = {"settled": False}
+        with self._cond:
+            self._arriving += 1
+        try:
+            yield arrival
+        finally:
+            with self._cond:
+                self._settle(arrival)
+
+    def _settle(self, arrival: dict | None) -> None:
+        if arrival is not None and not arrival["settled"]:  # (self._cond held)
+            arrival["settled"] = True
+            self._arriving -= 1
+            self._cond.notify_all()
 
     def step_request(self, s) -> Cycle:
         return self._wait(self._submit(s))
@@ -161,8 +185,9 @@ class Scheduler:
         while not s.finished and more():
             self._wait(self._submit(s, standing=(more, each)))
 
-    def _submit(self, s, admit: bool = False, standing: tuple | None = None) -> _Ticket:
+    def _submit(self, s, admit: bool = False, standing: tuple | None = None, arrival: dict | None = None) -> _Ticket:
         with self._cond:
+            self._settle(arrival)
             if self._stopped:
                 raise RuntimeError("the scheduler has stopped")
             t = _Ticket(s, next(self._seq), standing=standing, asked=time.perf_counter())
@@ -244,6 +269,8 @@ class Scheduler:
         with self._cond:
             while not (self._stopped or self._steps or self._admits or self._releases):
                 self._cond.wait()
+            if self._admits and self._arriving:  # sessions opened together: one prefill for them all
+                self._cond.wait_for(lambda: self._stopped or not self._arriving, timeout=self.limits.join_seconds)
             if self._stopped:
                 self._fail_all(RuntimeError("the scheduler has stopped"))
                 return False
