@@ -3,7 +3,7 @@
     python tests/gpu/check_cuda.py [--out REPORT.json] [--target DIR --draft DIR] [--sections a,b]
 
 (5-8 minutes is an estimate: cuda_graphs, cost_sweep and payoff_calibrated have not run on a GPU yet; the
-last alone is about 2 minutes by the engine's eager step on a GPU, 210 decodes of 8 tokens per mode.)
+last alone is about 2.5 minutes by the engine's eager step on a GPU, 274 decodes of 8 tokens per mode.)
 
 Sections (each catches its own failure and reports it; the others still run):
   fp32_cuda_vs_cpu   float32 DDTree(32) on CUDA == float32 AR on the CPU, token for token
@@ -20,12 +20,14 @@ Sections (each catches its own failure and reports it; the others still run):
                      beside the cost model's prediction: per-point error, median and max (written without a
                      GPU: its CPU path runs in tests/bench/test_sweep.py on a tiny config; not yet run on a GPU)
   payoff_calibrated  pays-off's measurement (wb.pays_off) of AR, DFlash, DDTree(8, 16) and the calibrated policies
-                     (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8)) at batch 1 and 8 on
-                     the random-weight Qwen3-8B layout, eager and with cuda_graphs=True, 10 prompts x 8 tokens;
-                     prints pays-off's tables. A random pair cannot be calibrated (no path state gets the target
-                     hits an estimate needs), so it runs under a stand-in calibration: the embedded dense
-                     pair's acceptance model, cost table and thresholds, and a head of the real head's shape,
-                     under this pair's identity. Per-step costs are real; acceptance on random weights is not
+                     (PathTree(16), CostTree(64), CutTree(16), PairTree(16), PairChain(8), and the learned head's
+                     CondTree(16), CondChain(8)) at batch 1 and 8 (static and refilled) on the random-weight
+                     Qwen3-8B layout, eager and with cuda_graphs=True, 10 prompts x 8 tokens; prints pays-off's
+                     tables. A random pair cannot be calibrated (no path state gets the target hits an estimate
+                     needs), so it runs under a stand-in calibration: the embedded dense pair's acceptance model,
+                     cost table and thresholds, a successor table and a learned head of the real ones' shapes
+                     (random), under this pair's identity. Per-step costs are real (the learned head's scoring
+                     and the conditioned build included); acceptance on random weights is not
                      (written without a GPU: its CPU path runs in tests/gpu/test_cuda.py on a tiny config; not
                      yet run on a GPU)
 Run some sections only with --sections a,b. The report goes to --out, else $OUT/check_cuda.json when $OUT is set
@@ -350,20 +352,50 @@ def stand_in_calibration(models, folder: Path, embedded: str = EMBEDDED_CALIBRAT
     return path
 
 
+def stand_in_cond_head(models, folder: Path, embedded: str = EMBEDDED_CALIBRATION, seed: int = 0) -> Path:
+    """A learned conditioned head CondTree and CondChain accept on ``models``, a random-weight pair no head can be
+    trained on (its target's tokens are noise): the shipped head's K and rank, random arrays at the shipped ones'
+    spread over this pair's vocabulary and hidden size, under this pair's identity. Its scoring and the
+    conditioned build then run at full size (a [V, rank] gather per candidate, the k x k increments), which is
+    what their per-step cost needs; their acceptance on random weights means nothing. -> the file's path."""
+    import numpy as np
+
+    from workbench.engine.policies.cond_head import FORMAT, VERSION, load_head
+    from workbench.models.identity import pair_identity
+
+    pair = pair_identity(models)
+    shipped = load_head(embedded)
+    V, H = pair["vocab"], int(models.target.lm_head.weight.shape[1])  # the drafter's states feed the target's LM head
+    r = int(shipped.meta["rank"])
+    rng = np.random.default_rng(seed)
+    shapes = {"P": (r, H), "p0": (r,), "E": (V, r), "R": (5, r), "U": (V, r), "u_out": (r,)}
+    arrays = {k: (rng.standard_normal(shape) * float(shipped.arrays[k].astype(np.float32).std())).astype(
+        shipped.arrays[k].dtype) for k, shape in shapes.items()}
+    arrays["scalars"] = shipped.arrays["scalars"]
+    meta = {"format": FORMAT, "version": VERSION, "K": shipped.K, "rank": r,
+            "pair": {k: pair[k] for k in ("vocab", "tokenizer", "block_size", "drafter", "target")},
+            "made": {"by": "tests/gpu/check_cuda.py stand_in_cond_head: random arrays (timing only)"}}
+    path = folder / "stand_in_cond_head.npz"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
 def short_label(label: str) -> str:
-    """'PathTree(16, calibration=/tmp/x/c.json)' -> 'PathTree(16)': the report's keys name the policy, not the
-    stand-in file every calibrated label carries."""
+    """'PathTree(16, calibration=/tmp/x/c.json)' -> 'PathTree(16)', 'CondTree(16, head=/tmp/x/h.npz)' ->
+    'CondTree(16)': the report's keys name the policy, not the stand-in file every calibrated label carries."""
     import re
 
-    return re.sub(r", calibration=[^,)]*", "", label)
+    return re.sub(r", (calibration|head)=[^,)]*", "", label)
 
 
 def payoff_summary(res) -> dict:
-    """Per batch size: tokens per forward and the median step (ms) per shape, the fastest line, each calibrated
-    policy against the best DDTree budget and what decides, and how many greedy outputs differ from AR's."""
+    """Per batch size (static, and refilled where measured: 'B refilled'): tokens per forward and the median step
+    (ms) per shape, the fastest line, each calibrated policy against the best DDTree budget and what decides, and
+    how many greedy outputs differ from AR's."""
     out = {}
-    for b, v in res.batches.items():
-        out[str(b)] = {
+    batches = [(str(b), v) for b, v in res.batches.items()] + [(f"{b} refilled", v) for b, v in res.refilled.items()]
+    for b, v in batches:
+        out[b] = {
             "tok/fwd": {short_label(r.label): round(r.tokens_per_forward, 3) for r in v.rows},
             "step_ms": {short_label(r.label): round(r.step_ms["total"], 3) for r in v.rows},
             "best_budget": v.best_budget, "fastest": short_label(v.fastest),
@@ -397,14 +429,16 @@ def payoff_calibrated(device: str = "cuda", config="qwen3-8b", draft_config="qwe
     # the embedded pair's tokenizer: a random layout ships none, and its ids fit any larger vocabulary
     models = dataclasses.replace(models, tokenizer=wb.load().models.tokenizer)
     build_s = time.perf_counter() - t0
-    cal = str(stand_in_calibration(models, Path(tempfile.mkdtemp(prefix="check_cuda_"))))
+    folder = Path(tempfile.mkdtemp(prefix="check_cuda_"))
+    cal, head = str(stand_in_calibration(models, folder)), str(stand_in_cond_head(models, folder))
     policies = [wb.DDTree(8), wb.DDTree(16), wb.PathTree(16, calibration=cal), wb.CostTree(64, calibration=cal),
-                wb.CutTree(16, calibration=cal), wb.PairTree(16, calibration=cal), wb.PairChain(8, calibration=cal)]
+                wb.CutTree(16, calibration=cal), wb.PairTree(16, calibration=cal), wb.PairChain(8, calibration=cal),
+                wb.CondTree(16, head=head), wb.CondChain(8, head=head)]
     texts = eval_prompts("short")[:prompts]
     report = {"model": models.notes[0] if models.notes else config, "dtype": dtype, "prompts": len(texts),
               "max_new_tokens": max_new_tokens, "build_s": round(build_s, 1),
-              "calibration": f"stand-in ({EMBEDDED_CALIBRATION} pair's model, costs and thresholds; random head): "
-                             "per-step cost is real, acceptance on random weights is not"}
+              "calibration": f"stand-in ({EMBEDDED_CALIBRATION} pair's model, costs and thresholds; random successor "
+                             "table and learned head): per-step cost is real, acceptance on random weights is not"}
     modes = [("eager", False)] + ([("graphs", True)] if graphs else [])
     for mode, cuda_graphs in modes:
         t1 = time.perf_counter()
@@ -416,7 +450,8 @@ def payoff_calibrated(device: str = "cuda", config="qwen3-8b", draft_config="qwe
         if cuda_graphs:
             report[mode]["captures"] = engine.graphs.captures
         del engine
-    report["ok"] = all(len(report[m][str(b)]["versus_best"]) == 5 for m, _ in modes for b in batches)
+    calibrated = len(policies) - 2  # all but the DDTree budgets
+    report["ok"] = all(len(report[m][str(b)]["versus_best"]) == calibrated for m, _ in modes for b in batches)
     del models
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()

@@ -106,25 +106,27 @@ def test_without_cuda_the_check_says_why_and_exits_0(capsys):
 TINY, TINY_DRAFT = tiny_qwen3_configs(vocab=4096, target_layer_ids=(0, 1))
 
 
-@pytest.mark.slow  # 180 tiny decodes and the branching pass: a minute or two on a shared 2-core machine
+@pytest.mark.slow  # 143 tiny decodes and the branching pass (10): a minute or two on a shared 2-core machine
 def test_the_payoff_section_runs_on_a_tiny_random_layout_on_the_cpu(tmp_path):
-    """payoff_calibrated's CPU path: the stand-in calibration binds to the random pair, pays-off measures the five
-    calibrated policies against the best DDTree budget at batch 1 and 8 (eager: CUDA graphs need a GPU)."""
+    """payoff_calibrated's CPU path: the stand-in calibration and learned head bind to the random pair, pays-off
+    measures the seven calibrated policies against the best DDTree budget at batch 8, static and refilled (eager:
+    CUDA graphs need a GPU; batch 1 runs the same section code, and pays-off's own tests cover it)."""
     import check_cuda as cc
-    from workbench.engine.policies import PathTree
+    from workbench.engine.policies import CondTree, PathTree
     from workbench.models.identity import pair_identity
 
     printed = []
-    r = cc.payoff_calibrated("cpu", TINY, TINY_DRAFT, prompts=10, max_new_tokens=4, dtype="float32",
+    r = cc.payoff_calibrated("cpu", TINY, TINY_DRAFT, prompts=10, max_new_tokens=4, batches=(8,), dtype="float32",
                              say=printed.append)
     assert r["ok"] and set(r) >= {"eager", "calibration"} and "graphs" not in r, r
-    for b in ("1", "8"):
+    mine = ("PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)", "CondTree(16)",
+            "CondChain(8)")
+    for b in ("8", "8 refilled"):
         got = r["eager"][b]
-        assert {"PathTree(16)", "CostTree(64)", "CutTree(16)", "PairTree(16)", "PairChain(8)", "DDTree(8)", "AR",
-                "DFlash"} <= set(got["tok/fwd"]) and len(got["versus_best"]) == 5
-        assert all(line.startswith(("PathTree(16) ", "CostTree(64) ", "CutTree(16) ", "PairTree(16) ",
-                                    "PairChain(8) ")) for line in got["versus_best"]), got["versus_best"]
-    assert "calibrated policies against the best DDTree budget" in printed[0] and "calibration=" not in printed[0]
+        assert {*mine, "DDTree(8)", "AR", "DFlash"} <= set(got["tok/fwd"]) and len(got["versus_best"]) == 7
+        assert all(line.startswith(tuple(f"{x} " for x in mine)) for line in got["versus_best"]), got["versus_best"]
+    assert "calibrated policies against the best DDTree budget" in printed[0]
+    assert "calibration=" not in printed[0] and "head=" not in printed[0]
     json.dumps(r)
     # the stand-in refuses another pair as any calibration does
     from workbench.bench.random_models import random_models
@@ -136,3 +138,7 @@ def test_the_payoff_section_runs_on_a_tiny_random_layout_on_the_cpu(tmp_path):
     assert PathTree(16, calibration=str(cal)).for_pair(pair_identity(mine)) == PathTree(16, calibration=str(cal))
     with pytest.raises(ValueError, match="was made on another pair"):
         PathTree(16, calibration=str(cal)).for_pair(pair_identity(other))
+    head = str(cc.stand_in_cond_head(mine, tmp_path))  # and the stand-in head as any head does
+    assert CondTree(16, head=head).for_pair(pair_identity(mine)) == CondTree(16, head=head)
+    with pytest.raises(ValueError, match="was trained on another pair"):
+        CondTree(16, head=head).for_pair(pair_identity(other))
