@@ -13,11 +13,14 @@
 # | `CutTree(16)` | `cut:16` | PathTree's nodes, cut where the estimated path acceptance falls below a calibrated threshold | DSpark |
 # | `PairTree(16)` | `pairtree:16` | each candidate rescored given its *parent's token* by a previous-token head | TreeFlash |
 # | `PairChain(8)` | `pairchain:8` | one chain: the best path through each slot's top-8 under that head | DFlash2 |
+# | `CondTree(16)` | `condtree:16` | PairTree's tree, each candidate scored by a *learned* head: the drafter's state at the slot with its parent's token | |
+# | `CondChain(8)` | `condchain:8` | one chain: the most expected accepted tokens through each slot's top-8 under the learned head | |
 #
-# Each is calibrated on the pair's own traces, from prompts cut from the *training* files
-# (`docs/calibrated-policies.md`); everything below runs on held-out evaluation prompts no calibration saw.
+# Each is calibrated (or, the learned head, trained) on the pair's own traces, from prompts cut from the *training*
+# files (`docs/calibrated-policies.md`); everything below runs on held-out evaluation prompts none of them saw.
 # Here: the embedded dense pair, 8 short held-out prompts, 32 new tokens, greedy (so every count repeats
-# exactly). This notebook counts tokens per target forward only: speed is `pays-off`'s to measure (last cell).
+# exactly). This notebook counts tokens per target forward only: speed is `pays-off`'s to measure (the last
+# cells draw its saved results).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -71,6 +74,30 @@ for state in without:
           f"{100 * with_head[state]['top1']:3.0f}% given the previous token ({without[state]['slots']} slots)")
 
 # %% [markdown]
+# **Given the previous token and the drafter's state.** The learned head (`workbench.train.cond_head`) scores each
+# candidate from the drafter's hidden state at the slot and the parent's token, where the table sees the parent's
+# token alone. The same decodes' continuations, a block rooted at every position (the drafter's states recomputed
+# as the head's training computes them), every slot a tree can reach: the top candidate as drafted, given the
+# previous token by the table, and by the learned head.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from workbench.engine.policies.cond_head import load_head
+from workbench.payoff.sizing import cond_blocks
+from workbench.train.cond_head import accuracy_table, describe_accuracy, examples
+
+learned = load_head("dense")
+blocks = cond_blocks(engine.models, cycles.sequences, learned.K, anchors=NEW)  # every root of every continuation
+acc = accuracy_table(examples(blocks), learned, head, beta)
+print(describe_accuracy(acc))
+wb.views.next_top1_figure(acc)
+
+# %% [markdown]
+# The learned head's top candidate is the target's token more often than the table's in every path state, and the
+# gap is widest right after a sibling, where the drafter's own top-1 is rarely right: what follows a sibling
+# depends on more than the sibling's token alone.
+
+# %% [markdown]
 # **What each fix buys: tokens per target forward.** Every policy is its own greedy decode of the same prompts;
 # target forwards are counted from the cycles' forward records (`workbench.payoff.measure.decode_unit`, what
 # `pays-off` decodes with). At batch 1 a forward verifies one tree; then the same 8 prompts as one batch, where
@@ -85,39 +112,52 @@ from tqdm.auto import tqdm
 from workbench.payoff.measure import decode_unit
 
 policies = [wb.DFlash(), wb.DDTree(16), wb.PathTree(16), wb.CostTree(64), wb.CutTree(16), wb.PairTree(16),
-            wb.PairChain(8)]
-counts = {}  # (batch, label) -> (tokens per forward, nodes per row and cycle, the generated tokens)
+            wb.PairChain(8), wb.CondTree(16), wb.CondChain(8)]
+counts = {}  # (batch, label) -> (tokens per forward, nodes per row and cycle, the generated tokens, per unit)
 with tqdm(total=len(policies) * (len(prompts) + 1), desc="decodes", unit="decode") as bar:
     for batch in (1, 8):
         units = [[p] for p in prompts] if batch == 1 else [prompts]
         for policy in policies:
             tokens = forwards = nodes = cycles_run = 0
-            out = []
+            out, each = [], []
             for unit in units:
                 run, unit_traces = decode_unit(engine, policy, unit, NEW, 0.0, 0)
                 tokens, forwards, out = tokens + run.tokens, forwards + run.forwards, out + run.outputs
+                each.append(run.tokens / run.forwards)
                 for c in (c for t in unit_traces for c in t.cycles):
                     nodes, cycles_run = nodes + len(c.tokens) - 1, cycles_run + 1
                 bar.update(1)
-            counts[batch, str(policy)] = (tokens / forwards, nodes / cycles_run, out)
+            counts[batch, str(policy)] = (tokens / forwards, nodes / cycles_run, out, each)
 
 # %%
 for batch in (1, 8):
     chain, tree = counts[batch, "DFlash"][0], counts[batch, "DDTree(16)"][0]
     print(f"batch {batch}: {'shape':14s} {'tok/fwd':>8s} {'x DFlash':>9s} {'x DDTree(16)':>13s} {'nodes':>6s}")
     for policy in policies:
-        tpf, n, _ = counts[batch, str(policy)]
+        tpf, n, _, _ = counts[batch, str(policy)]
         print(f"         {str(policy):14s} {tpf:8.2f} {tpf / chain:9.2f} {tpf / tree:13.2f} {n:6.1f}")
     same = [p for p in policies if counts[batch, str(p)][2] == counts[batch, "DFlash"][2]]
     print(f"         the same tokens as DFlash: {len(same)} of {len(policies)} policies\n")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import numpy as np
+
+# batch 1: pooled over the prompts, the interval the interquartile range of the prompts' own; batch 8: one batch
+series = {"batch 1 (IQR over prompts)": {str(p): (counts[1, str(p)][0], *np.percentile(counts[1, str(p)][3],
+                                                                                       [25, 75])) for p in policies},
+          "batch 8 (one static batch)": {str(p): (counts[8, str(p)][0], None, None) for p in policies}}
+wb.views.by_policy_figure(series, "tokens per target forward")
 
 # %% [markdown]
 # How to read it (the counts above are exact; what follows holds for these prompts and this pair):
 #
 # - **The previous token is what decides.** PairTree keeps DDTree's budget and rescores each candidate given
-#   its parent's token: it commits the most tokens per forward of every tree here, and more at batch 8, where
-#   a static batch's forwards are set by its slowest row. PairChain does the same for a single chain: more
-#   tokens per forward than DFlash's argmax chain, at the same width (one node per slot).
+#   its parent's token; CondTree scores it with the learned head instead, and at batch 1 commits the most tokens
+#   per forward of every tree here, PairTree next. At batch 8 the order turns: one static batch's forwards are
+#   set by its slowest row, so a single window's tail decides there, not the average cycle. PairChain and
+#   CondChain do the same for a single chain: more tokens per forward than DFlash's argmax chain at the same
+#   width (one node per slot), CondChain the more at batch 1.
 # - **Path states alone buy little.** PathTree ranks by the calibrated path estimate and gains a few percent
 #   over DDTree(16): the drafter's marginal already ranks a sibling's continuation low; what it lacks is
 #   *which* continuation follows the sibling.
@@ -164,7 +204,25 @@ print(f"over all {err['figures']} rows with a prediction: median |error| {100 * 
 # ```
 #
 # (`docs/pays-off.md` explains every line; the hybrid pair, `wb.load("hybrid")`, has its own calibration.)
-#
+# With `--json > notebooks/data/pays-off-PAIR.json` the next cell draws each pair's result: tokens per target
+# forward and tokens/s over DFlash's (the median per unit, its interquartile range as the interval) per shape,
+# at batch 1 and at batch 8 static and refilled (`wb.views.payoff_figure`, which takes a result object too).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import json
+from pathlib import Path
+
+saved = Path(wb.__file__).parents[1] / "notebooks" / "data"  # `pays-off --json` results, one file per pair
+for pair in ("dense", "hybrid"):
+    path = saved / f"pays-off-{pair}.json"
+    if path.is_file():
+        wb.views.payoff_figure(json.loads(path.read_text())).update_layout(title=f"pays-off, {pair} pair").show()
+    else:
+        print(f"{pair}: no saved result; python -m workbench pays-off --target {pair} --json > "
+              f"notebooks/data/{path.name}")
+
+# %% [markdown]
 # **Measured here** (2026-12-05, 12 held-out prompts, 64 tokens, one CPU thread; `docs/pays-off.md`, "The
 # calibrated policies side by side"): no calibrated policy beats the best DDTree budget by 10% on either pair.
 # At the best budget's own size, PairTree(8) is 1.05x DDTree(8) on the dense pair at batch 1 and 8 (not
