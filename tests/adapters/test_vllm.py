@@ -188,6 +188,24 @@ def test_a_vllm_engine_leaves_the_thread_count_settable(vllm_engine):
         torch.set_num_threads(before)
 
 
+def test_a_features_fault_inside_vllms_proposer_is_named_under_drafter_features(vllm_engine, ours, tmp_path,
+                                                                                   monkeypatch):
+    """A fault between propose()'s arguments and the drafter's forward (the features a row late, planted in
+    vLLM's combine_hidden_states): the dump holds what the drafter's fc consumed, so the checker names the
+    drafter features first, not the drafter output; the context tokens, which no drafter forward reads, are
+    printed as intended beside the verdict resting on them."""
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+    original = DFlashQwen3ForCausalLM.combine_hidden_states
+    monkeypatch.setattr(DFlashQwen3ForCausalLM, "combine_hidden_states", lambda self, h: original(self, h.roll(1, 0)))
+    vllm_engine.session(PROMPTS[0], max_new_tokens=12, dump=tmp_path / "v.dump").run()
+    monkeypatch.undo()
+    r = wb.conform(tmp_path / "v.dump", models=ours.models)
+    assert r.broken[0] == "drafter features" and r.results["drafter features"].first["cycle"] == 0, str(r)
+    assert "drafter context (passed) rests on what the engine intended, not what its forward consumed: " \
+        "draft_context_tokens" in str(r)
+
+
 def test_a_pair_vllm_refuses_is_one_line_naming_the_pair(tmp_path):
     """A target whose positions (256) are fewer than the engine's max_model_len (1024): vLLM's own refusal,
     as one line that names the pair."""

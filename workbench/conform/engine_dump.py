@@ -11,8 +11,14 @@ registers the session keyword ``dump`` (``workbench.engine.observers``) when it 
   tensors the forward got; the features are dumped whole for a small pair and as a digest for a large one
   (``workbench.conform.features``; the header's ``features`` says which);
 - ``cycle.hook_committed``: the nodes handed to the target state's compaction and the tokens committed;
-- ``cycle.hook_record``: the request's ``Cycle`` (the tree the verify ran, the compiled positions and
-  visibility it got, the target's top-2 and choice, the accepted path) and the target state's own length.
+- the target state's ``observe_verify`` (``models.dense_target.DenseKV``): what the verify forward was handed,
+  its input ids, positions and additive mask, read where the forward consumes them (a mask built wrong from a
+  right visibility shows as the visibility contract's, not only as wrong logits); the dumped visibility is
+  that mask's tree columns [n, n], or [n, context_len + n] (prefix columns first) where it hid any prefix
+  column. A target state without it leaves the compiled
+  tree's positions and visibility, named ``intended`` in the header (``workbench.conform.intended``);
+- ``cycle.hook_record``: the request's ``Cycle`` (the tree the verify ran, the target's top-2 and choice, the
+  accepted path) and the target state's own length.
 
 One cycle record per request per engine step; the rows of one batched step share ``step``. Full logits are not
 held by a cycle record (the drafter's top-k and the target's top-2 are), so ``draft_logits`` /
@@ -76,6 +82,10 @@ class EngineDump:
         # whole rows for a small pair, a digest for a large one (workbench.conform.features)
         self.features = features.spec_for(len(m.target_layer_ids),
                                           int(m.target.config.get_text_config(decoder=True).hidden_size))
+        # the verify's inputs as its forward consumes them, where the target state shows them
+        self.observes = hasattr(rows.target, "observe_verify")
+        intended = {} if self.observes else {name: "the compiled tree's, not read at the verify forward (the "
+                                             "target state has no observe_verify)" for name in VERIFY_INPUTS}
         header = make_header(
             {"name": "workbench", "version": __version__, "static_shapes": bool(rows.static_shapes),
              "kernel_backend": first.kernel_backend},
@@ -83,12 +93,14 @@ class EngineDump:
             {"temperature": first.sampling.temperature, "top_p": first.sampling.top_p,
              "top_k": first.sampling.top_k, "seed": first.seed},
             topk={"draft": first.record_topk, "target": 2}, batch=len(self.requests),
-            features=self.features.to_header())
+            features=self.features.to_header(), intended=intended)
         self.writer = DumpWriter(path, header, replace)
         self.step = -1
         self._new_step = False  # a cycle began: its first record opens a new step (a cycle that raised writes none)
         self._inputs: list = []  # per row of the running cycle: its DraftInput (None: no draft forward)
         self._committed: list = []  # per row of the running cycle: its stages.Committed
+        self._verify = None  # the running cycle's verify inputs: (ids, positions [B, N], visible [B, N, W] or None)
+        self._target = None  # the target state whose observe_verify this dump set
         self._off: list = []  # removers of the hooks this dump put on its requests
         for r in self.requests:
             s = r.sampling
@@ -107,7 +119,15 @@ class EngineDump:
     def on_begin(self, depth, hook) -> None:
         if hook.row == 0:
             self._new_step = True
-            self._inputs, self._committed = [None] * hook.batch, [None] * hook.batch
+            self._inputs, self._committed, self._verify = [None] * hook.batch, [None] * hook.batch, None
+            if self.observes and self._target is not hook.rows.target:
+                self._target = hook.rows.target
+                self._target.observe_verify = self.on_verify_input
+
+    def on_verify_input(self, ids, positions, mask) -> None:
+        """What the verify forward is handed (ids, positions [B, N]; mask additive [B, 1, N, W], None: every
+        column visible), copied: a static verify reuses its buffers."""
+        self._verify = (ids.clone(), positions.clone(), None if mask is None else mask[:, 0] == 0)
 
     def on_draft_input(self, seen, hook) -> None:
         """What the drafter's forward was handed for this row (its context rows and block), or None."""
@@ -130,6 +150,13 @@ class EngineDump:
         self.writer.cycle(self.ids[id(hook.request)], self.step, **f)
         if all(r.finished for r in self.requests):
             self.writer.close()
+            self.release()
+
+    def release(self) -> None:
+        """Take this dump's observer off the target state (set again by the next step of a resumed session)."""
+        if self._target is not None and self._target.observe_verify == self.on_verify_input:
+            self._target.observe_verify = None
+        self._target = None
 
     def _fields(self, request, c: Cycle, hook) -> dict:
         row = hook.row
@@ -141,6 +168,13 @@ class EngineDump:
             f.update(draft_context_tokens=torch.tensor(seq[c.start - ctx : c.start], dtype=torch.long),
                      draft_context_positions=seen.context_positions, draft_block_tokens=seen.block_tokens,
                      draft_block_positions=seen.block_positions, **self.features.fields(seen.context_features))
+        if self._verify is not None:  # what the verify forward consumed, in place of the compiled tree's
+            ids, pos, vis = self._verify
+            n, start = int(c.tokens.shape[0]), c.start
+            seen = vis[row, :n, : start + n] if vis is not None else torch.ones(n, start + n, dtype=torch.bool)
+            # the tree's columns alone where the forward saw the whole prefix (the dump format's m = n)
+            f.update(verify_ids=ids[row, :n], verify_positions=pos[row, :n], visibility_form="dense",
+                     visibility=seen[:, start:] if bool(seen[:, :start].all()) else seen)
         committed = self._committed[row]
         f.update(committed_tokens=torch.tensor(committed.tokens[: c.committed], dtype=torch.long),
                  kv_kept_nodes=committed.nodes)
@@ -152,6 +186,7 @@ class EngineDump:
     def close(self) -> None:
         """Write the end line now (a session stopped before it finished)."""
         self.writer.close()
+        self.release()
 
     def detach(self, why: str) -> None:
         """Stop dumping these requests, and say so (a warning naming why): the run goes on undumped."""
@@ -160,6 +195,7 @@ class EngineDump:
         for off in self._off:
             off()
         self._off = []
+        self.release()
         for r in self.requests:
             if r.observers.get(OBSERVER) is self:
                 del r.observers[OBSERVER]
@@ -182,5 +218,6 @@ def attach(engine, requests: list, rows, path, replace: bool = False) -> EngineD
     return EngineDump(engine, requests, rows, path, replace)
 
 
+VERIFY_INPUTS = ("verify_ids", "verify_positions", "visibility")  # read at the forward, where the state shows them
 OBSERVER = "dump"  # the session keyword: engine.session(..., dump=PATH); registered on import
 register_observer(OBSERVER, check, attach)

@@ -92,7 +92,8 @@ class FaultCost:
                            "request(s) are plain greedy decoding's")
             else:
                 where = ", ".join(f"request {r.request} at generated token {r.left_at} of {r.tokens}"
-                                  + (" (a near tie of greedy's top two)" if r.near_tie else "") for r in left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+                                  + (" (a near tie of greedy's top two)" if r.near_tie else "") for r in left[:4])
+                where += f" and {len(left) - 4} more" if len(left) > 4 else ""
                 out.append(f"what it cost: not lossless: the engine's output leaves plain greedy decoding in "
                            f"{len(left)} of {len(self.requests)} request(s) ({where})")
             eng, ref = ([sum(x) for x in zip(*(getattr(r, side) for r in self.requests))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.conform import contracts as C
+from workbench.conform import intended
 from workbench.conform.causes import report_lines
 
 
@@ -77,7 +78,8 @@ class ConformReport:
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
                 "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()],
                 "causes": {name: [c.to_dict() for c in found] for name, found in self.causes.items()},
-                "selection": self.selection, "cost": None if self.cost is None else self.cost.to_dict()}
+                "selection": self.selection, "cost": None if self.cost is None else self.cost.to_dict(),
+                "intended": intended.intended(self.header)}
 
     def __str__(self) -> str:
         from workbench.records.texttable import text_table
@@ -101,6 +103,7 @@ class ConformReport:
                          "; ".join(f"{k} ({v})" for k, v in r.not_checked.items()) or "-"])
         lines.append(text_table(["contract", "status", "cycles checked", "broken", "first broken",
                                  "accept there ref / engine", "not checked (cycles)"], rows))
+        lines += intended.lines(self.header, self.results)  # verdicts on what a writer could not see consumed
         if self.broken:
             lines.append("broken, in the order they first broke:")
             for i, name in enumerate(self.broken, 1):

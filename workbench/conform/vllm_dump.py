@@ -3,13 +3,14 @@
 A DFlash step verifies a chain, and a chain is a tree (each draft's parent is the one before it). Per step,
 from what ``workbench.adapters.vllm_tap.Tap`` captured on vLLM's proposer and rejection sampler:
 
-- drafter context: the context tokens and positions vLLM's ``DFlashProposer.propose`` got (``target_token_ids``,
-  ``target_positions``: every row of the verify before, of which the rows before this step's root are the
-  committed ones the drafter keeps; the rejected rows after them are left out), the block's ids and positions
-  its drafter model ran;
-- drafter features: the target's hidden states ``propose`` was handed for those rows (``target_hidden_states``,
-  the drafter's target layers side by side, as captured by ``vllm_tap.Tap``), whole or as the digest
-  (``workbench.conform.features``: the header's ``features`` says which);
+- drafter context: the positions the drafter's context K/V were roped at (``precompute_and_store_context_kv``:
+  every row of the verify before, of which the rows before this step's root are the committed ones the drafter
+  keeps; the rejected rows after them are left out), the tokens ``DFlashProposer.propose`` got for those rows
+  (``target_token_ids``: the drafter's forward reads no context token, so the header names them ``intended``,
+  ``workbench.conform.intended``), the block's ids and positions its drafter model ran;
+- drafter features: what the drafter's ``fc`` consumed for those rows (the target's layers side by side, as
+  ``propose`` combined them from its ``target_hidden_states``: a fault between the two shows here), whole or as
+  the digest (``workbench.conform.features``: the header's ``features`` says which);
 - drafter output: the top-k of the drafter's logits for every proposed slot (``draft_values = "logits"``);
 - tree: the root and the verified drafts as a chain; target logits: the top-k of the rejection sampler's
   target logits at every verified slot; accept: what it sampled; commit: the tokens the request received.
@@ -31,6 +32,8 @@ from workbench.conform.engine_dump import cycle_fields
 from workbench.models.config_facts import is_hybrid
 
 TOPK = 8
+INTENDED = {"draft_context_tokens": "vLLM's drafter forward reads no context token, only their features: these are "
+                                    "the target_token_ids propose() was handed for those rows"}
 NOT_CAPTURED = ("verify_positions, visibility: vLLM's chain verify (a causal prefill) is not read by vllm_tap.Tap",
                 "next_context_len: vLLM's count of computed tokens is not read by vllm_tap.Tap")
 
@@ -61,7 +64,8 @@ class VllmDump:
         head = make_header({"name": "vllm", "version": engine.version, "workarounds": list(engine.patches),
                             "num_speculative_tokens": engine.num_speculative_tokens},
                            pair, str(session.policy), {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0},
-                           topk={"draft": TOPK, "target": TOPK}, batch=1, features=self.features.to_header())
+                           topk={"draft": TOPK, "target": TOPK}, batch=1, features=self.features.to_header(),
+                           intended=INTENDED)
         self.writer = DumpWriter(path, head, replace)
         self.request = session.request_id
         self.writer.request(self.request, prompt_ids=torch.tensor(session.prompt_ids), first_token=session.generated[0],
@@ -87,7 +91,12 @@ class VllmDump:
                 # drafter keeps the rows before this step's root (the committed ones)
                 keep = p.context_positions < c.start
                 f.update(draft_context_tokens=p.context_tokens[keep], draft_context_positions=p.context_positions[keep])
-                if p.context_features is not None and p.context_features.shape[-1] == self.features.width:
+                if "context_positions" not in p.observed:
+                    notes.append("draft_context_positions: propose()'s target_positions (the drafter's context K/V "
+                                 "were not seen roped)")
+                if "context_features" not in p.observed:  # not what the forward consumed: left unjudged
+                    notes.append("draft_context_features: the drafter's fc was not seen consuming them")
+                elif p.context_features is not None and p.context_features.shape[-1] == self.features.width:
                     f.update(self.features.fields(p.context_features[keep]))
                 else:  # a proposer handed something else than the target layers side by side: said, not guessed
                     notes.append("draft_context_features: vLLM's target_hidden_states are "

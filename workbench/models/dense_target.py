@@ -33,6 +33,9 @@ class DenseKV:
         self.graphs = None  # a workbench.engine.graphs.Graphs: the static verify captured and replayed
         self.kernel_backend = "torch"  # set by the cycle before each verify; dense attention runs no kernel of its own
         self.state_from: Tensor | None = None  # no recurrent state: nothing continues a node's state
+        # None, or a callable given what each verify forward is handed (ids, positions [B, N], the additive mask
+        # [B, 1, N, W] or None): a cycle dump reads the inputs where they are consumed (workbench.conform.engine_dump)
+        self.observe_verify = None
         self._run = run
 
     def preallocate(self, rows: int, capacity: int) -> None:
@@ -123,6 +126,8 @@ class DenseKV:
         self.static.write_rows(rows)  # committed length + node index, on the device
         self.cache.write_rows = rows
         mask = self.masks.tree(layout.visibility, layout.starts)  # [B, 1, N, capacity]: one buffer
+        if self.observe_verify is not None:
+            self.observe_verify(ids, pos, mask)
         if self.graphs is not None:
             return self.graphs.run(f"target {mode}", (ids, pos, mask, rows, self.cache.store),
                                    lambda: self._forward(ids, pos, mode, mask))
@@ -139,6 +144,8 @@ class DenseKV:
         mask = None  # one query per row over equal prefixes sees every column: no mask needed
         if layout.N > 1 or not self.cache.uniform():
             mask = self.masks.tree(layout.visibility, layout.starts)
+        if self.observe_verify is not None:
+            self.observe_verify(layout.tokens, layout.positions, mask)
         return self._forward(layout.tokens, layout.positions, mode, mask)
 
     def decode(self, layout: TreeLayout) -> StepOut:

@@ -238,6 +238,15 @@ class HybridGDN:
 
     decode = DenseKV.decode  # the one-node check, then this state's verify
 
+    @property
+    def observe_verify(self):
+        """The attention part's (``DenseKV.observe_verify``): its verify is this state's forward."""
+        return self.attention.observe_verify
+
+    @observe_verify.setter
+    def observe_verify(self, fn) -> None:
+        self.attention.observe_verify = fn
+
     def preallocate(self, rows: int, capacity: int) -> None:
         raise ValueError(f"static_shapes=True: {type(self).__name__} runs with dynamic shapes only (its "
                          "linear-attention tree forward has no static-shape path)")
