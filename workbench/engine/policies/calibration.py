@@ -14,9 +14,12 @@ writes one JSON file holding:
 - ``made``: date, command, prompts (source files, count, how they are kept apart from evaluation), cycles.
 
 Both embedded pairs ship one (``workbench/assets/calibration.json``, ``workbench/assets/hybrid/calibration.json``).
-A file is refused in one line (``CalibrationError``, a ValueError) when it is not one, when it was made from
-fewer cycles than the estimate needs, or when it was made on another pair (vocabulary, block size, drafter
-or target differ); the policies check this before any decode (``Policy.for_pair``).
+A file is refused in one line (``CalibrationError``, a ValueError) when it is not one, when a value has the
+wrong type or range (named by its field: a threshold outside (0, 1), a beta that is not finite, a count that
+is not a whole number), when it was made from fewer cycles than the estimate needs, when its head is not
+where it names it, or when it was made on another pair (vocabulary, block size, drafter or target differ);
+the commands read the files their policies name before any model loads (``check_named``), and the policies
+check the pair before any decode (``Policy.for_pair``).
 """
 from __future__ import annotations
 
