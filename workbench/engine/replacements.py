@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ddtree_kernels import Accepted, InvalidTree, Tree, validate_tree
-from workbench.engine.stages.tree_build import at_row
+from workbench.engine.stages.tree_check import at_row
 from workbench.engine.stages.verify import Verified
 
 

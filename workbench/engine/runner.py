@@ -189,7 +189,7 @@ class Rows:
         elif any(uses):
             drafted = stages.draft(self.draft, roots, starts, [d if u else None for d, u in zip(depths, uses)])
         sw.start("tree_build")
-        trees = stages.tree_build_rows(policies, drafted, roots, m.device, sync_free=self.static_shapes)
+        trees, check = stages.tree_build_checked(policies, drafted, roots, m.device, self.static_shapes, nodes)
         if hooks is not None and hooks.has("cycle.hook_tree"):
             vocab = m.target.get_output_embeddings().weight.shape[0]
             # Copies: a hook that changes its value in place without returning it changes nothing, silently or not.
@@ -214,7 +214,7 @@ class Rows:
         if hooks is not None and hooks.has("cycle.hook_accepted"):
             accepted = self._hook_accepted(hooks, layout, verified, accepted)
         sw.start("commit")
-        committed = stages.commit(self.target, layout, accepted, verified.features)
+        committed = stages.commit(self.target, layout, accepted, verified.features, check)
         self.draft.add_context([c.context for c in committed])
         kept = [s.extend(c.tokens) for s, c in zip(reqs, committed)]
         if hooks is not None:

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ddtree_kernels import Accepted
+from workbench.engine.stages.tree_check import TreeCheck
 from workbench.models.layout import TreeLayout
 
 
@@ -18,11 +19,19 @@ class Committed:
     context: Tensor | None  # [1, L + 1, F] drafter context of the accepted rows
 
 
-def commit(state, layout: TreeLayout, accepted: Accepted, features: Tensor | None) -> list[Committed]:
-    """``state``: the target's ``TargetState``; it keeps each row's accepted nodes and drops the rest."""
+def commit(state, layout: TreeLayout, accepted: Accepted, features: Tensor | None,
+           check: TreeCheck | None = None) -> list[Committed]:
+    """``state``: the target's ``TargetState``; it keeps each row's accepted nodes and drops the rest.
+    ``check``: the tree check a build that never waits for the device left to this read: a bad tree stops the
+    cycle here, before the state keeps anything (InvalidTree, one line)."""
     # The cycle's one host read: every row's accepted length, bonus and path tokens, copied together.
     path_tokens = layout.tree.tokens.gather(1, accepted.index.clamp(min=0))  # [B, max_depth + 1], padded
-    host = torch.cat([accepted.length[:, None], accepted.bonus[:, None], path_tokens], dim=1).tolist()
+    cols = [accepted.length[:, None], accepted.bonus[:, None], path_tokens]
+    if check is not None:
+        cols.append(check.fault.long().expand(path_tokens.shape[0])[:, None])  # [B, 1]: the same flag on each row
+    host = torch.cat(cols, dim=1).tolist()
+    if check is not None and host[0][-1]:
+        raise check.explain()
     nodes = [accepted.index[b, : h[0] + 1] for b, h in enumerate(host)]
     state.commit(layout, nodes)
     out = []

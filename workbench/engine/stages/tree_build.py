@@ -6,6 +6,7 @@ import torch
 from ddtree_kernels import InvalidTree, Tree
 from workbench.engine.policies import Policy
 from workbench.engine.stages.draft import Draft
+from workbench.engine.stages.tree_check import TreeCheck, at_row, check_trees
 
 
 def tree_build_rows(policies: list[Policy], drafted: list[Draft | None], roots: list[int], device,
@@ -35,15 +36,20 @@ def tree_build_rows(policies: list[Policy], drafted: list[Draft | None], roots: 
     return trees
 
 
-def at_row(error: InvalidTree, row: int | None) -> InvalidTree:
-    """The tree check's line about a one-row tree (``validate_tree`` numbers its rows from 0) naming the row of
-    the cycle that tree was built for, as a hook's ``hook.row`` does (``row`` None: the caller's words name it)."""
-    msg = str(error)
-    if row is None:
-        return InvalidTree(msg.replace(", batch 0)", ")").replace(" (batch 0)", ""))
-    if "batch 0)" not in msg:
-        return InvalidTree(f"row {row}: {msg}")
-    return InvalidTree(msg.replace(", batch 0)", f", row {row})").replace(" (batch 0)", f" (row {row})"))
+def tree_build_checked(policies: list[Policy], drafted: list[Draft | None], roots: list[int], device,
+                       sync_free: bool = False, nodes: int | None = None) -> tuple[list[Tree], TreeCheck | None]:
+    """Every row's tree (``tree_build_rows``), each one a policy built checked before anything verifies it
+    (``workbench.engine.stages.tree_check``: the rows at once; its depth bound is the row's drafted slots, its
+    vocabulary the drafter's): a bad tree raises InvalidTree naming the policy and, in a batch, the row; under
+    ``sync_free`` a device check comes back as a ``TreeCheck`` for the commit's host read.
+    ``nodes``: every tree's node bound (static shapes)."""
+    trees = tree_build_rows(policies, drafted, roots, device, sync_free)
+    checked = [(b, f"the tree {p} built", r, d.logprobs.shape[-1], d.logprobs.shape[1])
+               for b, (p, d, r) in enumerate(zip(policies, drafted, roots))
+               if p.drafts and d is not None and d.logprobs.shape[1] > 0]
+    if not checked:  # root-only trees (AR, no slot left): the stage made them itself
+        return trees, None
+    return check_trees(trees, checked, nodes, sync_free)
 
 
 def tree_build(policy: Policy, drafted: Draft | None, root: int, device, sync_free: bool = False) -> Tree:
