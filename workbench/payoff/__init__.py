@@ -72,7 +72,8 @@ class PaysOff:
 
 
 def verdict_dict(v: BatchVerdict) -> dict:
-    return {"mode": v.mode, "units": v.units, "verdict": v.verdict, "decides": v.decides, "fastest": v.fastest,
+    return {"mode": v.mode, "units": v.units, "summary": v.summary, "verdict": v.verdict, "decides": v.decides,
+            "fastest": v.fastest,
             "best_budget": v.best_budget, "predicted_best": v.predicted_best,
             "best_vs_runner_up": v.best_vs_runner_up.to_dict() if v.best_vs_runner_up else None,
             "versus_best": [c.to_dict() for c in v.versus_best], "versus_best_note": v.versus_best_note or None,

@@ -26,6 +26,7 @@ class UnitRun:
     wall: float  # session start to the end, prefill included
     steps: list  # stage -> seconds, one dict per forward step, the first step (cold) left out
     outputs: list  # per row: the generated token ids
+    nodes: int = 0  # nodes verified (root included), summed over the rows' cycles: the verify's width per row
 
     @property
     def tokens_per_s(self) -> float:
@@ -59,7 +60,7 @@ def decode_unit(engine, policy, prompts: list, max_new_tokens: int, temperature:
     cycles = [c for t in traces for c in t.cycles]
     run = UnitRun(tokens=sum(c.committed for c in cycles), forwards=forwards, row_cycles=len(cycles),
                   accepted=sum(c.accept_length for c in cycles), seconds=sum(sum(s.values()) for s in steps),
-                  wall=wall, steps=steps[1:], outputs=outputs)
+                  wall=wall, steps=steps[1:], outputs=outputs, nodes=sum(c.n_nodes + 1 for c in cycles))
     return run, traces
 
 
@@ -86,7 +87,8 @@ class Sweep:
         med = statistics.median(r.seconds for r in rs)
         first = rs[0]
         return UnitRun(first.tokens, first.forwards, first.row_cycles, first.accepted, med,
-                       statistics.median(r.wall for r in rs), [s for r in rs for s in r.steps], first.outputs)
+                       statistics.median(r.wall for r in rs), [s for r in rs for s in r.steps], first.outputs,
+                       first.nodes)
 
     def steps(self, label: str) -> list:
         """Every unit's steps (stage -> seconds), each decode's first step left out."""

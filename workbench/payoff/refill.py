@@ -42,11 +42,12 @@ class QueueRun:
     prefill_seconds: float  # every admission's prefill, left out of ``seconds``
     live_rows: list  # rows per cycle
     steps: list  # stage -> seconds, one dict per cycle, the first (cold) left out
+    nodes: list = field(default_factory=list)  # per prompt: nodes verified (root included) over its cycles
 
     def unit(self, i: int) -> UnitRun:
         """Prompt i as a paired unit: its tokens over its share of the cycle time."""
         return UnitRun(self.tokens[i], self.forward_shares[i], self.row_cycles[i], self.accepted[i], self.shares[i],
-                       self.shares[i], [], [self.outputs[i]])
+                       self.shares[i], [], [self.outputs[i]], self.nodes[i] if self.nodes else 0)
 
 
 def target_forwards(records) -> int:
@@ -110,7 +111,8 @@ class RefilledQueue:
                         forwards=sum(target_forwards(bc.forwards) for bc in b.cycles),
                         seconds=sum(sum(bc.stage_seconds.values()) for bc in b.cycles),
                         prefill_seconds=self.prefill_seconds, live_rows=[len(bc.requests) for bc in b.cycles],
-                        steps=[dict(bc.stage_seconds) for bc in b.cycles][1:])
+                        steps=[dict(bc.stage_seconds) for bc in b.cycles][1:],
+                        nodes=[sum(c.n_nodes + 1 for c in t.cycles) for t in traces])
 
 
 def run_side_by_side(queues: list, order_shift: int = 0) -> list[QueueRun]:
@@ -142,7 +144,8 @@ class RefilledSweep:
         if len(rs) == 1:
             return rs[0]
         med = statistics.median(r.seconds for r in rs)
-        return UnitRun(rs[0].tokens, rs[0].forwards, rs[0].row_cycles, rs[0].accepted, med, med, [], rs[0].outputs)
+        return UnitRun(rs[0].tokens, rs[0].forwards, rs[0].row_cycles, rs[0].accepted, med, med, [], rs[0].outputs,
+                       rs[0].nodes)
 
     def steps(self, label: str) -> list:
         return [st for r in self.runs[label] for st in r.steps]

@@ -3,6 +3,7 @@ branching rates and the counterfactual rows. Pure: result -> str."""
 from __future__ import annotations
 
 from workbench.analysis.paired import ALPHA
+from workbench.payoff.verdict import signed
 from workbench.records.texttable import legend, text_table
 
 CHAIN = "DFlash"
@@ -24,9 +25,9 @@ def _measured(m) -> list[str]:
 def batch_tables(v) -> str:
     refilled = v.mode == "refilled"
     acc = [[r.label, r.family, f"{r.forwards_per_token:.3f}", f"{r.tau:.2f}", f"{r.tokens_per_forward:.2f}",
-            _x(r.gain_vs_chain), *([_x(r.mean_rows)] if refilled else [])] for r in v.rows]
+            _x(r.nodes, ".1f"), _x(r.gain_vs_chain), *([_x(r.mean_rows)] if refilled else [])] for r in v.rows]
     groups = ["draft", "tree", "verify", "accept", "commit", "host", "total"]
-    cost = [[r.label, *(f"{r.step_ms[g]:.2f}" for g in groups), _x(r.cost_vs_chain), str(r.steps)] for r in v.rows]
+    cost = [[r.label, *(_x(r.step_ms[g]) for g in groups), _x(r.cost_vs_chain), str(r.steps)] for r in v.rows]
     speed = [[r.label, _x(r.predicted_vs_chain), *_measured(r.measured_vs_chain),
               (r.measured_vs_chain.order if r.measured_vs_chain else "-"), *([_x(r.queue_vs_chain)] if refilled
                                                                               else []),
@@ -41,7 +42,7 @@ def batch_tables(v) -> str:
         head = f"== batch {v.batch}, static batch: {v.units} paired units (windows of {v.batch} prompts) =="
     per_unit = "per-prompt tok/s of its share of the cycle time" if refilled else "per-unit tok/s of cycle time"
     lines = [head, "", "acceptance (each shape its own decode)",
-             text_table(["shape", "family", "fwd/token", "tau", "tok/fwd", f"x {CHAIN}",
+             text_table(["shape", "family", "fwd/token", "tau", "tok/fwd", "nodes", f"x {CHAIN}",
                          *(["rows/cycle"] if refilled else [])], acc), "",
              "cost per step (median ms over steps, first step of each decode left out)",
              text_table(["shape", *groups, f"x {CHAIN}", "steps"], cost), "",
@@ -50,8 +51,10 @@ def batch_tables(v) -> str:
                          f"order (p<{ALPHA:g}, uncorrected)", *([f"queue x {CHAIN}"] if refilled else []),
                          "pred x AR", "meas x AR", f"order vs AR (p<{ALPHA:g}, uncorrected)"], speed),
              ""]
+    if v.summary:
+        lines.append(f"summary: {v.summary}")
     if v.verdict:
-        lines.append(f"verdict: {v.verdict}")
+        lines.append(f"DDTree vs {CHAIN}: {v.verdict}")
     if v.decides:
         lines.append(f"  {v.decides}")
     if v.best_budget:
@@ -68,8 +71,8 @@ def batch_tables(v) -> str:
         lines.append(f"calibrated policies against the best DDTree budget, {baseline} (paired per unit):")
         for c in v.versus_best:
             lines.append(f"  {c.line}")
-            if c.decision is not None:
-                lines.append(f"    {c.decision.sentence(c.label, c.baseline)}")
+            if c.explanation:
+                lines.append(f"    {c.explanation}")
     elif v.versus_best_note:
         lines.append(v.versus_best_note)
     for f in v.lossless:
@@ -79,11 +82,21 @@ def batch_tables(v) -> str:
 
 def counterfactual_table(rows: list) -> str:
     body = [[r["label"], f"{r['end_to_end_tau']:.2f}", f"{r['counterfactual_tau']:.2f}",
-             f"{100 * r['end_to_end_gain']:+.1f}%", f"{100 * r['counterfactual_gain']:+.1f}%",
-             f"{r['bias_points']:+.1f}"] for r in rows]
+             signed(100 * r['end_to_end_gain'], 1), signed(100 * r['counterfactual_gain'], 1),
+             signed(r['bias_points'], 1, "")] for r in rows]
     return ("counterfactual from one trace (teaching row: the chain's trace replayed at budget N) vs the shape's "
             "own decode, batch 1\n" + text_table(["shape", "tau e2e", "tau from trace", "gain e2e", "gain from trace",
                                                    "bias (points)"], body))
+
+
+def summary(res) -> list[str]:
+    """The answer first: per batch size (its verdict's batch: the refilled one where measured), the fastest
+    policy, AR included, against the runner-up, and what decides."""
+    lines = [res.headline(b).summary for b in res.batches]
+    if not any(lines):
+        return []
+    return ["summary (per batch size, the fastest policy measured against the runner-up, paired per unit):",
+            *(f"  {x}" for x in lines if x)]
 
 
 def render(res) -> str:
@@ -92,6 +105,7 @@ def render(res) -> str:
     out = [f"pays-off: {st['target']}, {st['prompts']} prompts, {st['max_new_tokens']} new tokens, {mode}, "
            f"{st['repeats']} repeat(s), {st['device']}, drafter block {st['block_size']}"]
     out += [f"note: {n}" for n in st.get("notes", [])]
+    out += summary(res)
     out.append("")
     for b, v in res.batches.items():
         if res.sizing is not None:
@@ -115,8 +129,10 @@ def render(res) -> str:
     out.append(legend([
         ("fwd/token", "target forwards per committed token, counted from the cycles (every row of a batch)"),
         ("tau", "accepted + bonus per row and cycle"), ("tok/fwd", "tokens committed per target forward"),
+        ("nodes", "nodes verified per row and cycle, the root included (the verify's width)"),
         ("draft .. host", "median ms per step of each stage (host = building the record: host reads, and the "
-                          "rest of the step); on a loaded machine they need not add up to total, the median step"),
+                          "rest of the step); on a loaded machine they need not add up to total, the median step; "
+                          "'-': a stage the shape does not run (AR drafts nothing and builds no tree)"),
         ("pred", "predicted speedup: tok/fwd gain x step time ratio"),
         ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it; a refilled "
                  "batch's unit is a prompt, its time its share of each cycle it ran in (the cycle's time over its "

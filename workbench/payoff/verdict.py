@@ -6,10 +6,12 @@
 A forward step is one target forward over every row (the cycle: draft, tree build and compile, verify,
 accept, commit, record); the measured speedup is the paired per-unit ratio of tokens per second of cycle
 time (prefill left out: it is the same forward for every shape). What decides is the largest term of
-log(predicted) in the direction of the outcome: the acceptance gain, the verify's extra width, or the
-rest of the step (per-step overhead). Beside the verdict on DDTree against the chain: the fastest policy
-measured, AR included (``fastest_line``), and each calibrated policy against the best DDTree budget, with
-the term that decides it (``versus_best``).
+log(predicted) in the direction of the outcome that stands on a structural difference: the acceptance gain
+(tokens per forward differ), the verify's extra width (the nodes verified per row differ), or the rest of
+the step (per-step overhead); it is named only under a separated result, and a prediction the measurement
+missed is said to be missed instead. First of all, per batch size: the fastest policy against the runner-up
+(``summary_line``). Beside the verdict on DDTree against the chain: the fastest policy against AR
+(``fastest_line``), and each calibrated policy against the best DDTree budget (``versus_best``).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from workbench.payoff.tree_shapes import CALIBRATED_FAMILIES
 from workbench.records.cycle import STAGES
 
 NO_GAIN = 0.02  # an acceptance gain under 2% is no gain: losing then is acceptance's doing
+NO_COST = 0.02  # a difference in the rest of the step under 2% of the step time is no cause
+NO_WIDTH = 0.5  # verifies whose nodes per row differ by under half a node are of one width
 COST_GROUPS = {"draft": ("draft",), "tree": ("tree_build", "tree_compile"), "verify": ("verify",),
                "accept": ("accept",), "commit": ("commit",), "host": ("record", "other")}
 
@@ -56,18 +60,53 @@ class Decision:
         return {"acceptance": math.log(self.gain), "verify width": tv,
                 "per-step overhead": -math.log(self.step_ratio) - tv}
 
-    def sentence(self, label: str, baseline: str) -> str:
+    def sentence(self, label: str, baseline: str, measured: float | None = None) -> str:
+        """'<factor> decides: ...' (the factor's share of the step, signed; the prediction and, given, the measured
+        ratio); '' when no term stands on a structural difference."""
+        if not self.factor:
+            return ""
+        seen = "" if measured is None else f", measured {measured:.2f}x"
         return (f"{self.factor} decides: {label} commits {self.gain:.2f}x the tokens per forward of {baseline} while "
-                f"its verify costs {100 * self.verify_share:+.0f}% and the rest of its step "
-                f"{100 * self.overhead_share:+.0f}% of {baseline}'s step time (predicted {self.predicted:.2f}x)")
+                f"its verify costs {signed(100 * self.verify_share)} and the rest of its step "
+                f"{signed(100 * self.overhead_share)} of {baseline}'s step time "
+                f"(predicted {self.predicted:.2f}x{seen})")
+
+    def explain(self, label: str, baseline: str, measured, separated: bool) -> str:
+        """The line under a measured comparison (``measured``: its PairedRatio): a prediction the measurement
+        missed is said to be missed (the terms then explain nothing); what decides only under a ``separated``
+        result; else ''."""
+        if measured is not None and missed(self.predicted, measured):
+            return (f"prediction missed: {label} was predicted {self.predicted:.2f}x {baseline} and measured "
+                    f"{measured.median:.2f}x; the stage medians do not explain the outcome (tokens per forward "
+                    f"{self.gain:.2f}x, verify {signed(100 * self.verify_share)}, the rest of the step "
+                    f"{signed(100 * self.overhead_share)} of {baseline}'s step time)")
+        if not separated:
+            return ""
+        return self.sentence(label, baseline, None if measured is None else measured.median)
 
 
-def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision:
+def signed(x: float, digits: int = 0, unit: str = "%") -> str:
+    """``x`` signed as the lines print it ('+24%', '-3%'); a figure that rounds to zero is '0%', never '-0%'."""
+    text = f"{x:+.{digits}f}"
+    return (text[1:] if float(text) == 0 else text) + unit
+
+
+def missed(predicted: float, measured) -> bool:
+    """A prediction the measurement missed: on the other side of 1 from the measured median, and outside the
+    measured interquartile range (``measured``: a PairedRatio)."""
+    lo, hi = measured.iqr
+    return (predicted > 1) != (measured.median > 1) and not lo <= predicted <= hi
+
+
+def what_decides(gain: float, base_stages: dict, shape_stages: dict, widths: tuple | None = None) -> Decision:
     """Which of acceptance, verify width and per-step overhead decides a shape against a baseline: the
-    largest log-term in the direction of the outcome; a loss with under ``NO_GAIN`` acceptance gain is
-    acceptance's.
+    largest log-term in the direction of the outcome among those that stand on a structural difference (an
+    acceptance gain of ``NO_GAIN`` or more; verifies of different widths; a rest of the step that differs by
+    ``NO_COST`` of the step or more); a loss with under ``NO_GAIN`` acceptance gain is acceptance's; none
+    standing: factor ''.
 
-    gain: tokens per forward over the baseline's; *_stages: median seconds per step, stage -> s (``STAGES``)."""
+    gain: tokens per forward over the baseline's; *_stages: median seconds per step, stage -> s (``STAGES``);
+    widths: nodes verified per row and cycle, (baseline's, shape's) (None: not known, any width may decide)."""
     base = sum(base_stages.values())
     if base <= 0 or gain <= 0:
         raise ValueError(f"what_decides needs a positive gain and baseline step (gain={gain}, step={base})")
@@ -76,12 +115,15 @@ def what_decides(gain: float, base_stages: dict, shape_stages: dict) -> Decision
     d = Decision(gain, dv / base, do / base, "", False)
     terms = d.terms
     pays = d.predicted > 1
-    if pays:
-        factor = max(terms, key=terms.get)
-    elif gain < 1 + NO_GAIN:
+    structural = {"acceptance": abs(gain - 1) >= NO_GAIN,
+                  "verify width": widths is None or None in widths or abs(widths[1] - widths[0]) >= NO_WIDTH,
+                  "per-step overhead": abs(d.overhead_share) >= NO_COST}
+    if not pays and gain < 1 + NO_GAIN:
         factor = "acceptance"
     else:
-        factor = min(("verify width", "per-step overhead"), key=terms.get)
+        sign = 1 if pays else -1
+        standing = [k for k in terms if structural[k] and sign * terms[k] > 0]
+        factor = max(standing, key=lambda k: sign * terms[k]) if standing else ""
     return Decision(gain, dv / base, do / base, factor, pays)
 
 
@@ -94,8 +136,9 @@ class ShapeRow:
     tau: float  # accepted + bonus per row and cycle (pooled)
     tokens_per_forward: float  # tokens committed per target forward (every row; pooled)
     forwards_per_token: float
-    step_ms: dict  # group -> median ms per step ("total": median of whole steps)
+    step_ms: dict  # group -> median ms per step ("total": median of whole steps); None: a stage it does not run
     steps: int
+    nodes: float | None = None  # nodes verified per row and cycle (root included): the verify's width
     gain_vs_chain: float | None = None
     cost_vs_chain: float | None = None  # step time / the chain's
     predicted_vs_chain: float | None = None
@@ -108,7 +151,7 @@ class ShapeRow:
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("label", "family", "tau", "tokens_per_forward", "forwards_per_token",
-                                            "step_ms", "steps", "gain_vs_chain", "cost_vs_chain",
+                                            "step_ms", "steps", "nodes", "gain_vs_chain", "cost_vs_chain",
                                             "predicted_vs_chain", "predicted_vs_ar", "queue_vs_chain", "mean_rows")}
         d["measured_vs_chain"] = self.measured_vs_chain.to_dict() if self.measured_vs_chain else None
         d["measured_vs_ar"] = self.measured_vs_ar.to_dict() if self.measured_vs_ar else None
@@ -133,8 +176,14 @@ def scaled_to_total(med: dict) -> dict:
     return {s: med[s] * k for s in STAGES}
 
 
-def grouped_ms(med: dict) -> dict:
+def grouped_ms(med: dict, drafts: bool = True) -> dict:
+    """Median ms per step of each group of stages (``COST_GROUPS``) and of the whole step. A shape that drafts
+    nothing (AR) runs no draft and builds no tree: those groups are None, and the little time the cycle spends
+    there (laying out its root-only tree) is counted in host."""
     out = {g: 1e3 * sum(med[s] for s in stages) for g, stages in COST_GROUPS.items()}
+    if not drafts:
+        out["host"] += out["draft"] + out["tree"]
+        out["draft"] = out["tree"] = None
     out["total"] = 1e3 * med["total"]
     return out
 
@@ -153,6 +202,7 @@ class BatchVerdict:
     verdict: str = ""  # DDTree's budgets against the chain (or why there is no verdict)
     decides: str = ""
     fastest: str = ""  # the fastest policy measured, AR included
+    summary: str = ""  # one line: the fastest policy against the runner-up, its p-value and what decides
     versus_best: list = field(default_factory=list)  # Challenge per calibrated policy, against best_budget
     versus_best_note: str = ""  # why there is no such comparison, when there is none
     lossless: list = field(default_factory=list)  # failure lines (greedy only)
@@ -166,13 +216,15 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
     (``workbench.payoff.refill.RefilledSweep``); units are windows or prompts, as the sweep pairs them."""
     units = [[sw.unit(s.label, i) for i in range(len(sw.units))] for s in shapes]
     meds, rows = {}, []
-    for s in shapes:
+    for s, us in zip(shapes, units):
         steps = sw.steps(s.label)
         med = meds[s.label] = stage_medians(steps)
         tokens, forwards, rc, accepted = sw.totals(s.label)
+        row_cycles, nodes = sum(u.row_cycles for u in us), sum(u.nodes for u in us)
         rows.append(ShapeRow(s.label, s.family, accepted / rc if rc else 0.0,
                              tokens / forwards if forwards else 0.0, forwards / tokens if tokens else 0.0,
-                             grouped_ms(med), len(steps)))
+                             grouped_ms(med, s.policy.drafts), len(steps),
+                             nodes / row_cycles if nodes and row_cycles else None))
     by = {r.label: r for r in rows}
     tps = {s.label: [u.tokens_per_s for u in us] for s, us in zip(shapes, units)}
     if sw.mode == "refilled":
@@ -189,7 +241,7 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
             if r.cost_vs_chain:
                 r.predicted_vs_chain = r.gain_vs_chain / r.cost_vs_chain
                 r.decision = what_decides(r.gain_vs_chain, scaled_to_total(meds[chain]),
-                                          scaled_to_total(meds[r.label]))
+                                          scaled_to_total(meds[r.label]), (c.nodes, r.nodes))
             if r.label != chain and n >= 2:
                 r.measured_vs_chain = paired_ratio(tps[r.label], tps[chain], r.label, chain, min_pairs=1,
                                                    what="units")
@@ -203,6 +255,7 @@ def analyse(sw, shapes, chain: str = "DFlash", ar: str = "AR") -> BatchVerdict:
     where = at_batch(sw.batch, sw.mode)
     out.verdict, out.decides = verdict_line(where, trees, chain)
     out.fastest = fastest_line(where, rows, ar)
+    out.summary = summary_line(where, rows, tps, meds, ar if ar in by else chain)
     if trees:
         ranked = sorted(trees, key=lambda r: -r.measured_vs_chain.median)
         best = ranked[0]
@@ -260,7 +313,8 @@ def verdict_line(batch, trees: list, chain: str, alpha: float = ALPHA) -> tuple[
     else:
         others = f"; slower: {', '.join(r.label for r in slower)}" if slower else ""
         head = f"{where} DDTree is not shown to pay off over {chain} (no budget significantly faster{others}): {fig}"
-    why = best.decision.sentence(best.label, chain) if best.decision else ""
+    separated = best.measured_vs_chain.wilcoxon_p < each
+    why = best.decision.explain(best.label, chain, best.measured_vs_chain, separated) if best.decision else ""
     return head, why
 
 
@@ -301,9 +355,20 @@ class Challenge:
         said = {"faster": "faster than", "slower": "slower than", "not separated": "not separated from"}
         return f"{figure(self, self.measured, self.baseline, self.rule)}: {said[self.outcome]} {self.baseline}"
 
+    @property
+    def explanation(self) -> str:
+        """What decides (a separated outcome only), or that the prediction was missed; '' otherwise."""
+        if self.decision is None:
+            return ""
+        return self.decision.explain(self.label, self.baseline, self.measured, self.outcome != "not separated")
+
     def to_dict(self) -> dict:
         decision = self.decision.to_dict() if self.decision else dict.fromkeys(
             ("decides", "gain", "verify_share", "overhead_share", "predicted"))
+        if self.decision is not None:  # "decides" as the text says it: a separated outcome, a prediction not missed
+            decision["prediction_missed"] = missed(self.decision.predicted, self.measured)
+            if self.outcome == "not separated" or decision["prediction_missed"] or not self.decision.factor:
+                decision["decides"] = None
         return {"label": self.label, "baseline": self.baseline, "measured": self.measured.to_dict(),
                 "rule": self.rule, "outcome": self.outcome, **decision}
 
@@ -336,6 +401,45 @@ def versus_best(batch, rows: list, best: str | None, tps: dict, meds: dict,
         decision = None
         if base.tokens_per_forward and r.tokens_per_forward and meds[best]["total"]:
             decision = what_decides(r.tokens_per_forward / base.tokens_per_forward, scaled_to_total(meds[best]),
-                                    scaled_to_total(meds[r.label]))
+                                    scaled_to_total(meds[r.label]), (base.nodes, r.nodes))
         out.append(Challenge(r.label, best, m, rule, outcome, decision))
     return out, ""
+
+
+def summary_line(batch, rows: list, tps: dict, meds: dict, reference: str, alpha: float = ALPHA) -> str:
+    """One line for one batch size: the fastest policy measured (AR included: the highest median of the paired
+    per-unit ratios to ``reference``), its ratio to the runner-up with the paired p-value, and what decides
+    (``Decision.explain``: a separated result on a structural difference only; a missed prediction is said
+    to be missed). tps: label -> tokens per second per unit; meds: label -> stage medians."""
+    where = at_batch(batch)
+    ref = tps.get(reference)
+    if ref is None or not rows:
+        return ""
+
+    def ratio(label: str) -> float:
+        return statistics.median(a / b if b > 0 else 0.0 for a, b in zip(tps[label], ref)) if ref else 0.0
+
+    ranked = sorted(rows, key=lambda r: -ratio(r.label))
+    first = ranked[0]
+    if len(ranked) == 1:
+        return f"{where}: {first.label} is the only policy measured"
+    second = ranked[1]
+    n = len(tps[first.label])
+    if n < 2:
+        return (f"{where}: fastest {first.label}, then {second.label} (the highest median against {reference}; "
+                f"{n} unit, nothing to pair: no p-value)")
+    known = [x for x in (first.measured_vs_ar, first.measured_vs_chain) if x is not None and x.baseline == second.label]
+    m = known[0] if known else paired_ratio(tps[first.label], tps[second.label], first.label, second.label,
+                                            min_pairs=1, what="units")
+    separated = m.wilcoxon_p < alpha
+    head = (f"{where}: fastest {first.label}, {m.median:.2f}x the runner-up {second.label} (Wilcoxon "
+            f"p={m.wilcoxon_p:.2g}, {m.n} paired units; {'separated' if separated else 'not separated'} at "
+            f"p<{alpha:g})")
+    why = ""
+    if second.tokens_per_forward and first.tokens_per_forward and meds[second.label]["total"]:
+        d = what_decides(first.tokens_per_forward / second.tokens_per_forward, scaled_to_total(meds[second.label]),
+                         scaled_to_total(meds[first.label]), (second.nodes, first.nodes))
+        why = d.explain(first.label, second.label, m, separated)
+    if not separated and not why:
+        why = "either may be the faster: nothing decides"
+    return f"{head}; {why}" if why else head
