@@ -52,7 +52,8 @@ def siblings_dropped(monkeypatch) -> str:
     """Siblings dropped from the tree: only the rank-0 chain of the built tree is verified."""
     from workbench.engine import stages
 
-    original = stages.tree_build_rows
+    build = importlib.import_module("workbench.engine.stages.tree_build")  # the checked build calls it by name
+    original = build.tree_build_rows
 
     def tree_build_rows(policies, drafted, roots, device, sync_free=False):
         return [chain_of(t) for t in original(policies, drafted, roots, device, sync_free)]
@@ -69,6 +70,7 @@ def siblings_dropped(monkeypatch) -> str:
         return Tree(t.tokens[:, idx], par, t.depth[:, idx], t.rank[:, idx], t.score[:, idx])
 
     monkeypatch.setattr(stages, "tree_build_rows", tree_build_rows)
+    monkeypatch.setattr(build, "tree_build_rows", tree_build_rows)
     return "tree"
 
 
@@ -203,8 +205,8 @@ def features_not_compacted(monkeypatch) -> str:
 
     original = stages.commit
 
-    def commit(state, layout, accepted, features):
-        out = original(state, layout, accepted, features)
+    def commit(state, layout, accepted, features, *rest):
+        out = original(state, layout, accepted, features, *rest)
         if features is None:
             return out
         return [dataclasses.replace(c, context=features[b : b + 1, : c.nodes.shape[0]]) for b, c in enumerate(out)]
@@ -300,21 +302,152 @@ def features_before_final_norm(monkeypatch) -> str:
     return "drafter features"
 
 
+# ------------------------------------------------------------------------------------------ diagnosed classes
+# Bug classes the diagnosis reproduces (workbench.conform.suspects), planted the way an integration gets them wrong.
+
+
+def compile_with(monkeypatch, edit) -> None:
+    """Every cycle's tree compile, each row's ``CompiledTree`` passed through ``edit(c, tree, b, starts)``."""
+    from workbench.engine import stages
+
+    stage = importlib.import_module("workbench.engine.stages.tree_compile")
+    original, inner = stages.tree_compile, stage.compile_tree
+
+    def tree_compile(trees, starts, max_depths, nodes=None):
+        row = iter(range(len(trees)))
+
+        def compile_tree(tree, start, max_depth=None):
+            return edit(inner(tree, start, max_depth), tree, next(row), starts)
+
+        stage.compile_tree = compile_tree  # for this call only: the module's own name, restored after
+        try:
+            return original(trees, starts, max_depths, nodes)
+        finally:
+            stage.compile_tree = inner
+
+    monkeypatch.setattr(stages, "tree_compile", tree_compile)
+
+
+def positions_from_first_row(monkeypatch) -> str:
+    """Batches: every row's tree positions computed from the first row's start (one base for the batch)."""
+    compile_with(monkeypatch, lambda c, tree, b, starts: dataclasses.replace(c, positions=c.positions - starts[b]
+                                                                              + starts[0]))
+    return "verify positions"
+
+
+def positions_counting_rejected(monkeypatch) -> str:
+    """The tree's base position advanced by every node the previous step verified, not only the accepted ones (a
+    host mirror of the computed length that never subtracts the rejected nodes). One session (row 0)."""
+    from workbench.engine import stages
+
+    accept, last = stages.accept, {}
+
+    def counting(backend, layout, verified):
+        out = accept(backend, layout, verified)
+        last["rejected"] = layout.n[0] - 1 - int(out.length[0])  # verified drafts not accepted
+        return out
+
+    compile_with(monkeypatch, lambda c, tree, b, starts: dataclasses.replace(
+        c, positions=c.positions + last.get("rejected", 0)))
+    monkeypatch.setattr(stages, "accept", counting)
+    return "verify positions"
+
+
+def wrong_mask(parents: torch.Tensor, scheme: str) -> torch.Tensor:
+    """bool [1, n, n]: a known wrong tree mask for parents [1, n] (the workbench's own rule for each scheme)."""
+    from workbench.conform import contracts as C
+
+    par = parents[0].tolist()
+    n = len(par)
+    vis = C.ancestor_closure(par)
+    if scheme == "previous":
+        vis[torch.arange(1, n), torch.arange(0, n - 1)] = True
+    elif scheme == "causal":
+        vis = torch.ones(n, n, dtype=torch.bool).tril()
+    else:  # "depth"
+        d = torch.tensor(C.depths_from(par))
+        vis = (d[None, :] < d[:, None]) | torch.eye(n, dtype=torch.bool)
+    return vis[None].to(parents.device)
+
+
+def mask_fault(scheme: str):
+    def plant(monkeypatch) -> str:
+        compile_with(monkeypatch, lambda c, tree, b, starts: dataclasses.replace(
+            c, visibility=wrong_mask(tree.parents, scheme)))
+        return "visibility"
+    plant.__name__ = f"mask_{scheme}"
+    plant.__doc__ = f"The verify's tree mask built wrong ({scheme!r} in wrong_mask), as recorded and as run."
+    return plant
+
+
+mask_previous, mask_causal, mask_depth = (mask_fault(s) for s in ("previous", "causal", "depth"))
+
+
+def bonus_one_node_early(monkeypatch) -> str:
+    """The bonus read at the accepted path's second-to-last node: the target's choice there is the last accepted
+    token, so the step commits it twice (where at least one draft was accepted)."""
+    from workbench.engine import stages
+
+    original = stages.accept
+
+    def accept(backend, layout, verified):
+        out = original(backend, layout, verified)
+        last = out.index.gather(1, out.length[:, None])  # [B, 1]: the last accepted node
+        early = layout.tree.tokens.gather(1, last.clamp(min=0))[:, 0]
+        return dataclasses.replace(out, bonus=torch.where(out.length > 0, early, out.bonus))
+
+    monkeypatch.setattr(stages, "accept", accept)
+    return "accept walk"
+
+
+def drafter_block_causal(monkeypatch) -> str:
+    """The drafter's block attending causally: each slot sees the context and the slots before it only (a causal
+    mask laid over the block's columns of whatever mask the forward gets, one row or many)."""
+    from workbench.models import drafter
+
+    original = drafter.run_draft
+
+    def run_draft(draft, target, block_ids, positions, context, cache, capture=None, mask=None, keep=None):
+        B, Bk = block_ids.shape
+        lengths = cache.lengths  # per row: its cached rows; the context's M rows follow, then the block
+        width = max(lengths) + context.shape[1] + Bk
+        dtype = next(draft.parameters()).dtype
+        causal = torch.zeros(B, 1, Bk, width, dtype=dtype, device=block_ids.device) if mask is None else mask.clone()
+        for b, L in enumerate(lengths):
+            first = L + context.shape[1]
+            later = torch.ones(Bk, Bk, dtype=torch.bool, device=block_ids.device).triu(1)  # slot j's later slots
+            causal[b, 0, :, first : first + Bk].masked_fill_(later, torch.finfo(dtype).min)
+        return original(draft, target, block_ids, positions, context, cache, capture, causal, keep)
+
+    monkeypatch.setattr(drafter, "run_draft", run_draft)
+    return "drafter output"
+
+
 FAULTS = {f.__name__: f for f in (positions_by_index, ancestor_dropped, siblings_dropped, drafter_context_shifted,
                                   kv_out_of_path_order, bonus_missing_from_block, target_layer_off_by_one,
                                   features_off_by_a_row, features_not_compacted, positions_off_by_one,
-                                  drafter_head_not_shared)}
-# The catalogue's cause (workbench.conform.causes) each planted fault's evidence must match; None: no entry does
-# (the report says "no known cause matches").
+                                  drafter_head_not_shared, mask_previous, mask_causal, mask_depth,
+                                  bonus_one_node_early, drafter_block_causal,
+                                  positions_counting_rejected)}
+# The catalogue's cause (workbench.conform.causes) each planted fault's records must be reproduced by; None: no
+# candidate reproduces them (the report says so).
 CAUSE = {"positions_by_index": "tree positions by flat node index, not depth", "ancestor_dropped": None,
-         "siblings_dropped": None, "drafter_context_shifted": None,
+         "siblings_dropped": None,
+         "drafter_context_shifted": "the drafter's new context starting a row late (the previous root's row dropped)",
          "kv_out_of_path_order": "K/V rows not compacted to the accepted path",
          "bonus_missing_from_block": "the bonus token missing from the block's slot 0 (the mask token instead)",
          "target_layer_off_by_one": "the target-layer index off by one",
          "features_off_by_a_row": "the drafter's features handed over a row (or more) off",
          "features_not_compacted": "hidden states not compacted to the accepted path",
-         "positions_off_by_one": "a flat position / tree node off by one",
+         "positions_off_by_one": "the tree's base position off by a constant",
          "drafter_head_not_shared": "a drafter that does not share the target's lm_head / embeddings",
          "stale_state_parent": "stale parent indices on a hybrid target",
          "recurrent_state_from_wrong_node": "the recurrent state committed from the wrong node",
-         "features_before_final_norm": "the drafter's features read before the target's final norm"}
+         "features_before_final_norm": "the drafter's features read before the target's final norm",
+         "positions_from_first_row": "positions from another request's start plus depth (one base for the batch)",
+         "positions_counting_rejected": "the base position counting the nodes the previous step rejected",
+         "mask_previous": "each node also sees the node before it in the flattened order",
+         "mask_causal": "a causal (chain) mask over the flattened tree",
+         "mask_depth": "a mask from depths: every node sees every shallower node",
+         "bonus_one_node_early": "the bonus read one node early (it repeats the last accepted token)",
+         "drafter_block_causal": "the drafter's block attending causally"}

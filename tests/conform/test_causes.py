@@ -1,83 +1,127 @@
-"""The catalogue of known bug classes (workbench.conform.causes): every entry matches its own signature, not a
-near miss, and not when a contract upstream of it broke first; a broken contract no entry matches is reported
-as "no known cause matches". (The planted faults that leave each signature: test_check.py.)"""
+"""The catalogue of known bug classes (workbench.conform.causes) and each class's reproduction on plain records
+(workbench.conform.suspects): every entry is published and reproduces its own suspected input, not a near miss,
+and a cycle that cannot tell (the wrong input equals the right one there) is not counted. The planted faults that
+each entry must be named for: test_diagnosis.py and test_check.py."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from workbench.conform import contracts as C
-from workbench.conform.causes import CAUSES, match_causes, report_lines
+from workbench.conform import suspects as S
+from workbench.conform.causes import CAUSES
 from workbench.conform.check import ContractResult
+from workbench.conform.diagnosis import attempt, clean_before, report_lines
 
-# Per entry: (evidence of its broken cycles that matches, a near miss that must not).
-EXAMPLES = {
-    "the bonus token missing from the block's slot 0 (the mask token instead)":
-        ([{"slot0_mask": True, "block_offset": 0}] * 2, [{"slot0_mask": True, "block_offset": 0},
-                                                         {"slot0_mask": False, "block_offset": 0}]),
-    "the drafter's block at shifted positions (RoPE phase skew)":
-        ([{"slot0_mask": False, "block_offset": 1}], [{"slot0_mask": False, "block_offset": None}]),
-    "the target-layer index off by one":
-        ([{"explained": {"layer:-1": 20}}, {"explained": {"layer:-1": 8}}],
-         [{"explained": {"layer:-1": 4, "unexplained": 4}}]),
-    "the drafter's features handed over a row (or more) off":
-        ([{"explained": {"shift:-1": 8}}], [{"explained": {"shift:-1": 4, "shift:1": 4}}]),
-    "the drafter's features read before the target's final norm":
-        ([{"explained": {"prenorm:0": 5}}], [{"explained": {"prenorm:2": 5}}]),
-    "hidden states not compacted to the accepted path":
-        ([{"explained": {"rejected": 1}}, {"explained": {"rejected": 2, "shift:1": 1}}],
-         [{"explained": {"shift:1": 3}}]),
-    "a drafter that does not share the target's lm_head / embeddings":
-        ([{"top1_agree": 0.0, "slots": 15}, {"top1_agree": 0.2, "slots": 15}], [{"top1_agree": 0.8, "slots": 15}]),
-    "a flat position / tree node off by one":
-        ([{"offset": 1, "by_index": False}], [{"offset": 2, "by_index": False}]),
-    "tree positions by flat node index, not depth":
-        ([{"offset": None, "by_index": True}], [{"offset": None, "by_index": False}]),
-    "stale parent indices on a hybrid target":
-        ([{"flattened": True, "wrong": 5}], [{"flattened": False, "wrong": 1}]),
-    "the recurrent state committed from the wrong node":
-        ([{"state": True, "hybrid": True, "kept_as_accepted": True}],
-         [{"state": True, "hybrid": True, "kept_as_accepted": False}]),
-    "K/V rows not compacted to the accepted path":
-        ([{"state": True, "hybrid": False, "kept_as_accepted": True}],
-         [{"state": True, "hybrid": True, "kept_as_accepted": True}]),
-}
+TOKENS, PARENTS = [7, 3, 4, 5, 6], [-1, 0, 0, 1, 3]  # root; two children; a chain under the first
+DEPTH = C.depths_from(PARENTS)
 
 
-class Report:
-    """The parts of a ConformReport the catalogue reads: each contract's result, and the broken ones in order."""
+class Rec(dict):
+    """A cycle record as the suspects read it: fields by name (tensors), its request and step."""
 
-    def __init__(self, broken: dict):
-        self.results = {name: ContractResult(name) for name in C.CONTRACTS}
-        for step, (name, facts) in enumerate(broken.items()):
-            r = self.results[name]
-            r.checked = r.broken = len(facts)
-            r.facts = list(facts)
-            r.first = {"request": "0", "cycle": step, "step": step, "row": 0, "evidence": "..."}
-        self.broken = list(broken)
+    def __init__(self, request="0", step=1, **fields):
+        super().__init__({k: torch.tensor(v) if isinstance(v, list) else v for k, v in fields.items()})
+        self.request = request
+        self["step"] = step
 
 
-def test_every_entry_has_an_example_and_a_public_reference():
-    assert sorted(EXAMPLES) == sorted(c.name for c in CAUSES)
+def sample(rec, start=10, ctx=None, previous=None, batch=None, after=None):
+    return SimpleNamespace(rec=rec, ctx=ctx or list(range(start + 1)), start=start, previous=previous,
+                           batch=batch or {}, after=after, clean=True)
+
+
+ENV = SimpleNamespace(hybrid=False, models=SimpleNamespace(mask_token_id=1), tol=C.tolerance("float32"), memo={})
+
+
+def run(fn, s):
+    got = fn(s, ENV)
+    return None if got is None else got.match
+
+
+def test_every_entry_is_published_and_reads_a_contract():
+    assert len({(c.name, c.contract) for c in CAUSES}) == len(CAUSES)
     for c in CAUSES:
-        assert c.contract in C.CONTRACTS and c.reference and c.signature, c.name
+        assert c.contract in C.CONTRACTS and c.source and c.name, c
         assert all(u in C.CONTRACTS for u in c.upstream), c.name
+        assert c.reproduce is not None or c.contract == "drafter output", c.name  # one signature-only entry
 
 
-@pytest.mark.parametrize("cause", CAUSES, ids=lambda c: c.name[:40])
-def test_each_entry_matches_its_signature_only(cause):
-    hit, miss = EXAMPLES[cause.name]
-    assert cause in match_causes(Report({cause.contract: hit}))[cause.contract]
-    assert cause not in match_causes(Report({cause.contract: miss}))[cause.contract]
-    if cause.upstream:  # an input that broke first explains this evidence: the cause is the input's, not this
-        before = {cause.upstream[0]: [{}], cause.contract: hit}
-        assert cause not in match_causes(Report(before))[cause.contract]
-        after = {cause.contract: hit, cause.upstream[0]: [{}]}
-        assert cause in match_causes(Report(after))[cause.contract]
+def test_each_position_scheme_reproduces_its_own_positions_only():
+    prev = Rec(tree_tokens=list(range(9)), accepted_nodes=[0, 2, 5])  # 6 verified nodes rejected
+    batch = {0: ("0", 10), 1: ("1", 31)}
+    cases = {"offset": [11 + d for d in DEPTH], "index": [10 + i for i in range(5)],
+             "row": [31 + d for d in DEPTH], "rejected": [16 + d for d in DEPTH]}
+    for key, positions in cases.items():
+        s = sample(Rec(verify_positions=positions, tree_parents=PARENTS), previous=prev, batch=batch)
+        got = {k: run(S.positions_by(k), s) for k in cases}
+        assert got == {k: k == key for k in cases}, (key, got)
+    what = S.positions_by("row")(sample(Rec(verify_positions=cases["row"], tree_parents=PARENTS), batch=batch), ENV)
+    assert what.what == "positions = request 1's start + depth"
+    # nothing recorded to hold it against (no positions, no target values): not tried
+    assert S.positions_by("offset", field=False)(sample(Rec(tree_parents=PARENTS)), ENV) is None
 
 
-def test_a_broken_contract_no_entry_matches_says_so():
-    report = Report({"visibility": [{}], "tree": [{}]})
-    causes = match_causes(report)
-    assert causes == {"visibility": [], "tree": []}
-    assert report_lines(report.broken, causes)[1:] == ["  visibility: no known cause matches",
-                                                       "  tree: no known cause matches"]
+def test_each_mask_reproduces_its_own_visibility_and_a_chain_cannot_tell():
+    for key, (_, vis) in S.mask_schemes(PARENTS).items():
+        s = sample(Rec(visibility=vis, visibility_form="dense", tree_parents=PARENTS, tree_tokens=TOKENS))
+        assert {k: run(S.mask_by(k), s) for k in ("previous", "causal", "depth")} == {
+            k: k == key for k in ("previous", "causal", "depth")}, key
+    chain = [-1, 0, 1, 2]
+    s = sample(Rec(visibility=C.ancestor_closure(chain), visibility_form="dense", tree_parents=chain))
+    assert S.mask_by("previous")(s, ENV) is None and S.mask_by("causal")(s, ENV) is None
+
+
+def test_the_commit_bonus_block_context_and_state_reproductions():
+    acc = [0, 1, 3]
+    rec = Rec(tree_tokens=TOKENS, tree_parents=PARENTS, accepted_nodes=acc, kv_kept_nodes=[0, 1, 2], bonus=5)
+    assert run(S.kv_in_tree_order, sample(rec)) is True and run(S.bonus_one_node_early, sample(rec)) is True
+    right = Rec(tree_tokens=TOKENS, tree_parents=PARENTS, accepted_nodes=acc, kv_kept_nodes=acc, bonus=9)
+    assert run(S.kv_in_tree_order, sample(right)) is None  # named as meant, no output to tell what ran
+    assert run(S.bonus_one_node_early, sample(right)) is False
+    assert S.kv_in_tree_order(sample(Rec(tree_tokens=TOKENS, accepted_nodes=[0, 1])), ENV) is None  # path = order
+    assert run(S.block_slot0_mask, sample(Rec(draft_block_tokens=[1, 1, 1]))) is True
+    assert run(S.block_slot0_mask, sample(Rec(draft_block_tokens=[10, 1, 1]))) is False
+    assert run(S.block_positions_shifted, sample(Rec(draft_block_positions=[11, 12, 13]))) is True
+    assert run(S.block_positions_shifted, sample(Rec(draft_block_positions=[10, 11, 12]))) is False
+    ctx = [100 + i for i in range(11)]
+    prev = Rec(context_len=7)
+    late = Rec(draft_context_positions=[8, 9], draft_context_tokens=[108, 109])
+    assert run(S.context_rows_late, sample(late, ctx=ctx, previous=prev)) is True
+    whole = Rec(draft_context_positions=[7, 8, 9], draft_context_tokens=[107, 108, 109])
+    assert run(S.context_rows_late, sample(whole, ctx=ctx, previous=prev)) is False
+    assert run(S.state_parents_flattened, sample(Rec(state_from=[-1, 0, 1, 2, 3], tree_parents=PARENTS))) is True
+    assert run(S.state_parents_flattened, sample(Rec(state_from=[-1, 0, 0, 2, 3], tree_parents=PARENTS))) is False
+
+
+def test_a_candidate_named_only_where_every_cycle_tried_matches_and_upstream_first_blocks_it():
+    cause = next(c for c in CAUSES if c.contract == "verify positions" and "another request" in c.name)
+    batch = {0: ("0", 10), 1: ("1", 31)}
+    hit = sample(Rec(verify_positions=[31 + d for d in DEPTH], tree_parents=PARENTS), batch=batch)
+    miss = sample(Rec(verify_positions=[12 + d for d in DEPTH], tree_parents=PARENTS), batch=batch)
+    result = ContractResult("verify positions", checked=2, broken=2)
+    found = attempt(cause, result, [hit, hit], ENV)
+    assert found.reproduced and (found.matched, found.tried) == (2, 2)
+    assert not attempt(cause, result, [hit, miss], ENV).reproduced
+    results = {n: ContractResult(n) for n in C.CONTRACTS}
+    results["verify positions"].first = {"step": 3, "row": 0}
+    results["tree"].first = {"step": 2, "row": 0}
+    report = SimpleNamespace(results=results)
+    assert clean_before(report, "verify positions", ("tree",)) == ["tree"]
+    lines = report_lines(["verify positions"], {"verify positions": {"named": [], "tried": [found], "follows": []}},
+                         results)
+    assert lines[1].startswith("  verify positions: no candidate reproduces it (positions from another request")
+
+
+@pytest.mark.parametrize("cause", [c for c in CAUSES if c.over_facts], ids=lambda c: c.name[:40])
+def test_a_features_cause_is_reproduced_by_the_contracts_own_row_comparison(cause):
+    label = {"the target-layer index off by one": "layer:-1", "the drafter's features handed over a row (or more) "
+             "off": "shift:1", "the drafter's features read before the target's final norm": "prenorm:0",
+             "hidden states not compacted to the accepted path": "rejected"}[cause.name]
+    result = ContractResult("drafter features", checked=2, broken=2,
+                            facts=[{"explained": {label: 4}}, {"explained": {label: 2}}])
+    assert cause.fits(result, False) and attempt(cause, result, [], ENV).reproduced
+    mixed = ContractResult("drafter features", checked=1, broken=1, facts=[{"explained": {label: 2, "unexplained": 2}}])
+    assert not attempt(cause, mixed, [], ENV).reproduced

@@ -1,37 +1,35 @@
-"""From a broken contract's evidence to the known bug classes it matches: a catalogue, one entry per class.
+"""The catalogue of known bug classes, one entry per class and contract: what it hands the engine, where it was
+published, when it fits a broken contract's evidence, and how the reference reproduces it.
 
-Each entry is a pattern over the evidence a contract recorded for its broken cycles (``ContractResult.facts``,
-data beside the evidence line: ``contracts.*_facts``, ``feature_contract.features_problem``), the bug class in
-words, and where integrators reported it (docs/conformance.md, "Likely causes"; sources in
-``shared/reference/field-2026-12-05.md``, section 2). Only a matching pattern counts: an entry names a cause when
-*every* broken cycle the contract recorded evidence for shows its signature and none of the contracts that feed
-it (``upstream``) broke at or before its first broken step (a wrong input explains a wrong output: the cause is
-the input's), and the report says "no known cause matches" for a broken contract no entry matches. A match is a
-likely cause, not a proof: the signature is what that bug leaves behind, and another bug may leave the same.
+An entry is a candidate for a broken contract when its ``fits`` holds on the evidence the contract recorded
+(``ContractResult.facts``: ``contracts.*_facts``, ``feature_contract.features_problem``) and none of the contracts
+that feed it (``upstream``) broke at or before its first broken step (a wrong input explains a wrong output: the
+cause is the input's). The diagnosis (``workbench.conform.diagnosis``) then reproduces each candidate on the
+contract's first broken cycles (``workbench.conform.suspects``) and names the one whose reproduction matches what
+the engine recorded; an entry with no reproduction (``reproduce`` None) can only be said to match its signature.
+Fitting is cheap and never names a cause by itself: a target's kind only rules out what it cannot have (no
+recurrent state on an attention-only target).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workbench.conform import suspects as S
+
 
 @dataclass(frozen=True)
 class Cause:
     name: str  # the bug class, short
-    contract: str  # the contract whose evidence it reads
-    signature: str  # what the evidence shows when it matches, in words
-    reference: str  # where it was reported
-    pattern: Callable  # pattern(result: ContractResult, report) -> bool
+    contract: str  # the contract whose evidence it explains
+    source: str  # where it was published (a port's finding, an engine's PR or issue thread, a paper)
+    fits: Callable  # fits(result: ContractResult, hybrid: bool) -> bool: its evidence allows this cause
+    reproduce: Callable | None  # per broken cycle (suspects.*) -> Repro | None; None: a signature only
     upstream: tuple = ()  # contracts whose earlier breakage would explain this one's evidence instead
-
-    def matches(self, report) -> bool:
-        """Its pattern holds over the contract's evidence, and no upstream contract broke first."""
-        return clean_before(report, self.contract, self.upstream) and bool(
-            self.pattern(report.results[self.contract], report))
+    over_facts: bool = False  # reproduced by the contract itself on every broken cycle (``reproduce(result)``)
 
     def to_dict(self) -> dict:
-        return {"cause": self.name, "contract": self.contract, "signature": self.signature,
-                "reference": self.reference}
+        return {"cause": self.name, "contract": self.contract, "source": self.source}
 
 
 def every(result, test: Callable[[dict], bool]) -> bool:
@@ -39,118 +37,139 @@ def every(result, test: Callable[[dict], bool]) -> bool:
     return bool(result.facts) and all(test(f) for f in result.facts)
 
 
-def clean_before(report, name: str, upstream: tuple) -> bool:
-    """None of ``upstream`` broke at or before ``name``'s first broken step (row)."""
-    first = report.results[name].first
-    at = (first["step"], first["row"]) if first else (float("inf"), 0)
-    for u in upstream:
-        f = report.results[u].first if u in report.results else None
-        if f is not None and (f["step"], f["row"]) <= at:
-            return False
-    return True
-
-
 def labels(result) -> set[str]:
     """Every explanation the features contract gave a differing layer-row, over its broken cycles."""
     return {label for f in result.facts for label in f.get("explained", {})}
 
 
-def one_layer_offset(result) -> bool:
-    found = labels(result)
-    return bool(result.facts) and found in ({"layer:-1"}, {"layer:1"})
+def rows_explained(want: Callable[[set], bool], what: str):
+    """A features cause reproduced by the contract itself: it held every differing layer-row against the suspected
+    row (another layer, position, the pre-norm output, a rejected node) within the features' tolerance.
+    -> reproduce(result) -> (cycles whose rows all equal it, cycles, in words)."""
+    def run(result):
+        hit = sum(bool(f.get("explained")) and want(set(f["explained"])) for f in result.facts)
+        return hit, len(result.facts), what
+    return run
 
 
-def one_shift(result) -> bool:
-    found = labels(result)
-    return bool(result.facts) and len(found) == 1 and next(iter(found)).startswith("shift:")
+def one_layer_offset(found: set) -> bool:
+    return found in ({"layer:-1"}, {"layer:1"})
 
 
-def not_compacted(result) -> bool:
-    found = labels(result)
+def one_shift(found: set) -> bool:
+    return len(found) == 1 and next(iter(found)).startswith("shift:")
+
+
+def not_compacted(found: set) -> bool:
     return "rejected" in found and all(x == "rejected" or x.startswith("shift:") for x in found)
 
 
-def head_not_shared(result, report) -> bool:
-    """The drafter's output agrees with the reference's top-1 by chance only (on inputs that were right: the
-    entry's upstream)."""
-    return every(result, lambda f: f.get("top1_agree") is not None and f["top1_agree"] <= 0.25)
+def always(result, hybrid) -> bool:
+    return True
+
+
+def offset_fits(result, hybrid) -> bool:
+    """A constant nonzero offset, the same over every broken cycle."""
+    offs = {f.get("offset") for f in result.facts}
+    return len(offs) == 1 and None not in offs and 0 not in offs
 
 
 # What the verify's output depends on: a break there first explains the features and the committed state.
 VERIFY = ("tree", "verify positions", "visibility", "recurrent-state parents")
+DEPDFLASH = "github.com/patrickbdevaney/dflash-caddtree-integrations docs/DDTREE.md (flat position / node off by one)"
+ROWS = ("github.com/rasbt/reasoning-from-scratch/issues/33 (position ids computed once for the batch, not per "
+        "sequence); github.com/vllm-project/vllm/issues/40809 (tree verify needs per-request tree RoPE)")
+REJECTED = ("github.com/vllm-project/vllm-ascend/pull/14883 (seq_lens not reduced by the rejected-token count); "
+            "rmagur1203/vllm-ddtree docs/DDTREE-FINDINGS-EN.md (host mirror of computed tokens off by +4 to +10)")
+NEIGHBOUR = ("github.com/NVIDIA/TensorRT-LLM/pull/13081 (packed tree-mask rows not cleared: old bits widen the mask); "
+             "github.com/sgl-project/sglang/pull/36201 (the tree builder's ancestor walk reads another row)")
+CAUSAL = "github.com/sgl-project/sglang-jax/pull/1569 (sibling branches must not see each other: a causal mask cannot)"
+BY_DEPTH = ("github.com/NVIDIA/TensorRT-LLM/pull/12962 (tree positions and topology out of step); a mask from "
+            "positions instead of parents")
+
+
+def positions_and_logits(contract: str, field: bool, upstream: tuple, fits_offset=offset_fits) -> tuple:
+    """The position schemes as causes of ``contract``: from the recorded positions (``field``) or from the logits
+    only (the recorded positions passed their contract)."""
+    return (
+        Cause("the tree's base position off by a constant", contract, DEPDFLASH, fits_offset,
+              S.positions_by("offset", field), upstream),
+        Cause("tree positions by flat node index, not depth", contract, DEPDFLASH,
+              (lambda r, h: every(r, lambda f: f.get("by_index"))) if field else always,
+              S.positions_by("index", field), upstream),
+        Cause("positions from another request's start plus depth (one base for the batch)", contract, ROWS, always,
+              S.positions_by("row", field), upstream),
+        Cause("the base position counting the nodes the previous step rejected", contract, REJECTED, always,
+              S.positions_by("rejected", field), upstream),
+    )
+
+
+def masks(contract: str, field: bool, upstream: tuple) -> tuple:
+    """The known wrong masks as causes of ``contract`` (from the recorded visibility, or the logits only)."""
+    return (
+        Cause("each node also sees the node before it in the flattened order", contract, NEIGHBOUR, always,
+              S.mask_by("previous", field), upstream),
+        Cause("a causal (chain) mask over the flattened tree", contract, CAUSAL, always, S.mask_by("causal", field),
+              upstream),
+        Cause("a mask from depths: every node sees every shallower node", contract, BY_DEPTH, always,
+              S.mask_by("depth", field), upstream),
+    )
 
 
 CAUSES = (
     Cause("the bonus token missing from the block's slot 0 (the mask token instead)", "drafter context",
-          "slot 0 of every broken block holds the mask token, not the root",
           "github.com/warpfront/hipfire/pull/483 (tau 1.46 against the reference's 6.34)",
-          lambda r, rep: every(r, lambda f: f.get("slot0_mask"))),
+          lambda r, h: any(f.get("slot0_mask") for f in r.facts), S.block_slot0_mask),
     Cause("the drafter's block at shifted positions (RoPE phase skew)", "drafter context",
-          "every broken block sits a constant number of positions off start, start + 1, ...",
           "warpfront/hipfire #41 (RoPE phase skew)",
-          lambda r, rep: every(r, lambda f: f.get("block_offset") not in (None, 0))),
+          lambda r, h: any(f.get("block_offset") not in (None, 0) for f in r.facts), S.block_positions_shifted),
+    Cause("the drafter's new context starting a row late (the previous root's row dropped)", "drafter context",
+          "rmagur1203/vllm-ddtree docs/DDTREE-FINDINGS-EN.md (a host mirror of computed tokens off); "
+          "github.com/vllm-project/vllm/pull/9730 (the bonus token's row missing from the draft's K/V)",
+          always, S.context_rows_late),
     Cause("the target-layer index off by one", "drafter features",
-          "every differing layer-row is the target's next (or previous) layer at its own position",
           "github.com/vllm-project/vllm/pull/42704 (wrong target-layer index offset)",
-          lambda r, rep: one_layer_offset(r), VERIFY + ("target logits", "committed tokens")),
-    Cause("the drafter's features handed over a row (or more) off", "drafter features",
-          "every differing row is the target's features at a position a constant number of rows away",
-          "the off-by-one class of patrickbdevaney docs/DDTREE.md (flat position / node off by one)",
-          lambda r, rep: one_shift(r), VERIFY + ("target logits", "committed tokens")),
+          lambda r, h: one_layer_offset(labels(r)),
+          rows_explained(one_layer_offset, "features = the target's next (or previous) layer at each position"),
+          VERIFY + ("target logits", "committed tokens"), True),
+    Cause("the drafter's features handed over a row (or more) off", "drafter features", DEPDFLASH,
+          lambda r, h: one_shift(labels(r)),
+          rows_explained(one_shift, "features = the target's at a position a constant number of rows away"),
+          VERIFY + ("target logits", "committed tokens"), True),
     Cause("the drafter's features read before the target's final norm", "drafter features",
-          "every differing layer-row is the last layer's output before the final norm",
           "vLLM 0.32 on a drafter that reads the last layer (docs/production-engines.md; "
           "workbench.adapters.vllm_workarounds 'last_layer_feature')",
-          lambda r, rep: bool(r.facts) and labels(r) == {"prenorm:0"}, VERIFY + ("target logits", "committed tokens")),
+          lambda r, h: labels(r) == {"prenorm:0"},
+          rows_explained(lambda s: s == {"prenorm:0"}, "features = the last layer's output before the final norm"),
+          VERIFY + ("target logits", "committed tokens"), True),
     Cause("hidden states not compacted to the accepted path", "drafter features",
-          "differing rows are features of tree nodes the previous step did not accept (or accepted ones at other "
-          "positions): kept in tree order, not the accepted path's",
-          "warpfront/hipfire #272 (a host mirror of hidden states not compacted after eviction)",
-          lambda r, rep: not_compacted(r), VERIFY + ("target logits", "committed tokens")),
+          "warpfront/hipfire #272 (a host mirror of hidden states not compacted after eviction); "
+          "github.com/SafeAILab/EAGLE/issues/336 (the draft layer's K/V keeps rejected nodes)",
+          lambda r, h: not_compacted(labels(r)),
+          rows_explained(not_compacted, "features = those of nodes of the previous tree it did not accept"),
+          VERIFY + ("target logits", "committed tokens"), True),
     Cause("a drafter that does not share the target's lm_head / embeddings", "drafter output",
-          "on the reference's own context and features the drafter's top-1 agrees with the reference's at a "
-          "quarter of the slots or fewer, in every broken cycle",
           "github.com/local-inference-lab/vllm/pull/54 (acceptance length 1.00, citing vLLM #46435)",
-          head_not_shared, ("drafter context", "drafter features")),
-    Cause("a flat position / tree node off by one", "verify positions",
-          "every broken cycle's verify positions are the reference's plus or minus one",
-          "patrickbdevaney docs/DDTREE.md (flat-position / node off-by-one)",
-          lambda r, rep: every(r, lambda f: f.get("offset") in (1, -1))),
-    Cause("tree positions by flat node index, not depth", "verify positions",
-          "every broken cycle's positions are the root's plus each node's index in the tree's order",
-          "patrickbdevaney docs/DDTREE.md (flat-position / node confusion)",
-          lambda r, rep: every(r, lambda f: f.get("by_index"))),
+          lambda r, h: every(r, lambda f: f.get("top1_agree") is not None and f["top1_agree"] <= 0.25), None,
+          ("drafter context", "drafter features")),
+    Cause("the drafter's block attending causally", "drafter output",
+          "github.com/microsoft/onnxruntime/pull/32225 (a hard-coded causal mask where a block drafter's slots see "
+          "each other); github.com/z-lab/dflash/issues/122 (causal vs bidirectional block attention)",
+          always, S.causal_block, ("drafter context", "drafter features")),
+    *positions_and_logits("verify positions", True, ("tree",)),
+    *masks("visibility", True, ("tree",)),
     Cause("stale parent indices on a hybrid target", "recurrent-state parents",
-          "every node continued the recurrent state of the node before it in the flattened order",
           "github.com/sgl-project/sglang/pull/29907 (forces topk=2 on hybrids: stale parent indices at replay)",
-          lambda r, rep: every(r, lambda f: f.get("flattened"))),
-    Cause("the recurrent state committed from the wrong node", "committed tokens",
-          "on a hybrid target the kept rows are the accepted path's, yet the committed state gives the next root "
-          "the wrong logits",
-          "Luce-Org/lucebox #414 (approximate rollback: the tree accepted less than the chain)",
-          lambda r, rep: every(r, lambda f: f.get("state") and f.get("hybrid") and f.get("kept_as_accepted")),
-          VERIFY + ("target logits",)),
+          lambda r, h: h, S.state_parents_flattened, ("tree",)),
+    *positions_and_logits("target logits", False, VERIFY + ("accept walk", "committed tokens"), always),
+    *masks("target logits", False, VERIFY + ("accept walk", "committed tokens")),
+    Cause("the bonus read one node early (it repeats the last accepted token)", "accept walk",
+          "github.com/kekzl/imp/issues/683 (verify emits a duplicated token at the bonus position)",
+          always, S.bonus_one_node_early, VERIFY + ("target logits",)),
     Cause("K/V rows not compacted to the accepted path", "committed tokens",
-          "on an attention target the kept rows are named as the accepted path's, yet the committed K/V gives the "
-          "next root the wrong logits",
-          "warpfront/hipfire #272 (KV compaction and state after eviction)",
-          lambda r, rep: every(r, lambda f: f.get("state") and not f.get("hybrid") and f.get("kept_as_accepted")),
-          VERIFY + ("target logits",)),
+          "warpfront/hipfire #272 (KV compaction and state after eviction)", always, S.kv_in_tree_order,
+          VERIFY + ("target logits", "accept walk")),
+    Cause("the recurrent state committed from the wrong node", "committed tokens",
+          "Luce-Org/lucebox #414 (approximate rollback: the tree accepted less than the chain)",
+          lambda r, h: h, S.state_from_other_node, VERIFY + ("target logits", "accept walk")),
 )
-
-
-def match_causes(report) -> dict:
-    """Broken contract -> the catalogue's causes whose pattern its evidence matches ([] when none does)."""
-    return {name: [c for c in CAUSES if c.contract == name and c.matches(report)] for name in report.broken}
-
-
-def report_lines(broken: list[str], causes: dict) -> list[str]:
-    """The report's lines: per broken contract, the causes its evidence matches, or that none does."""
-    out = ["likely causes (a known bug's signature in the evidence; workbench.conform.causes):"]
-    for name in broken:
-        found = causes.get(name, [])
-        if not found:
-            out.append(f"  {name}: no known cause matches")
-        for c in found:
-            out.append(f"  {name}: {c.name} -- {c.signature}; reported: {c.reference}")
-    return out

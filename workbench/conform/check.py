@@ -41,7 +41,7 @@ import torch
 
 from workbench.conform import contracts as C
 from workbench.conform import features
-from workbench.conform.causes import match_causes
+from workbench.conform.diagnosis import causes_of, diagnose
 from workbench.conform.dump import read_dump
 from workbench.conform.fault_cost import fault_cost
 from workbench.conform.inputs import ConformInputError, check_pair, header_pair_dirs, prescan
@@ -105,7 +105,8 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
     report = ConformReport(str(dump), head, replay.results, total,
                            kept.requests if kept is not None else scan.requests, tol, time.perf_counter() - t0, notes,
                            scan.policies, used, selection=sel.to_dict() if sel is not None else None, cost=cost)
-    report.causes = match_causes(report)  # from the evidence to the known bug classes it matches
+    report.diagnosis = diagnose(report, replay)  # each candidate cause reproduced against the engine's records
+    report.causes = causes_of(report.diagnosis)
     return report
 
 

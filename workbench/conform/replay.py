@@ -12,6 +12,25 @@ from workbench.conform.replay_contracts import (CHECKS, NEEDS, NO_REQUEST, READ_
 from workbench.conform.replay_reference import Cycle
 from workbench.conform.report import ContractResult
 
+SAMPLES = 3  # broken cycles kept per contract for the diagnosis to reproduce (the rest are counted)
+
+
+@dataclass
+class Sample:
+    """One broken cycle as the diagnosis reads it: its record, the request's committed context (root last; None:
+    unknown), the root's position, the request's previous record, every row's (request, root position) at that
+    engine step, and for a committed state blamed on this step, the next cycle that showed it (``after``)."""
+
+    rec: object
+    ctx: list | None
+    start: int | None
+    previous: object
+    batch: dict
+    after: "Sample | None" = None
+    # no cycle of its request broke before this one: the engine's committed state is still the reference's, so
+    # outputs the suspected input gives here are comparable (set by the diagnosis from ``Replay.first_broken``)
+    clean: bool = True
+
 
 @dataclass
 class Request:
@@ -44,6 +63,11 @@ class Replay:
         self.ref = Reference(models)
         self.results = {name: ContractResult(name) for name in C.CONTRACTS}
         self._commit_broken: set = set()  # (request, step) of the commits counted broken
+        # per contract, its first broken cycles as the diagnosis reproduces them (workbench.conform.diagnosis)
+        self.samples: dict = {name: [] for name in C.CONTRACTS}
+        self.starts: dict = {}  # engine step -> {row: (request, the root's position)}: every row's of that step
+        self._now: Sample | None = None  # the cycle being checked
+        self.first_broken: dict = {}  # request -> the first engine step at which any contract broke
 
     # ---- per contract bookkeeping
     def skip(self, name: str, why: str) -> None:
@@ -63,8 +87,11 @@ class Replay:
         if problem is None:
             return
         r.broken += 1
+        self.first_broken[rec.request] = min(self.first_broken.get(rec.request, rec["step"]), rec["step"])
         if facts is not None:
             r.facts.append(facts)
+        if len(self.samples[name]) < SAMPLES and self._now is not None:
+            self.samples[name].append(self._now)
         if name == "committed tokens":
             self._commit_broken.add((rec.request, rec["step"]))
         ref_acc, eng_acc = cost()
@@ -81,6 +108,9 @@ class Replay:
         """Every contract on one cycle record, in ``CONTRACTS`` order. A malformed tree is the tree contract's
         verdict, and the request's previous cycle stays the one before it."""
         cy = Cycle(rec, rq, self.models, self.ref)
+        self._now = Sample(rec, cy.ctx, cy.start, rq.previous[0] if rq.previous is not None else None,
+                           self.starts.setdefault(rec["step"], {}))
+        self._now.batch[rec.get("row") or 0] = (rec.request, cy.start)
         if cy.ctx is None:
             for name in UNKNOWN_CONTEXT:
                 self.skip(name, NO_REQUEST)
@@ -103,6 +133,13 @@ class Replay:
         self._commit_broken.add(key)
         r = self.results["committed tokens"]
         r.broken += 1
+        self.first_broken[rec.request] = min(self.first_broken.get(rec.request, rec["step"]), rec["step"])
+        now = self._now
+        if len(self.samples["committed tokens"]) < SAMPLES and now is not None and now.ctx is not None:
+            cut = rec["context_len"] + 1 if rec.get("context_len") is not None else (
+                len(now.ctx) - len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None)
+            self.samples["committed tokens"].append(Sample(rec, None if cut is None else now.ctx[:cut],
+                                                           None if cut is None else cut - 1, None, {}, after=now))
         r.facts.append({"state": True, "hybrid": self.hybrid,  # kept rows named right: the state itself is wrong
                         "kept_as_accepted": as_list(rec, "kv_kept_nodes") == as_list(rec, "accepted_nodes")})
         ref_acc, eng_acc = cost()

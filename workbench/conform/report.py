@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from workbench.conform import contracts as C
 from workbench.conform import intended
-from workbench.conform.causes import report_lines
+from workbench.conform.diagnosis import report_lines
 
 
 @dataclass
@@ -48,7 +48,8 @@ class ConformReport:
     policies: list = field(default_factory=list)  # every policy label the records name, in the order first used
     pair_used: dict = field(default_factory=dict)  # the pair the replay ran on: target, draft, dtype
     selection: dict | None = None  # the slice checked (workbench.conform.selection), None: the whole dump
-    causes: dict = field(default_factory=dict)  # broken contract -> the known causes its evidence matches
+    causes: dict = field(default_factory=dict)  # broken contract -> the known causes reproduced (or signatures)
+    diagnosis: dict = field(default_factory=dict)  # broken contract -> workbench.conform.diagnosis.diagnose's entry
     cost: object = None  # what the run lost beside the reference's own decode (workbench.conform.fault_cost)
 
     @property
@@ -78,6 +79,9 @@ class ConformReport:
                 "tolerance": str(self.tolerance), "seconds": self.seconds, "notes": list(self.notes),
                 "broken": self.broken, "contracts": [r.to_dict() for r in self.results.values()],
                 "causes": {name: [c.to_dict() for c in found] for name, found in self.causes.items()},
+                "diagnosis": {name: {"named": [f.to_dict() for f in d["named"]],
+                                     "tried": [f.to_dict() for f in d["tried"]], "follows": d["follows"]}
+                              for name, d in self.diagnosis.items()},
                 "selection": self.selection, "cost": None if self.cost is None else self.cost.to_dict(),
                 "intended": intended.intended(self.header)}
 
@@ -112,7 +116,7 @@ class ConformReport:
                         f"{f['engine_accept']}" if f.get("reference_accept") is not None else "")
                 lines.append(f"  {i}. {name}: request {f['request']}, cycle {f['cycle']} (step {f['step']}): "
                              f"{f['evidence']}{cost}.")
-            lines += report_lines(self.broken, self.causes)
+            lines += report_lines(self.broken, self.diagnosis, self.results)
         else:
             lines.append("no contract broken" + (" (see the contracts not checked)" if any(
                 r.status == "not checked" for r in self.results.values()) else ""))

@@ -1,0 +1,98 @@
+"""Differential diagnosis (workbench.conform.diagnosis) on planted faults: each bug class the catalogue reproduces
+is named first by its own contract and reproduced by its own cause, single and batched; and on a clean run no
+candidate's reproduction matches the engine's records on any cycle. (The catalogue's entries on plain records:
+test_causes.py; the faults of the other contracts: test_check.py.)"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.conform import check, replay
+from workbench.conform.causes import CAUSES
+from workbench.conform.check import conform
+from workbench.conform.diagnosis import Env
+
+sys.path.insert(0, str(Path(__file__).parent))
+import faults  # noqa: E402  (tests/conform/faults.py: test-only)
+from test_check import PROMPTS, assert_cause  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+NEW = 6
+BATCH = [PROMPTS[0], "for i in range(10):\n    total = total + values[i] * weights[i] - offsets[i]\n"]
+
+
+def planted_run(engine, fault: str, path: Path, monkeypatch, batch: int = 1):
+    """A short DDTree(16) run with ``fault`` planted, checked on the same models fault-free. -> (report, contract)."""
+    want = getattr(faults, fault)(monkeypatch)
+    if batch == 1:
+        engine.session(PROMPTS[0], policy=wb.DDTree(16), max_new_tokens=NEW, record_topk=16, dump=path).run()
+    else:  # prompts of lengths far apart: one row's start is not another's plus a small constant
+        engine.batch_session(BATCH[:batch], wb.DDTree(16), max_new_tokens=NEW, record_topk=16, dump=path).run()
+    monkeypatch.undo()
+    return conform(path, models=engine.models), want
+
+
+@pytest.mark.parametrize("fault,batch", [("positions_counting_rejected", 1), ("positions_from_first_row", 2),
+                                         ("mask_previous", 1), ("mask_previous", 2), ("mask_causal", 1),
+                                         ("mask_depth", 1), ("bonus_one_node_early", 1), ("drafter_block_causal", 1),
+                                         ("drafter_block_causal", 2)])
+def test_a_diagnosed_fault_is_named_first_and_reproduced_by_its_own_cause(fault, batch, engine, tmp_path,
+                                                                           monkeypatch):
+    r, want = planted_run(engine, fault, tmp_path / "run.dump", monkeypatch, batch)
+    assert r.broken and r.broken[0] == want, str(r)
+    assert_cause(r, fault)
+    named = r.diagnosis[want]["named"][0]
+    assert named.tried >= 1 and named.matched == named.tried and "reproduced: " in str(r), str(r)
+
+
+def test_a_mask_fault_without_its_visibility_in_the_dump_is_reproduced_from_the_logits(engine, tmp_path,
+                                                                                      monkeypatch):
+    """A dump without the verify's visibility (a writer that records none, or records the mask it meant): the leak
+    shows first in the target's logits, and the diagnosis names the mask whose forward gives the engine's logits."""
+    from test_check import rewrite
+
+    faults.mask_previous(monkeypatch)
+    path = tmp_path / "run.dump"
+    engine.session(PROMPTS[0], policy=wb.DDTree(16), max_new_tokens=NEW, record_topk=16, dump=path).run()
+    monkeypatch.undo()
+    bare = rewrite(path, tmp_path / "bare.dump", lambda o: [o.pop(k, None) for k in ("visibility", "visibility_form")])
+    r = conform(bare, models=engine.models)
+    assert r.broken[0] == "target logits", str(r)
+    assert [c.name for c in r.causes["target logits"]] == [faults.CAUSE["mask_previous"]], str(r)
+
+
+def test_a_clean_run_is_reproduced_by_no_candidate_on_any_cycle(engine, tmp_path, monkeypatch):
+    """The first cycles of a clean batched run kept as samples of every contract: no candidate's reproduction equals the
+    engine's records (a reproduction that cannot tell on a cycle says so and is not counted)."""
+    path = tmp_path / "clean.dump"
+    engine.batch_session(PROMPTS[:2], wb.DDTree(16), max_new_tokens=6, record_topk=16, dump=path).run()
+    kept = {}
+    verdict = replay.Replay.verdict
+
+    def keep_every(self, name, rec, problem, cost, facts=None):
+        if len(self.samples[name]) < 4:
+            self.samples[name].append(self._now)
+        return verdict(self, name, rec, problem, cost, facts)
+
+    def capture(report, rp):
+        kept["replay"] = rp
+        return {}
+
+    monkeypatch.setattr(replay.Replay, "verdict", keep_every)
+    monkeypatch.setattr(check, "diagnose", capture)
+    r = conform(path, models=engine.models)
+    rp = kept["replay"]
+    assert r.broken == [] and rp.samples["verify positions"]
+    env = Env(rp.models, rp.tol, rp.hybrid, rp.ref, {})
+    tried = 0
+    for cause in CAUSES:
+        if cause.reproduce is None or cause.over_facts:
+            continue
+        for sample in rp.samples[cause.contract]:
+            got = cause.reproduce(sample, env)
+            tried += got is not None
+            assert got is None or not got.match, (cause.name, sample.rec["step"], got)
+    assert tried >= 20
