@@ -116,7 +116,7 @@ class Output:
     temperature: float | None
     generated: list = field(default_factory=list)  # committed tokens after the first
     cycles: int = 0
-    slots: int = 0  # the most drafted slots a cycle held (its drafter's block, or a vLLM K)
+    slots: int = 0  # the most drafted slots a cycle held (its drafter's block, or a vLLM K; 0: not dumped)
     labels: set = field(default_factory=set)  # the policies its cycles name
     unknown: bool = False  # a cycle recorded no committed tokens: the output is unknown from there
     judged: bool = False  # a cycle inside the check's selection
@@ -139,8 +139,6 @@ def outputs(records, head: dict, sel) -> dict:
             o.labels.add(rec["policy"])
         if "draft_topk_ids" in rec:
             o.slots = max(o.slots, int(rec["draft_topk_ids"].shape[0]))
-        elif "tree_depths" in rec:
-            o.slots = max(o.slots, int(rec["tree_depths"].max()))
         if "committed_tokens" in rec:
             o.generated += rec["committed_tokens"].tolist()
         elif "accepted_nodes" in rec and "tree_tokens" in rec and rec.get("bonus") is not None:
@@ -231,7 +229,8 @@ def reference_decode(ref, models, prompt: list, engine_out: list, policy, slots:
         if m >= len(greedy) and tr.done:
             break
         root = len(prompt) + m - 1  # the root's position
-        logits = ref.draft_logits(prompt + greedy[:m], slots, tr.features[:root])  # [slots, V]
+        # the whole block always (its slots attend to each other), the engine's slots of it
+        logits = ref.draft_logits(prompt + greedy[:m], models.block_size - 1, tr.features[:root])[:slots]
         chain = logits.argmax(-1).tolist()  # the drafter's top-1 per slot: the guess past the known tokens
         tr.cover(m + slots + 1, lambda k: chain[k - m:])
         greedy = tr.tokens()

@@ -1,4 +1,4 @@
-"""The reference's side of one replayed cycle: the target's own forwards (``greedy_continuation``, ``chain_logits``)
+"""The reference's side of one replayed cycle: the target's own forwards (``tree_accept_length``, ``chain_logits``)
 and ``Cycle``, one cycle record with what its contracts read, the reference's parts computed on first use."""
 from __future__ import annotations
 
@@ -8,17 +8,33 @@ from torch import Tensor
 from workbench.conform import contracts as C
 
 
-def greedy_continuation(model, context: list[int], n: int) -> list[int]:
-    """The target's next ``n`` greedy tokens after ``context`` (root last), by its own cache."""
-    from workbench.models.path_oracle import prefill
-
-    with torch.no_grad():
-        logits, cache = prefill(model, torch.tensor(context))
-        out = [int(logits.argmax())]
-        while len(out) < n:
-            step = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True)
-            out.append(int(step.logits[0, -1].argmax()))
-    return out
+def tree_accept_length(model, context: list[int], tokens: list[int], parents: list[int]) -> int:
+    """Tokens a step commits (accepted drafts + the bonus) when the target's greedy continuation of ``context``
+    (root last) walks the tree ``tokens`` / ``parents`` (root first), found by verifying guesses: one uncached
+    forward over the context, the path walked so far and a guess down the tree (each node's first child in
+    the tree's order) gives the target's argmax at every position of the guess; the walk follows them while
+    they name a child, and a forward is spent again only where the walk leaves the guessed path (a sibling)."""
+    kids: dict[int, dict[int, int]] = {}
+    for i, p in enumerate(parents):
+        if p >= 0:
+            kids.setdefault(p, {})[tokens[i]] = i
+    node, walked = 0, []
+    while True:
+        guess, j = [], node
+        while j in kids:
+            j = next(iter(kids[j].values()))
+            guess.append(tokens[j])
+        with torch.no_grad():  # [len(guess) + 1, V]: the logits after the walked path and after each guess token
+            logits = model(input_ids=torch.tensor([context + walked + guess], device=model.device), use_cache=False,
+                           logits_to_keep=len(guess) + 1).logits[0]
+        for k, t in enumerate(logits.argmax(-1).tolist()):
+            nxt = kids.get(node, {}).get(t)
+            if nxt is None:
+                return len(walked) + 1  # the bonus
+            node = nxt
+            walked.append(t)
+            if t != guess[k]:  # the walk left the guessed path: later predictions read the guess, not it
+                break
 
 
 def chain_logits(model, context: list[int], tokens: list[int], parents: list[int]) -> Tensor:
@@ -105,5 +121,4 @@ class Cycle:
             return None, eng
         D = rec["draft_topk_ids"].shape[0] if "draft_topk_ids" in rec else m.block_size - 1
         want = C.reference_tree(self.ref_logprobs(D), self.ctx[-1], self.rq.policy)
-        greedy = greedy_continuation(m.target, self.ctx, D + 1)
-        return C.accept_length(want["tokens"], want["parents"], greedy), eng
+        return tree_accept_length(m.target, self.ctx, want["tokens"], want["parents"]), eng
