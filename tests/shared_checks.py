@@ -1,6 +1,7 @@
 """Helpers shared by test files in different folders (imported by bare name: pytest's ``pythonpath`` in
 pyproject.toml puts tests/ on the path): the sampling-law check, greedy output against plain decoding,
-transformers' own greedy generate, random trees for the GatedDeltaNet kernels, and the no-host-sync guard."""
+transformers' own greedy generate, random trees for the GatedDeltaNet kernels, the no-host-sync guard, and a
+command's main run in this process."""
 from __future__ import annotations
 
 import importlib.util
@@ -201,3 +202,15 @@ def load_script(path, name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+# ----------------------------------------------- a command in this process: tests/train/, tests/conform/, ...
+def run_main(main, capfd, *argv: str) -> tuple[int, str, str]:
+    """A command's ``main(argv)`` in the test's own process (torch and the workbench are already imported: a
+    subprocess would pay about 4 s of CPU to import them again): (exit code, stdout, stderr)."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse's --help and its refusals
+        rc = e.code
+    out, err = capfd.readouterr()
+    return rc, out, err

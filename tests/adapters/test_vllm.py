@@ -272,20 +272,22 @@ def test_with_the_workarounds_the_drafts_equal_the_references_cycle_for_cycle(la
     assert runs[1].accepts == runs[2].accepts  # our DFlash and vLLM's accept the same per cycle
 
 
-def test_bench_engine_vllm_from_the_cli_and_its_bad_options(capsys):
-    cmd = [sys.executable, "-m", "workbench", "bench", "--engine", "vllm", "--limit", "1", "--max-new-tokens",
-           "12", "--repeats", "1", "--quiet", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    data = json.loads(r.stdout)  # the whole of stdout: vLLM's log lines go to stderr
+def test_bench_engine_vllm_from_the_cli_and_its_bad_options(capfd):
+    # in this process, where vLLM is already imported; capfd holds what reaches the file descriptors, vLLM's log
+    # handler's included
+    bench = ["bench", "--engine", "vllm", "--limit", "1", "--max-new-tokens", "12", "--repeats", "1", "--quiet",
+             "--json"]
+    rc = main(bench)
+    out, err = capfd.readouterr()
+    assert rc == 0, err[-2000:]
+    data = json.loads(out)  # the whole of stdout: vLLM's log lines go to stderr
     assert data["engine"].startswith("vLLM") and data["prompts"] == 1 and data["next_steps"]
-    assert "\x1b[" not in r.stderr  # no colour codes where stderr is not a terminal
-    # the refusals come before anything loads: in this process, one line each on stderr
-    bench = cmd[3:]
+    assert "\x1b[" not in err  # no colour codes where stderr is not a terminal
+    # the refusals come before anything loads: one line each on stderr
     for argv, word in ((bench + ["--count-ops"], "--count-ops"), (bench + ["--temperature", "0.5"], "--temperature"),
                        (["bench", "--workarounds"], "--engine vllm")):
         rc = main(argv)
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err
         assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, err
 
 

@@ -97,7 +97,8 @@ def test_nbval_collects_every_notebook_and_no_source():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "notebooks"],
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
+                        "notebooks"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     collected = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}

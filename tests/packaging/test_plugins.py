@@ -56,21 +56,13 @@ def test_a_plugin_policy_and_engine_reach_parsing_sessions_and_the_wire(plugin_p
 
 
 def test_without_the_plugin_its_spellings_are_unknown():
-    """The control: the same probe with nothing installed fails on the plugin's spelling (so the test above
-    passes because of the entry points, not because something of ours already knows 'prefix')."""
-    r = subprocess.run([sys.executable, "-c", "import workbench as wb; wb.parse_policy('prefix:3')"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode != 0 and "unknown policy 'prefix:3'" in r.stderr
+    """The control: the same spelling with nothing installed (this process never loads the plugin: the tests above
+    and below run it in subprocesses) is unknown, so the test above passes because of the entry points, not because
+    something of ours already knows 'prefix'."""
+    import workbench as wb
 
-
-def test_a_broken_plugin_is_named_in_one_warning_and_the_workbench_still_starts(tmp_path):
-    site = install(tmp_path)
-    (site / "scratch_wb" / "policy.py").write_text("raise RuntimeError('half-installed')\n")
-    r = run_py(site, "-W", "always", "-c", "import workbench as wb; print(wb.parse_policy('ddtree:4'))")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "DDTree(4)"
-    assert "workbench.policies plugin 'prefix' (scratch_wb.policy) failed to import: RuntimeError: half-installed" \
-        in r.stderr
+    with pytest.raises(ValueError, match="unknown policy 'prefix:3'"):
+        wb.parse_policy("prefix:3")
 
 
 DOORS = r"""

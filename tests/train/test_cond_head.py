@@ -3,8 +3,6 @@ policies read (the same log q as the trained module), its examples the slots a t
 in one line before anything loads."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,6 +13,7 @@ from workbench.engine.policies.cond_head import load_head
 from workbench.models.identity import pair_identity
 from workbench.train import cond_head as ch
 from workbench.train.cond_data import Blocks, blocks_of, continuations
+from shared_checks import run_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,7 +71,7 @@ def test_examples_are_the_slots_a_tree_can_reach():
 @pytest.mark.parametrize("args,msg", [(["--steps", "0"], "--steps 0 must be 1 or more"),
                                       (["--target", "/nowhere"], "needs --draft DIR"),
                                       (["--out", "/nowhere/x.npz"], "folder /nowhere does not exist")])
-def test_bad_options_are_one_line(args, msg):
+def test_bad_options_are_one_line(args, msg, capfd):
     argv = ["--out", "x.npz", *args] if "--out" not in args else args
-    r = subprocess.run([sys.executable, "-m", "workbench.train.cond_head", *argv], capture_output=True, text=True)
-    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    rc, _, err = run_main(ch.main, capfd, *argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err

@@ -4,29 +4,31 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 
 import workbench as wb
 from workbench.train import corpus
+from workbench.train.pipeline import main
 from workbench.shipped import eval_prompts
+from shared_checks import run_main
 
 
-def test_train_help():
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--help"], capture_output=True, text=True)
-    assert r.returncode == 0 and "--smoke" in r.stdout
+def train(capfd, *argv: str) -> tuple[int, str, str]:
+    return run_main(main, capfd, *argv)
+
+
+def test_train_help(capfd):
+    rc, out, _ = train(capfd, "--help")
+    assert rc == 0 and "--smoke" in out
 
 
 @pytest.mark.slow
-def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke",
-                        "--threads", "1"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "loops round 1 step 1" in r.stderr  # the target's loops phase ran, both rounds
-    metrics = json.loads(r.stdout.strip().splitlines()[-1])
+def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path, capfd):
+    rc, out, err = train(capfd, "--out", str(tmp_path), "--smoke", "--threads", "1")
+    assert rc == 0, err[-2000:]
+    assert "loops round 1 step 1" in err  # the target's loops phase ran, both rounds
+    metrics = json.loads(out.strip().splitlines()[-1])
     assert {"held_out_loss_nats", "held_out_loss_spread_nats", "splits"} <= set(metrics)
     for split in ("long", "short"):
         fig = metrics["splits"][split]
@@ -46,10 +48,8 @@ def test_smoke_training_writes_a_pair_the_engine_loads(tmp_path):
         assert s.run() and ar.run() and s.tokens == ar.tokens
     # --stage loops reruns only the loops phase, on the target already there.
     before = (tmp_path / "target" / "model.safetensors").read_bytes()
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "loops",
-                        "--threads", "1"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "loops round 1 step 1" in r.stderr, r.stderr[-2000:]
+    rc, _, err = train(capfd, "--out", str(tmp_path), "--smoke", "--stage", "loops", "--threads", "1")
+    assert rc == 0 and "loops round 1 step 1" in err, err[-2000:]
     assert (tmp_path / "target" / "model.safetensors").read_bytes() != before
 
 
@@ -298,13 +298,11 @@ def test_known_word_share_tells_code_from_glued_subwords():
     assert known_word_share("x = 1  # ok", known) is None  # no word to judge
 
 
-def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--stage", "loops"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "add --loops N" in r.stderr.strip().splitlines()[-1]
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--loops", "-1"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--loops -1 must be 0 or more" in r.stderr
+def test_loops_stage_without_rounds_is_refused_in_one_line(tmp_path, capfd):
+    rc, _, err = train(capfd, "--out", str(tmp_path), "--stage", "loops")
+    assert rc == 2 and "add --loops N" in err.strip().splitlines()[-1]
+    rc, _, err = train(capfd, "--out", str(tmp_path), "--loops", "-1")
+    assert rc == 2 and "--loops -1 must be 0 or more" in err
 
 
 def test_a_retrained_drafter_keeps_every_replaced_drafter_newest_first():

@@ -4,8 +4,6 @@ simulation (greedy_sim) counts what the engine and dflash_generate count on a de
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -64,17 +62,17 @@ def test_fast_delta_rule_is_patched_only_inside_and_restored_on_error():
 
 
 @pytest.mark.slow
-def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkeypatch):
+def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkeypatch, capfd):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from shared_checks import run_main
     from workbench.engine import loading
     from workbench.train.distill import greedy_continue
+    from workbench.train.pipeline import main
 
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--arch", "hybrid", "--out", str(tmp_path), "--smoke",
-                        "--threads", "1"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    metrics = json.loads(r.stdout.strip().splitlines()[-1])
+    rc, out, err = run_main(main, capfd, "--arch", "hybrid", "--out", str(tmp_path), "--smoke", "--threads", "1")
+    assert rc == 0, err[-2000:]
+    metrics = json.loads(out.strip().splitlines()[-1])
     assert metrics["arch"] == "hybrid"
     for split in ("long", "short"):  # the engine's own tau beside the simulated one
         assert metrics["engine"][split]["dflash_tau"] >= 1.0 and metrics["engine"][split]["prompts"] > 0
@@ -100,9 +98,8 @@ def test_hybrid_smoke_training_writes_a_qwen3_5_pair_that_loads(tmp_path, monkey
                              eos_token_id=None, pad_token_id=tok.eos_token_id)[0, x.shape[1]:].tolist()
     assert ours == theirs
     # A later stage on this directory without --arch hybrid is refused in one line.
-    r = subprocess.run([sys.executable, "-m", "workbench.train.pipeline", "--out", str(tmp_path), "--smoke", "--stage", "report"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "pass --arch hybrid" in r.stderr.strip().splitlines()[-1]
+    rc, _, err = run_main(main, capfd, "--out", str(tmp_path), "--smoke", "--stage", "report")
+    assert rc == 2 and "pass --arch hybrid" in err.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
