@@ -46,6 +46,7 @@ TESTS = {
     "session": ["tests/records/test_recorded_settings.py", "tests/records/test_records_walk.py"],
     "serve.store": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
     "serve.app": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
+    "payoff": ["tests/bench/test_payoff_summary.py"],
 }
 
 
@@ -131,6 +132,9 @@ MUTANTS = [
     M("stages.commit_tokens_shifted", "workbench/engine/stages/commit.py",
       "out.append(Committed(x, h[3 : L + 3] + [bonus], bonus, ctx))",
       "out.append(Committed(x, h[2 : L + 2] + [bonus], bonus, ctx))", "committed tokens start at the root"),
+    M("stages.tree_check_parent_order", "workbench/engine/stages/tree_check.py",
+      "    bad = (par < lo) | (par > hi)  # [g, n]", "    bad = par < lo  # [g, n]",
+      "a parent after its child passes the tree check", tests=("tests/engine/test_tree_check.py",)),
     M("stages.draft_slots_shifted", "workbench/engine/stages/draft.py",
       "return [Draft(torch.log_softmax(logits[:, : depths[0]].float(), dim=-1), rec,",
       "return [Draft(torch.log_softmax(logits[:, 1 : depths[0] + 1].float(), dim=-1), rec,",
@@ -209,6 +213,11 @@ MUTANTS = [
       '"record_topk": s.record_topk,', '"record_topk": 8,', "the state reports the default record_topk"),
     M("serve.app.state_top_k", "workbench/serve/replies.py",
       '"top_k": s.sampling.top_k,', '"top_k": 0,', "the state reports top_k as 0"),
+    # ------------------------------------------------------------------ the pays-off verdict (workbench/payoff/verdict.py)
+    M("payoff.decides_without_separation", "workbench/payoff/verdict.py",
+      "        if not separated:", "        if False:", "what decides printed under a result that is not separated"),
+    M("payoff.verify_width_from_noise", "workbench/payoff/verdict.py",
+      "abs(widths[1] - widths[0]) >= NO_WIDTH", "True", "verify width named between verifies of one width"),
 ]
 
 

@@ -50,6 +50,7 @@ def test_the_summary_names_the_fastest_policy_ar_included_with_its_p_value_and_w
                                 "p=0.002, 10 paired units; separated at p<0.05); per-step overhead decides: AR commits "
                                 "0.28x the tokens per forward of DDTree(8) while its verify costs -33% and the rest of "
                                 "its step -43% of DDTree(8)'s step time (predicted 1.17x, measured 1.16x)"), v.summary
+    assert v.row("DDTree(8)").to_dict()["decides"] == "acceptance"
     text = batch_tables(v)
     assert text.index("summary: at batch 8 (static batch): fastest AR") < text.index(
         "DDTree vs DFlash: at batch 8 (static batch) DDTree pays off")
@@ -80,6 +81,7 @@ def test_nothing_decides_a_result_that_is_not_separated_and_a_missed_prediction_
     assert v.decides == ("prediction missed: DDTree(8) was predicted 1.13x DFlash and measured 0.99x; the stage "
                          "medians do not explain the outcome (tokens per forward 1.13x, verify 0%, the rest of the "
                          "step 0% of DFlash's step time)")
+    assert v.row("DDTree(8)").to_dict()["decides"] is None  # the JSON says what the lines say
     # the summary: DFlash's median is the higher, not separated, and its predicted 0.88x is missed as well
     assert "not separated at p<0.05); prediction missed: DFlash was predicted 0.88x DDTree(8)" in v.summary
     # not separated, prediction kept: no line under the verdict, and the summary says nothing decides

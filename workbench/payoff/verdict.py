@@ -155,7 +155,9 @@ class ShapeRow:
                                             "predicted_vs_chain", "predicted_vs_ar", "queue_vs_chain", "mean_rows")}
         d["measured_vs_chain"] = self.measured_vs_chain.to_dict() if self.measured_vs_chain else None
         d["measured_vs_ar"] = self.measured_vs_ar.to_dict() if self.measured_vs_ar else None
-        d["decides"] = self.decision.factor if self.decision else None
+        m = self.measured_vs_chain  # "decides" as a line would say it: a separated result, a prediction not missed
+        d["decides"] = (self.decision.factor or None) if self.decision and m is not None and m.significant and \
+            not missed(self.decision.predicted, m) else None
         return d
 
 

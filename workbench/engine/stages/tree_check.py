@@ -11,6 +11,7 @@ is committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -49,17 +50,24 @@ def well_formed(tree) -> bool:
     return True
 
 
+@lru_cache(maxsize=64)
+def node_bounds(n: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """For n nodes: (each node's lowest parent, its highest parent, 1 below the root and 0 at it), each [n]; the
+    root's parent is -1 ([-1, -1]), node i's lies in [0, i - 1]. Made once per tree size and device."""
+    idx = torch.arange(n, device=device)
+    below = (idx > 0).long()
+    return below - 1, idx - 1, below
+
+
 def tree_faults(tok: Tensor, par: Tensor, dep: Tensor, roots: Tensor, vocab: int, max_depth: int) -> Tensor:
     """bool [g]: which of g stacked trees ([g, n] fields, ``roots`` [g]) break a rule: the root first (parent -1,
     depth 0, the bonus token), every parent before its child, depth = the parent's + 1 and at most ``max_depth``,
     tokens in [0, vocab), siblings with distinct tokens. No host read."""
     n = tok.shape[1]
-    idx = torch.arange(n, device=tok.device)  # [n]
-    below = (idx > 0).long()  # [n]: 0 at the root, 1 elsewhere
-    # node i's parent lies in [0, i - 1]; the root's is -1 ([-1, -1])
-    bad = (par < below - 1) | (par > idx - 1)  # [g, n]
+    lo, hi, below = node_bounds(n, tok.device)  # [n] each
+    bad = (par < lo) | (par > hi)  # [g, n]
     want = (dep.gather(1, par.clamp(0, n - 1)) + 1) * below  # [g, n]: the parent's depth + 1, 0 at the root
-    bad |= (dep != want) | (dep > max_depth) | (tok < 0) | (tok >= vocab)
+    bad |= (dep != want) | (dep > max_depth) | (tok.clamp(0, vocab - 1) != tok)
     out = bad.any(dim=1) | (tok[:, 0] != roots)  # [g]
     if n > 2:  # siblings: equal (parent, token) keys among drafted nodes are neighbours once sorted
         key = (par[:, 1:].clamp(min=-1) + 1) * vocab + tok[:, 1:].clamp(0, vocab - 1)  # [g, n - 1]
@@ -138,9 +146,9 @@ def inert_where(bad: Tensor, tok: Tensor, par: Tensor, dep: Tensor, roots: Tenso
     root's token): what a bad row verifies until the commit's host read stops the cycle, so no index it feeds the
     compile, the verify and the accept is out of range."""
     n = tok.shape[1]
-    below = (torch.arange(n, device=tok.device) > 0).long()  # [n]: 0 at the root, 1 elsewhere
+    lo, _, below = node_bounds(n, tok.device)  # [n]: -1 / 0 at the root, 0 / 1 elsewhere
     keep = ~bad[:, None]  # [g, 1]
     tok = torch.where(keep, tok, roots[:, None].expand(-1, n))
-    par = torch.where(keep, par, below - 1)
+    par = torch.where(keep, par, lo)
     dep = torch.where(keep, dep, below)
     return [Tree(tok[j : j + 1], par[j : j + 1], dep[j : j + 1], t.rank, t.score) for j, t in enumerate(trees)]
