@@ -107,6 +107,7 @@ def conform(dump, target=None, draft=None, *, models=None, device: str = "cpu", 
                            scan.policies, used, selection=sel.to_dict() if sel is not None else None, cost=cost)
     report.diagnosis = diagnose(report, replay)  # each candidate cause reproduced against the engine's records
     report.causes = causes_of(report.diagnosis)
+    report.seconds = time.perf_counter() - t0  # the diagnosis included
     return report
 
 

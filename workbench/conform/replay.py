@@ -140,7 +140,7 @@ class Replay:
                 len(now.ctx) - len(rec["accepted_nodes"]) if "accepted_nodes" in rec else None)
             self.samples["committed tokens"].append(Sample(rec, None if cut is None else now.ctx[:cut],
                                                            None if cut is None else cut - 1, None, {}, after=now))
-        r.facts.append({"state": True, "hybrid": self.hybrid,  # kept rows named right: the state itself is wrong
+        r.facts.append({"state": True,  # kept rows named right: the state itself is wrong
                         "kept_as_accepted": as_list(rec, "kv_kept_nodes") == as_list(rec, "accepted_nodes")})
         ref_acc, eng_acc = cost()
         if ref_acc is not None and eng_acc is not None:
