@@ -135,3 +135,11 @@ def test_the_vectorised_rules_agree_with_validate_tree_on_planted_faults():
     inert = tree_check.inert_where(bad, tok, par, dep, torch.full((7,), 7), trees)
     assert torch.equal(inert[0].parents, par[:1]) and inert[1].parents.tolist() == [[-1, 0, 0, 0]]
     assert inert[4].tokens.tolist() == [[7, 7, 7, 7]] and inert[4].depth.tolist() == [[0, 1, 1, 1]]
+
+
+def test_a_tree_with_fields_on_two_devices_is_named_in_one_line():
+    t = Tree(torch.tensor([[7, 3]]), torch.tensor([[-1, 0]]), torch.tensor([[0, 1]]),
+             torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, device="meta"))
+    with pytest.raises(InvalidTree, match=r"^row 1: the tree P built: Tree.score is on meta but Tree.tokens on cpu; "
+                                          r"every field must be on one device$"):
+        tree_check.check_trees([t, t], [(1, "the tree P built", 7, 10, 1)], None, False)

@@ -34,20 +34,31 @@ class TreeCheck:
         return first_violation(self.trees, self.rows)
 
 
-def well_formed(tree) -> bool:
-    """A ``Tree`` of [1, n >= 1] int64 fields and a float score, all on one device (host reads only)."""
+def form_problem(tree) -> str:
+    """What keeps ``tree`` from being a ``Tree`` of [1, n >= 1] int64 fields and a float score on one device, or ''
+    (host reads only)."""
     if not isinstance(tree, Tree) or not isinstance(tree.tokens, Tensor):
-        return False
+        return "it is not a ddtree_kernels.Tree of tensors"
     tok = tree.tokens
     if tok.dim() != 2 or tok.shape[0] != 1 or tok.shape[1] < 1:
-        return False
+        return f"Tree.tokens has shape {list(tok.shape)}; one row's tree is [1, n >= 1]"
     for name in INT_FIELDS + ("score",):
         t = getattr(tree, name)
-        if not isinstance(t, Tensor) or t.shape != tok.shape or t.device != tok.device:
-            return False
+        if not isinstance(t, Tensor) or t.shape != tok.shape:
+            return f"Tree.{name} is not a tensor of the tokens' shape {list(tok.shape)}"
         if (t.dtype != torch.long) if name != "score" else not t.dtype.is_floating_point:
-            return False
-    return True
+            return f"Tree.{name} is {t.dtype}; it must be " + ("a float tensor" if name == "score" else "torch.int64")
+    return device_problem(tree)
+
+
+def device_problem(tree) -> str:
+    """A field of ``tree`` on another device than its tokens, or ''."""
+    for name in INT_FIELDS[1:] + ("score",):
+        t = getattr(tree, name, None)
+        if isinstance(t, Tensor) and isinstance(tree.tokens, Tensor) and t.device != tree.tokens.device:
+            return (f"Tree.{name} is on {t.device} but Tree.tokens on {tree.tokens.device}; every field must be on "
+                    "one device")
+    return ""
 
 
 @lru_cache(maxsize=64)
@@ -91,13 +102,16 @@ def first_violation(checked: list, rows: int) -> InvalidTree:
     """The one-line error of the first bad tree among ``checked`` ((row, who, tree, root, vocab, max_depth, budget)
     each), its row named in a batch (``at_row``)."""
     for b, who, tree, root, vocab, max_depth, budget in checked:
+        if isinstance(tree, Tree) and device_problem(tree):  # before validate_tree, which reads the fields together
+            return InvalidTree((f"row {b}: " if rows > 1 else "") + f"{who}: {device_problem(tree)}")
         try:
             validate_tree(tree, budget, vocab, torch.full((1,), root, dtype=torch.long, device=tree.tokens.device)
                           if isinstance(tree, Tree) and isinstance(tree.tokens, Tensor) else None, max_depth, who=who)
         except InvalidTree as e:
             return at_row(e, b if rows > 1 else None)
-    b, who = checked[0][:2]
-    return InvalidTree(f"{who}: the tree check failed" + (f" on row {b}" if rows > 1 else ""))
+    b, who, tree = checked[0][:3]
+    why = form_problem(tree) or "it breaks a rule of the tree check"
+    return InvalidTree((f"row {b}: " if rows > 1 else "") + f"{who}: {why}")
 
 
 def check_trees(trees: list[Tree], checked: list, nodes: int | None,
@@ -109,7 +123,7 @@ def check_trees(trees: list[Tree], checked: list, nodes: int | None,
     rows = len(trees)
     full = [(b, who, trees[b], root, vocab, max_depth, (nodes if nodes is not None else size(trees[b])) - 1)
             for b, who, root, vocab, max_depth in checked]
-    bad_form = [c for c in full if not well_formed(c[2]) or (nodes is not None and c[2].n > nodes)]
+    bad_form = [c for c in full if form_problem(c[2]) or (nodes is not None and c[2].n > nodes)]
     if bad_form:
         raise first_violation(bad_form, rows)
     groups: dict[tuple, list] = {}
