@@ -133,3 +133,45 @@ def test_sessions_opened_together_share_one_prefill_and_one_alone_does_not_wait(
     finally:
         store.drop_all()
         store.close()
+
+
+def test_a_session_is_arriving_from_its_requests_head_on(eng):
+    """The app says a session is arriving as soon as a POST /sessions head is in (its body still to come): a
+    session opened meanwhile waits for it and both share one prefill; a request refused on its way holds
+    nothing up."""
+    import json
+    import socket
+    import time
+
+    from workbench.engine.scheduler import BatchLimits
+    from workbench.serve import EngineServer, Limits
+
+    srv = EngineServer(eng, port=0, limits=Limits(max_sessions=4, max_new_tokens=8)).start()
+    sched = srv.store.scheduler
+    sched.limits = BatchLimits(join_seconds=5.0)
+    body = json.dumps({"prompt": "t1 t2 t3", "policy": "ddtree:3", "max_new_tokens": 4}).encode()
+    head = (f"POST /sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {srv.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        sock = socket.create_connection((srv.host, srv.port), timeout=10)
+        sock.sendall(head)
+        for _ in range(500):  # (the scheduler's count of sessions on their way)
+            if sched._arriving:
+                break
+            time.sleep(0.01)
+        remote = wb.connect(srv.url, token=srv.token)
+        other = threading.Thread(target=lambda: remote.session("t4 t5", policy=wb.DDTree(3), max_new_tokens=4))
+        other.start()
+        time.sleep(0.1)
+        sock.sendall(body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 201")
+        other.join(10)
+        assert sched.stats.prefills == 1  # the two, together
+        sock.sendall(head + b"{bad json" + b" " * (len(body) - 9))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 422")
+        t0 = time.perf_counter()
+        remote.session("t6", policy=wb.DDTree(3), max_new_tokens=4)
+        assert sched.stats.prefills == 2 and time.perf_counter() - t0 < 2.5  # the refused one is not waited for
+        sock.close()
+    finally:
+        srv.stop()

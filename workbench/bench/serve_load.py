@@ -385,8 +385,9 @@ def added_lines(res: dict, parts: list) -> list[str]:
     if not shown:
         return []
     many = res.get("repeats", 1) > 1
-    lines = [f"added per step by the server (served p50 - in-process p50{', median [range] over repeats' if many else ''}"
-             "): " + "; ".join(f"{n} client(s) {m}: {_ms_spread(v)}" for n, m, v in shown)]
+    over = ", median [range] over repeats" if many else ""
+    lines = [f"added per step by the server (served p50 - in-process p50{over}): "
+             + "; ".join(f"{n} client(s) {m}: {_ms_spread(v)}" for n, m, v in shown)]
     if any(_median(v) < 0 for _, _, v in shown):
         lines.append("  below 0 is noise between rounds, not a saving: a server cannot make the engine's step faster"
                      + ("; one repeat shows no range to judge it by: give --repeats 3 or more" if not many else ""))

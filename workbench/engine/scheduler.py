@@ -167,10 +167,14 @@ class Scheduler:
         try:
             yield arrival
         finally:
-            with self._cond:
-                self._settle(arrival)
+            self.settle(arrival)
 
-    def _settle(self, arrival: dict | None) -> None:
+    def settle(self, arrival: dict | None) -> None:
+        """``arrival``'s session will not be made here (refused, or driven apart): no prefill waits for it."""
+        with self._cond:
+            self._settled(arrival)
+
+    def _settled(self, arrival: dict | None) -> None:
         if arrival is not None and not arrival["settled"]:  # (self._cond held)
             arrival["settled"] = True
             self._arriving -= 1
@@ -187,7 +191,7 @@ class Scheduler:
 
     def _submit(self, s, admit: bool = False, standing: tuple | None = None, arrival: dict | None = None) -> _Ticket:
         with self._cond:
-            self._settle(arrival)
+            self._settled(arrival)
             if self._stopped:
                 raise RuntimeError("the scheduler has stopped")
             t = _Ticket(s, next(self._seq), standing=standing, asked=time.perf_counter())

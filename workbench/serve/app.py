@@ -36,6 +36,7 @@ from workbench.serve.stream import RunStream
 log = logging.getLogger("workbench.serve")
 INT32 = 2**31 - 1  # bounds for counts, so a 30-digit integer is a 422, not an overflow deep in torch
 ARRIVED = "workbench.arrived"  # the scope key of when the request reached the app (its head parsed)
+ARRIVAL = "workbench.arrival"  # the scope key of a new session's arrival (Scheduler.arriving), from its head on
 
 
 class JSON(Response):
@@ -51,8 +52,9 @@ def error(e: ServeError, close: bool = False) -> JSON:
 
 # ------------------------------------------------------------------------------------------ the guard
 class Guard:
-    """Token, wire version and body size, checked from the headers alone; then the app, with the body
-    counted as it arrives (a chunked body has no Content-Length) and any escaped bug answered 500."""
+    """Token, wire version and body size, checked from the headers alone (a new session is then said to be
+    arriving); then the app, with the body counted as it arrives (a chunked body has no Content-Length) and any
+    escaped bug answered 500."""
 
     def __init__(self, app, store: SessionStore, token: str):
         self.app, self.store, self.want = app, store, token.encode()
@@ -68,6 +70,17 @@ class Guard:
             # its body, if it sends one anyway, is discarded as it arrives (within body_timeout), so the client
             # reads the 413 instead of a reset connection.
             return await error(refusal, close=refusal.status != 413)(scope, receive, send)
+        scheduler = self.store.scheduler
+        if scheduler is not None and scope.get("method") == "POST" and scope.get("path") == "/sessions":
+            # A session is on its way from its request's head on (its body, its prompt's tokens still to come):
+            # a prefill about to run waits for it, so sessions opened together share one (Scheduler.arriving).
+            with scheduler.arriving() as arrival:
+                scope[ARRIVAL] = arrival
+                return await self.counted(scope, receive, send)
+        return await self.counted(scope, receive, send)
+
+    async def counted(self, scope, receive, send):
+        """The app, with the body counted as it arrives and any escaped bug answered 500."""
         limit, seen, started, refused = self.store.limits.max_body_bytes, 0, False, False
 
         async def counted_receive():
@@ -336,6 +349,7 @@ def create(req: SessionRequest, request: Request):
     if kw["max_new_tokens"] is None:
         kw["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, store.limits.max_new_tokens)
     e = store.create(req.prompt, policy, capture=req.capture, messages=req.messages, prompt_ids=req.prompt_ids,
+                     arrival=request.scope.get(ARRIVAL),
                      **kw)
     with store.use(e.id):
         return state(store, e, status=201)

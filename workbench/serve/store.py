@@ -15,7 +15,6 @@ process for a moment, so never under load, when the freed memory is reused anywa
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -192,45 +191,60 @@ class SessionStore:
 
     # ------------------------------------------------------------------ sessions
     def create(self, prompt: str | None, policy, capture: bool = False, *, messages=None, prompt_ids=None,
-               **kw) -> Entry:
+               arrival: dict | None = None, **kw) -> Entry:
         """A session from one of ``prompt`` (text), ``messages`` (chat) or ``prompt_ids``, as engine.session;
         the prompt is checked and encoded here, outside the model lock. A batched one is said to be arriving
-        from the start (``Scheduler.arriving``): sessions opened together share one prefill."""
+        (``Scheduler.arriving``; ``arrival``: said already, by the app when the request's head came) until it
+        is submitted or refused, so that sessions opened together share one prefill."""
         batched = self.scheduler is not None and not kw.get("static_shapes")
-        with self.scheduler.arriving() if batched else contextlib.nullcontext() as arrival:
-            self.check_policy(policy)
-            self.check_new_tokens(kw.get("max_new_tokens", 1))
-            self._check_running()
-            if prompt is not None:
-                self.check_prompt(prompt)
-            prompt = self.engine.encode(prompt, messages=messages, prompt_ids=prompt_ids)  # one of them, or ValueError
-            self.expire()
+        if arrival is not None and not batched:
+            self.scheduler.settle(arrival)  # driven apart: no prefill waits for it
+            arrival = None
+        if arrival is None and batched:
+            with self.scheduler.arriving() as arrival:
+                return self.open(prompt, policy, capture, messages, prompt_ids, arrival, kw)
+        try:
+            return self.open(prompt, policy, capture, messages, prompt_ids, arrival, kw)
+        finally:
+            if arrival is not None:
+                self.scheduler.settle(arrival)  # refused on its way: no prefill waits for it any longer
+
+    def open(self, prompt, policy, capture: bool, messages, prompt_ids, arrival: dict | None, kw: dict) -> Entry:
+        """``create``'s work: checked, encoded, counted against max_sessions, then prefilled (batched when
+        ``arrival`` is given, else driven apart)."""
+        self.check_policy(policy)
+        self.check_new_tokens(kw.get("max_new_tokens", 1))
+        self._check_running()
+        if prompt is not None:
+            self.check_prompt(prompt)
+        prompt = self.engine.encode(prompt, messages=messages, prompt_ids=prompt_ids)  # one of them, or ValueError
+        self.expire()
+        with self._lock:
+            live = len(self._entries) + self._pending
+            if live >= self.limits.max_sessions:
+                raise ServeError(429, "limit_exceeded",
+                                 f"{live} live sessions: this server's max_sessions={self.limits.max_sessions} is "
+                                 "reached; delete a session, wait for idle ones to expire, or start the server "
+                                 "with --max-sessions N", limit="max_sessions")
+            self._pending += 1
+        try:
+            cap = ShapeCapture(self.engine) if capture else None
+            if arrival is not None:
+                s = self.scheduler.session(prompt, policy=policy, capture=cap, arrival=arrival, **kw)
+            else:  # driven apart: its own rows, its cycles under the model lock one at a time
+                with self.model_lock:
+                    self._check_running()
+                    self._own_threads()
+                    s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
+                s.step = self._locked(s)
+            now = self.clock()
+            e = Entry(secrets.token_hex(8), s, now, now)
             with self._lock:
-                live = len(self._entries) + self._pending
-                if live >= self.limits.max_sessions:
-                    raise ServeError(429, "limit_exceeded",
-                                     f"{live} live sessions: this server's max_sessions={self.limits.max_sessions} "
-                                     "is reached; delete a session, wait for idle ones to expire, or start the "
-                                     "server with --max-sessions N", limit="max_sessions")
-                self._pending += 1
-            try:
-                cap = ShapeCapture(self.engine) if capture else None
-                if batched:
-                    s = self.scheduler.session(prompt, policy=policy, capture=cap, arrival=arrival, **kw)
-                else:  # driven apart: its own rows, its cycles under the model lock one at a time
-                    with self.model_lock:
-                        self._check_running()
-                        self._own_threads()
-                        s = self.engine.session(prompt, policy=policy, capture=cap, **kw)
-                    s.step = self._locked(s)
-                now = self.clock()
-                e = Entry(secrets.token_hex(8), s, now, now)
-                with self._lock:
-                    self._entries[e.id] = e
-                    self._active_at = now
-            finally:
-                with self._lock:
-                    self._pending -= 1
+                self._entries[e.id] = e
+                self._active_at = now
+        finally:
+            with self._lock:
+                self._pending -= 1
         log.info("session %s created: %s, %d prompt tokens", e.id, s.policy, len(s.prompt_ids))
         return e
 
