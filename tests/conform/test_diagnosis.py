@@ -96,3 +96,24 @@ def test_a_clean_run_is_reproduced_by_no_candidate_on_any_cycle(engine, tmp_path
             tried += got is not None
             assert got is None or not got.match, (cause.name, sample.rec["step"], got)
     assert tried >= 20
+
+
+def test_the_reproductions_forwards_are_the_path_oracle_at_the_right_inputs(tiny_engines):
+    """At the right positions, mask, K/V rows and state, each reproduction forward gives the path oracle's logits
+    (so that a match under a suspected input is that input's, not the forward's own difference)."""
+    from workbench.conform import contracts as C
+    from workbench.conform import reproduce as R
+    from workbench.conform.check import chain_logits
+
+    m = tiny_engines["l4-h32"].models
+    ctx, tokens, parents = [5, 9, 3, 7, 2], [4, 8, 9, 10, 12], [-1, 0, 0, 1, 3]
+    want = chain_logits(m.target, ctx, tokens, parents)
+    positions = [len(ctx) + d for d in C.depths_from(parents)]
+    assert (R.logits_at(m.target, ctx, tokens, parents, positions) - want).abs().max() < 1e-4
+    assert (R.masked_logits(m.target, ctx, tokens, positions, C.ancestor_closure(parents)) - want).abs().max() < 1e-4
+    caches = R.PathCaches(m.target, ctx, tokens, parents)
+    after = R.root_after(caches, [0, 1, 3], 3, 7, len(ctx) + 3)  # the path 0, 1, 3 kept, then root 7
+    assert (after - chain_logits(m.target, ctx + [4, 8, 10], [7], [-1])[0]).abs().max() < 1e-4
+    ids = want.topk(3).indices
+    assert R.agreement(ids, want.gather(1, ids), want, C.tolerance("float32"))[0]
+    assert not R.agreement(ids, want.gather(1, ids) + 0.1, want, C.tolerance("float32"))[0]
