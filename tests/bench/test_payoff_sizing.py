@@ -130,3 +130,17 @@ def test_named_policies_keep_their_sizes(engine, collected, monkeypatch):
     res = pays_off(engine, MEASURED, batch=1, policies="ddtree:8,path:32", max_new_tokens=8, temperature=0.5,
                    warmup=False, progress=False)
     assert res.sizing is None and collected == [] and "PathTree(32)" in res.settings["shapes"]
+
+
+def test_condtree_is_replayed_on_blocks_rooted_in_the_calibration_decodes_continuations(engine):
+    from workbench.engine.policies import DFlash
+    from workbench.payoff.sizing import cond_blocks
+
+    s = engine.session("def add(a, b):", policy=DFlash(), max_new_tokens=6)
+    s.run()
+    ids, n = list(s.prompt_ids) + list(s.generated), len(s.prompt_ids)
+    blocks = cond_blocks(engine.models, [(ids, n), (ids, n)], 16, anchors=3)
+    assert blocks.hidden.shape[:2] == (6, 15) and blocks.topi.shape == (6, 15, 16)  # 3 roots per decode
+    for path in blocks.path.tolist():  # rooted at a generated token (the first cycle's root on): the target's tokens
+        assert any(path == (ids[a:] + [-1] * 16)[:16] for a in range(n, len(ids) - 1)), path
+    assert cond_blocks(engine.models, [(ids[: n + 1], n)], 16) is None  # one generated token: no cycle drafts
