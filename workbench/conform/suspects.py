@@ -92,7 +92,10 @@ def positions_by(key: str, field: bool = True):
         k = recorded_offset(sample) if field else None
         if k is not None and not 0 < abs(k) <= MAX_OFFSET:
             k = None  # a larger constant is another scheme's (another row's start, the rejected nodes)
-        schemes = [s for s in position_schemes(sample, (k,) if k else (1, -1)) if s[0] == key]
+        right = [sample.start + d for d in C.depths_from(rec["tree_parents"].tolist())] if sample.start is not None \
+            and "tree_parents" in rec else None
+        # a scheme that gives the right positions on this tree (a chain by flat index) cannot tell here
+        schemes = [s for s in position_schemes(sample, (k,) if k else (1, -1)) if s[0] == key and s[2] != right]
         recorded = rec["verify_positions"].tolist() if field and "verify_positions" in rec else None
         best = None
         for _, what, pos in schemes:
