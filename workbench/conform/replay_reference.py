@@ -39,35 +39,43 @@ def tree_accept_length(model, context: list[int], tokens: list[int], parents: li
 
 def chain_logits(model, context: list[int], tokens: list[int], parents: list[int]) -> Tensor:
     """Every node's target logits [n, V] from its own root-to-node path, as plain chains through transformers'
-    own model: the committed ``context`` (the root excluded) prefilled once, then one batch whose row i is
-    node i's path (root first), right-padded; causal attention (and a causal recurrence) keeps the padding
-    out of every real position, so row i's logits at its depth are the path oracle's
-    (``workbench.models.path_oracle.path_logits``, which tests/conform checks it against) in one forward.
+    own model: the committed ``context`` (the root excluded) prefilled once, then one batch with a row per
+    leaf, its root-to-leaf path (root first), right-padded; causal attention (and a causal recurrence) keeps
+    what follows a position out of it, so every node's logits are those of a row through it at its depth:
+    the path oracle's (``workbench.models.path_oracle.path_logits``, which tests/conform checks it against)
+    in one forward.
     A cache that cannot be repeated over rows (transformers' linear-attention layers) runs each row's whole
     context instead."""
+    from workbench.models.config_facts import is_hybrid
     from workbench.models.path_oracle import prefill
 
     n, depth = len(tokens), C.depths_from(parents)
-    batch = torch.zeros(n, max(depth) + 1, dtype=torch.long)  # [n, D + 1]
-    for i in range(n):
-        j = i
-        batch[i, depth[i] + 1:] = tokens[i]  # padding: never read
+    leaf = list(range(n))  # a leaf below each node (parents come before their children)
+    for i in range(n - 1, 0, -1):
+        leaf[parents[i]] = leaf[i]
+    ends = sorted(set(leaf))
+    batch = torch.zeros(len(ends), max(depth) + 1, dtype=torch.long)  # [leaves, D + 1]
+    for r, j in enumerate(ends):
+        batch[r, depth[j] + 1:] = tokens[j]  # padding: never read
         while j >= 0:
-            batch[i, depth[j]] = tokens[j]
+            batch[r, depth[j]] = tokens[j]
             j = parents[j]
     ctx = torch.tensor(context)
-    rows = (torch.arange(n), torch.tensor(depth))
+    row_of = {j: r for r, j in enumerate(ends)}
+    rows = (torch.tensor([row_of[leaf[i]] for i in range(n)]), torch.tensor(depth))  # node i: (its row, depth)
+    k = len(ends)
     # the decoder's hidden states, and the head over each row's one read position only
     split = hasattr(model, "model") and hasattr(model, "lm_head")
     body = model.model if split else model
     with torch.no_grad():
-        _, cache = prefill(model, ctx)
-        if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
-            cache.batch_repeat_interleave(n)
-            out = body(input_ids=batch, past_key_values=cache, use_cache=True)  # [n, D + 1, ...]
+        cache = None if is_hybrid(model.config) else prefill(model, ctx)[1]  # a recurrent state does not repeat
+        layers = getattr(cache, "layers", None)
+        if layers is not None and all(hasattr(layer, "batch_repeat_interleave") for layer in layers):
+            cache.batch_repeat_interleave(k)
+            out = body(input_ids=batch, past_key_values=cache, use_cache=True)  # [leaves, D + 1, ...]
             skip = 0
         else:
-            out = body(input_ids=torch.cat([ctx.expand(n, len(context)), batch], 1), use_cache=False)
+            out = body(input_ids=torch.cat([ctx.expand(k, len(context)), batch], 1), use_cache=False)
             skip = len(context)
         if split:
             return model.lm_head(out.last_hidden_state[:, skip:][rows]).float()  # [n, V]
