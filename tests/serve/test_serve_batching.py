@@ -147,6 +147,7 @@ def test_a_session_is_arriving_from_its_requests_head_on(eng):
     from workbench.serve import EngineServer, Limits
 
     srv = EngineServer(eng, port=0, limits=Limits(max_sessions=4, max_new_tokens=8)).start()
+    srv.store.release_memory = lambda: None  # (its full collection at the stop: 1 s of this test, not its point)
     sched = srv.store.scheduler
     sched.limits = BatchLimits(join_seconds=5.0)
     body = json.dumps({"prompt": "t1 t2 t3", "policy": "ddtree:3", "max_new_tokens": 4}).encode()
