@@ -81,6 +81,8 @@ def test_the_commit_bonus_block_context_and_state_reproductions():
     right = Rec(tree_tokens=TOKENS, tree_parents=PARENTS, accepted_nodes=acc, kv_kept_nodes=acc, bonus=9)
     assert run(S.kv_in_tree_order, sample(right)) is None  # named as meant, no output to tell what ran
     assert run(S.bonus_one_node_early, sample(right)) is False
+    repeats = Rec(tree_tokens=TOKENS, accepted_nodes=acc, bonus=5, target_choice=[3, 5, 9, 5, 8])
+    assert S.bonus_one_node_early(sample(repeats), ENV) is None  # the right bonus repeats the last token too
     assert S.kv_in_tree_order(sample(Rec(tree_tokens=TOKENS, accepted_nodes=[0, 1])), ENV) is None  # path = order
     assert run(S.block_slot0_mask, sample(Rec(draft_block_tokens=[1, 1, 1]))) is True
     assert run(S.block_slot0_mask, sample(Rec(draft_block_tokens=[10, 1, 1]))) is False

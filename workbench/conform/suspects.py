@@ -219,8 +219,10 @@ def bonus_one_node_early(sample, env) -> Repro | None:
     if rec.get("bonus") is None or not has(rec, "accepted_nodes", "tree_tokens"):
         return None
     acc, tokens = rec["accepted_nodes"].tolist(), rec["tree_tokens"].tolist()
-    if len(acc) < 2:  # no node before the last accepted one: this cycle cannot tell
-        return None
+    choice = (rec["target_choice"] if "target_choice" in rec else rec["target_topk_ids"][:, 0]
+              if "target_topk_ids" in rec else None)
+    if len(acc) < 2 or (choice is not None and int(choice[acc[-1]]) == tokens[acc[-1]]):
+        return None  # no node before the last accepted one, or the right bonus repeats it too: this cycle cannot tell
     return Repro(rec["bonus"] == tokens[acc[-1]], f"the bonus = the target's choice at node {acc[-2]}, one node "
                  f"early (token {tokens[acc[-1]]}, the last accepted token again)")
 
