@@ -86,3 +86,11 @@ def test_sglang_features_are_read_where_the_drafter_consumes_them(tmp_path):
     assert cycles[0]["draft_context_positions"].tolist() == [7, 8, 9]
     assert torch.equal(cycles[0]["draft_context_features"], shifted[:3])
     assert torch.equal(cycles[1]["draft_context_features"], shifted[3:])
+
+
+def test_a_tree_dump_fed_by_an_integration_names_its_verify_inputs_intended_unless_told(tmp_path):
+    from workbench.conform.vllm_tree_dump import VllmTreeDump
+
+    for name, given, want in (("a", None, {"verify_positions", "visibility"}), ("b", {}, set())):
+        VllmTreeDump(tmp_path / name, {"vocab_size": 30}, "DDTree(3)", intended=given).close()
+        assert set(read_dump(tmp_path / name)[0]["intended"]) == want

@@ -14,6 +14,10 @@ request and step, and writes them::
                 accepted_nodes=accepted, bonus=bonus_token)
     dump.close()
 
+The tokens, positions and bias are what the integration hands ``record``; unless it reads them where the
+attention consumes them, the header names them ``intended`` (``workbench.conform.intended``: the checker says
+so beside each verdict on them); pass ``intended={}`` when it does.
+
 ``wrap(obj, method, extract)`` puts the call after a method of the proposer (``extract(args, kwargs, result)``
 returns the ``record`` keyword arguments per request). The conversion is
 ``workbench.conform.convert.bias_fields``, tested here; this module's wrapping is tested on a stand-in object.
@@ -30,13 +34,15 @@ from workbench.conform.convert import bias_fields
 from workbench.conform.dump import DumpWriter, make_header
 
 log = logging.getLogger(__name__)
+INTENDED = {name: "given to VllmTreeDump.record by the integration, not read where the attention consumed them"
+            for name in ("verify_positions", "visibility")}
 
 
 class VllmTreeDump:
     """A dump fed one request's tree verify at a time."""
 
     def __init__(self, path, pair: dict, policy: str, sampling: dict | None = None, topk: int = 8,
-                 replace: bool = False):
+                 replace: bool = False, intended: dict | None = None):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -45,7 +51,8 @@ class VllmTreeDump:
             v = "not installed"
         self.topk = topk
         self.writer = DumpWriter(path, make_header({"name": "vllm", "version": v, "writer": __name__}, pair, policy,
-                                                   sampling, topk={"target": topk}), replace)
+                                                   sampling, topk={"target": topk},
+                                                   intended=INTENDED if intended is None else dict(intended)), replace)
         self.cycles: dict[str, int] = {}
         self._said: set[str] = set()
 
