@@ -96,6 +96,7 @@ def test_the_commit_bonus_block_context_and_state_reproductions():
     assert run(S.context_rows_late, sample(whole, ctx=ctx, previous=prev)) is False
     assert run(S.state_parents_flattened, sample(Rec(state_from=[-1, 0, 1, 2, 3], tree_parents=PARENTS))) is True
     assert run(S.state_parents_flattened, sample(Rec(state_from=[-1, 0, 0, 2, 3], tree_parents=PARENTS))) is False
+    assert S.state_parents_flattened(sample(Rec(state_from=[-1, 0, 1], tree_parents=[-1, 0, 1])), ENV) is None
 
 
 def test_a_candidate_named_only_where_every_cycle_tried_matches_and_upstream_first_blocks_it():

@@ -279,6 +279,8 @@ def state_parents_flattened(sample, env) -> Repro | None:
     rec = sample.rec
     if not has(rec, "state_from", "tree_parents"):
         return None
-    got = rec["state_from"].tolist()
-    return Repro(C.state_parents_facts(got, rec["tree_parents"].tolist())["flattened"],
-                 "state parents = the node before in the flattened order")
+    got, parents = rec["state_from"].tolist(), rec["tree_parents"].tolist()
+    if parents == list(range(-1, len(parents) - 1)):  # a chain: the flattened order is its parents
+        return None
+    return Repro(C.state_parents_facts(got, parents)["flattened"], "state parents = the node before in the flattened "
+                 "order")
