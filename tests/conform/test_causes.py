@@ -116,6 +116,10 @@ def test_a_candidate_named_only_where_every_cycle_tried_matches_and_upstream_fir
     lines = report_lines(["verify positions"], {"verify positions": {"named": [], "tried": [found], "follows": []}},
                          results)
     assert lines[1].startswith("  verify positions: no candidate reproduces it (positions from another request")
+    other = attempt(next(c for c in CAUSES if c.contract == "verify positions" and "constant" in c.name), result,
+                    [sample(Rec(verify_positions=[11 + d for d in DEPTH], tree_parents=PARENTS))], ENV)
+    both = {"verify positions": {"named": [found, other], "tried": [found, other], "follows": []}}
+    assert other.reproduced and "reproduce it alike" in report_lines(["verify positions"], both, results)[-1]
 
 
 @pytest.mark.parametrize("cause", [c for c in CAUSES if c.over_facts], ids=lambda c: c.name[:40])

@@ -112,6 +112,8 @@ def report_lines(broken: list[str], diagnosis: dict, results: dict) -> list[str]
         d = diagnosis.get(name, {"named": [], "tried": [], "follows": []})
         for f in d["named"]:
             out.append(f"  {name}: {f.cause.name} -- {describe(f, results[name].broken)}; source: {f.cause.source}")
+        if sum(not f.signature for f in d["named"]) > 1:
+            out.append(f"  {name}: these reproduce it alike on the cycles tried (a longer dump may tell them apart)")
         if d["named"]:
             continue
         held = [f for f in d["tried"] if f.tried]
