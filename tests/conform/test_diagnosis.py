@@ -4,6 +4,7 @@ candidate's reproduction matches the engine's records on any cycle. (The catalog
 test_causes.py; the faults of the other contracts: test_check.py.)"""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_a_diagnosed_fault_is_named_first_and_reproduced_by_its_own_cause(fault,
     assert_cause(r, fault)
     named = r.diagnosis[want]["named"][0]
     assert named.tried >= 1 and named.matched == named.tried and "reproduced: " in str(r), str(r)
+    as_json = json.loads(json.dumps(r.to_dict()))["diagnosis"][want]["named"][0]
+    assert as_json["cause"] == faults.CAUSE[fault] and as_json["reproduced"] and as_json["source"]
 
 
 def test_a_mask_fault_without_its_visibility_in_the_dump_is_reproduced_from_the_logits(engine, tmp_path,
