@@ -25,6 +25,11 @@ NEW = 6
 BATCH = [PROMPTS[0], "for i in range(10):\n    total = total + values[i] * weights[i] - offsets[i]\n"]
 
 
+@pytest.fixture(scope="module")
+def hybrid_engine():
+    return wb.load("hybrid")
+
+
 def planted_run(engine, fault: str, path: Path, monkeypatch, batch: int = 1):
     """A short DDTree(16) run with ``fault`` planted, checked on the same models fault-free. -> (report, contract)."""
     want = getattr(faults, fault)(monkeypatch)
@@ -39,10 +44,13 @@ def planted_run(engine, fault: str, path: Path, monkeypatch, batch: int = 1):
 @pytest.mark.parametrize("fault,batch", [("positions_counting_rejected", 1), ("positions_from_first_row", 2),
                                          ("mask_previous", 1), ("mask_previous", 2), ("mask_causal", 1),
                                          ("mask_depth", 1), ("bonus_one_node_early", 1), ("drafter_block_causal", 1),
-                                         ("drafter_block_causal", 2)])
-def test_a_diagnosed_fault_is_named_first_and_reproduced_by_its_own_cause(fault, batch, engine, tmp_path,
-                                                                           monkeypatch):
-    r, want = planted_run(engine, fault, tmp_path / "run.dump", monkeypatch, batch)
+                                         ("drafter_block_causal", 2),
+                                         pytest.param("positions_from_first_row", -2, marks=pytest.mark.slow)])
+def test_a_diagnosed_fault_is_named_first_and_reproduced_by_its_own_cause(fault, batch, engine, hybrid_engine,
+                                                                           tmp_path, monkeypatch):
+    """(batch < 0: that many rows on the hybrid pair.)"""
+    e = engine if batch > 0 else hybrid_engine
+    r, want = planted_run(e, fault, tmp_path / "run.dump", monkeypatch, abs(batch))
     assert r.broken and r.broken[0] == want, str(r)
     assert_cause(r, fault)
     named = r.diagnosis[want]["named"][0]
@@ -65,11 +73,6 @@ def test_a_mask_fault_without_its_visibility_in_the_dump_is_reproduced_from_the_
     r = conform(bare, models=engine.models)
     assert r.broken[0] == "target logits", str(r)
     assert [c.name for c in r.causes["target logits"]] == [faults.CAUSE["mask_previous"]], str(r)
-
-
-@pytest.fixture(scope="module")
-def hybrid_engine():
-    return wb.load("hybrid")
 
 
 @pytest.mark.parametrize("pair", ["dense", pytest.param("hybrid", marks=pytest.mark.slow)])

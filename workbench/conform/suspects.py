@@ -36,7 +36,8 @@ def has(rec, *fields) -> bool:
 def target_agrees(sample, env, positions: list[int], visible=None) -> tuple[bool, float] | None:
     """The engine's recorded target top-k against the reference's logits at ``positions`` (and, with ``visible``
     bool [n, n], under that mask): (equal within the tolerance, largest difference). None: nothing to compare (no
-    target values recorded, the context unknown, or a mask on a hybrid target, whose recurrent layers take none)."""
+    target values recorded, the context unknown, a mask on a hybrid target, whose recurrent layers take none, or a
+    cycle after its request's first broken one, whose committed state already carries the fault)."""
     rec = sample.rec
     if not sample.clean or sample.ctx is None or not has(rec, "target_topk_ids", "target_topk_values", "tree_tokens",
                                                          "tree_parents"):
