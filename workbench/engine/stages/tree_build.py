@@ -40,8 +40,8 @@ def tree_build_checked(policies: list[Policy], drafted: list[Draft | None], root
                        sync_free: bool = False, nodes: int | None = None) -> tuple[list[Tree], TreeCheck | None]:
     """Every row's tree (``tree_build_rows``), each one a policy built checked before anything verifies it
     (``workbench.engine.stages.tree_check``: the rows at once; its depth bound is the row's drafted slots, its
-    vocabulary the drafter's): a bad tree raises InvalidTree naming the policy and, in a batch, the row; under
-    ``sync_free`` a device check comes back as a ``TreeCheck`` for the commit's host read.
+    vocabulary the drafter's): a bad tree raises InvalidTree naming the policy and, in a batch, the row; for
+    device trees and under ``sync_free`` the check comes back as a ``TreeCheck`` for the commit's host read.
     ``nodes``: every tree's node bound (static shapes)."""
     trees = tree_build_rows(policies, drafted, roots, device, sync_free)
     checked = [(b, f"the tree {p} built", r, d.logprobs.shape[-1], d.logprobs.shape[1])

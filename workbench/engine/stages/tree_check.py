@@ -2,10 +2,10 @@
 compile, verify and accept stages rely on (``ddtree_kernels.validate_tree``'s rules) before the target verifies it.
 
 The rules are checked for a cycle's rows at once: rows with trees of one size and one depth bound are stacked and
-checked by a fixed handful of tensor calls, whatever their number of nodes. The answer is read at once, unless the
-build must never wait for the device (static shapes, CUDA graphs): then it joins the commit's one host read
-(``TreeCheck``) and a bad row is verified as an inert tree until then (it can index nothing out of range). Either
-way the cycle stops with one line naming the policy, the first violation and, in a batch, the row, before anything
+checked by a fixed handful of tensor calls, whatever their number of nodes. The answer for host trees (the heap
+builds) is read at once; for device trees, and wherever the build must never wait for the device (static shapes,
+CUDA graphs), it joins the commit's one host read (``TreeCheck``: no wait of its own) and a bad row is verified as
+an inert tree until then (it can index nothing out of range). Either way the cycle stops with one line naming the policy, the first violation and, in a batch, the row, before anything
 is committed.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ INT_FIELDS = ("tokens", "parents", "depth", "rank")
 
 @dataclass
 class TreeCheck:
-    """A device check whose answer is read later (static shapes): ``fault`` bool [] on the device, true when some
-    row's tree broke a rule; ``explain()`` then names the first violation (it reads the trees from the device)."""
+    """A check whose answer is read with the commit (device trees, static shapes): ``fault`` bool [] on the trees'
+    device, true when some row's tree broke a rule; ``explain()`` then names the first violation."""
 
     fault: Tensor
     trees: list  # each checked row's tree as its policy built it: (row, who, tree, root, vocab, max_depth, budget)
@@ -117,8 +117,9 @@ def first_violation(checked: list, rows: int) -> InvalidTree:
 def check_trees(trees: list[Tree], checked: list, nodes: int | None,
                 sync_free: bool) -> tuple[list[Tree], TreeCheck | None]:
     """Check the trees of ``checked`` ((row, who, root, vocab, max_depth) each: the rows a policy built); raise
-    InvalidTree (one line) at the first bad one, or, where the device must not be waited for (``sync_free``),
-    return a ``TreeCheck`` to read with the commit and the trees with any bad row made inert.
+    InvalidTree (one line) at the first bad one among host trees, or, for device trees and wherever the device must
+    not be waited for (``sync_free``), return a ``TreeCheck`` to read with the commit and the trees with any bad row
+    made inert.
     ``nodes``: the node bound of every tree (static shapes), else each tree's own size."""
     rows = len(trees)
     full = [(b, who, trees[b], root, vocab, max_depth, (nodes if nodes is not None else size(trees[b])) - 1)
@@ -133,12 +134,13 @@ def check_trees(trees: list[Tree], checked: list, nodes: int | None,
     for (n, vocab, max_depth, dev), group in groups.items():
         one = [c[2] for c in group]
         tok, par, dep = (torch.cat([getattr(t, f) for t in one]) for f in ("tokens", "parents", "depth"))  # [g, n]
-        if not sync_free:
+        now_here = not sync_free and dev.type == "cpu"  # a host tree's answer is read for free
+        if now_here:
             roots = torch.tensor([c[3] for c in group], dtype=torch.long, device=dev)
         else:  # fills: a host-to-device copy of the roots would wait for the device
             roots = torch.cat([torch.full((1,), c[3], dtype=torch.long, device=dev) for c in group])
         f = tree_faults(tok, par, dep, roots, vocab, max_depth)  # [g]
-        if not sync_free:
+        if now_here:
             now.append(f.any())
         else:
             later.append(f.any())
