@@ -152,7 +152,7 @@ def test_a_served_child_stops_once_its_parent_is_gone_and_no_token_file_is_writt
 
     path = Path(served_child.__file__)
     code = (f"import importlib.util as u; s = u.spec_from_file_location('c', {str(path)!r}); m = u.module_from_spec(s); "
-            "s.loader.exec_module(m); import sys, time; m.watch_parent(sys.stdin.buffer); print('up', flush=True); "
+            "s.loader.exec_module(m); import sys, time; m.watch_parent(sys.stdin.fileno()); print('up', flush=True); "
             "time.sleep(30)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "up\n"

@@ -25,11 +25,12 @@ import urllib.request
 GRACE = 10.0  # seconds the server has to stop once its parent is gone, before it is ended outright
 
 
-def watch_parent(stream) -> threading.Thread:
-    """Stop this process (SIGTERM, then ``os._exit`` after GRACE s) once ``stream`` reaches its end: the parent
-    closed the pipe, or died and the system closed it."""
+def watch_parent(fd: int) -> threading.Thread:
+    """Stop this process (SIGTERM, then ``os._exit`` after GRACE s) once file descriptor ``fd`` reaches its end:
+    the parent closed the pipe, or died and the system closed it. (Read by ``os.read``, not through
+    ``sys.stdin``, whose lock a reader blocked at exit would hold while the interpreter shuts down.)"""
     def watch() -> None:
-        while stream.read(4096):
+        while os.read(fd, 4096):
             pass
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(GRACE)
@@ -41,15 +42,21 @@ def watch_parent(stream) -> threading.Thread:
 
 
 def serve(argv: list[str]) -> int:
-    """``workbench serve`` with ``argv``, watching stdin (see the module's docstring)."""
+    """``workbench serve`` with ``argv``, watching stdin (see the module's docstring); a refusal is one line on
+    stderr, as the command line gives it (bench-serve reports that line)."""
     import argparse
 
+    from workbench.cli_args.values import UsageError
     from workbench.serve import command
 
-    watch_parent(sys.stdin.buffer)
+    watch_parent(sys.stdin.fileno())
     parser = argparse.ArgumentParser(prog="workbench")
     command.add_parser(parser.add_subparsers(dest="command"))
-    return command.run(parser.parse_args(["serve", *argv]), sys.stdout, sys.stderr)
+    try:
+        return command.run(parser.parse_args(["serve", *argv]), sys.stdout, sys.stderr)
+    except (UsageError, ValueError, RuntimeError, OSError, ImportError) as e:
+        print(f"workbench: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
+        return 2
 
 
 def child_command(model_args: list[str], batching: bool, max_sessions: int, threads: int | None) -> list[str]:
@@ -85,8 +92,9 @@ class Server:
         try:
             self.url, self.token = read_start(self.proc.stdout)  # printed once the models are loaded
             if self.url is None or self.token is None:
-                err = self.proc.stderr.read().strip()
-                raise RuntimeError(f"workbench serve did not start: {err.splitlines()[-1] if err else 'no output'}")
+                err = [x for x in self.proc.stderr.read().splitlines() if x.strip()]
+                why = next((x for x in err if x.startswith("workbench: error: ")), err[-1] if err else "no output")
+                raise RuntimeError(f"workbench serve did not start: {why.removeprefix('workbench: error: ')}")
         except BaseException:
             self.close()
             raise
