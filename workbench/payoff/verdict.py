@@ -73,8 +73,8 @@ class Decision:
 
     def explain(self, label: str, baseline: str, measured, separated: bool) -> str:
         """The line under a measured comparison (``measured``: its PairedRatio): a prediction the measurement
-        missed is said to be missed (the terms then explain nothing); what decides only under a ``separated``
-        result; else ''."""
+        missed is said to be missed (the terms then explain nothing); under a ``separated`` result what decides,
+        or that no structural difference does; else ''."""
         if measured is not None and missed(self.predicted, measured):
             return (f"prediction missed: {label} was predicted {self.predicted:.2f}x {baseline} and measured "
                     f"{measured.median:.2f}x; the stage medians do not explain the outcome (tokens per forward "
@@ -82,6 +82,12 @@ class Decision:
                     f"{signed(100 * self.overhead_share)} of {baseline}'s step time)")
         if not separated:
             return ""
+        if not self.factor:
+            seen = "" if measured is None else f", measured {measured.median:.2f}x"
+            return (f"no structural difference explains {label} against {baseline} (tokens per forward "
+                    f"{self.gain:.2f}x, verify {signed(100 * self.verify_share)}, the rest of the step "
+                    f"{signed(100 * self.overhead_share)} of {baseline}'s step time; predicted {self.predicted:.2f}x"
+                    f"{seen})")
         return self.sentence(label, baseline, None if measured is None else measured.median)
 
 
