@@ -82,6 +82,8 @@ def test_nothing_decides_a_result_that_is_not_separated_and_a_missed_prediction_
                          "medians do not explain the outcome (tokens per forward 1.13x, verify 0%, the rest of the "
                          "step 0% of DFlash's step time)")
     assert v.row("DDTree(8)").to_dict()["decides"] is None  # the JSON says what the lines say
+    speed = batch_tables(v).split("speedup (predicted")[1].splitlines()
+    assert next(x for x in speed if x.startswith("DDTree(8) ")).split()[1:4] == ["1.13", "missed", "0.99"]
     # the summary: DFlash's median is the higher, not separated, and its predicted 0.88x is missed as well
     assert "not separated at p<0.05); prediction missed: DFlash was predicted 0.88x DDTree(8)" in v.summary
     # not separated, prediction kept: no line under the verdict, and the summary says nothing decides

@@ -3,7 +3,7 @@ branching rates and the counterfactual rows. Pure: result -> str."""
 from __future__ import annotations
 
 from workbench.analysis.paired import ALPHA
-from workbench.payoff.verdict import signed
+from workbench.payoff.verdict import missed, signed
 from workbench.records.texttable import legend, text_table
 
 CHAIN = "DFlash"
@@ -13,6 +13,11 @@ UNCORRECTED = f"Wilcoxon p<{ALPHA:g}, uncorrected"
 
 def _x(v, fmt=".2f") -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def _predicted(p, m) -> str:
+    """A predicted speedup, marked where the measurement missed it."""
+    return _x(p) + (" missed" if p is not None and m is not None and missed(p, m) else "")
 
 
 def _measured(m) -> list[str]:
@@ -28,10 +33,10 @@ def batch_tables(v) -> str:
             _x(r.nodes, ".1f"), _x(r.gain_vs_chain), *([_x(r.mean_rows)] if refilled else [])] for r in v.rows]
     groups = ["draft", "tree", "verify", "accept", "commit", "host", "total"]
     cost = [[r.label, *(_x(r.step_ms[g]) for g in groups), _x(r.cost_vs_chain), str(r.steps)] for r in v.rows]
-    speed = [[r.label, _x(r.predicted_vs_chain), *_measured(r.measured_vs_chain),
+    speed = [[r.label, _predicted(r.predicted_vs_chain, r.measured_vs_chain), *_measured(r.measured_vs_chain),
               (r.measured_vs_chain.order if r.measured_vs_chain else "-"), *([_x(r.queue_vs_chain)] if refilled
                                                                               else []),
-              _x(r.predicted_vs_ar), *_measured(r.measured_vs_ar)[:1],
+              _predicted(r.predicted_vs_ar, r.measured_vs_ar), *_measured(r.measured_vs_ar)[:1],
               (r.measured_vs_ar.order if r.measured_vs_ar else "-")] for r in v.rows]
     if v.batch == 1:
         head = f"== batch 1: {v.units} paired units (prompts) =="
@@ -133,7 +138,8 @@ def render(res) -> str:
         ("draft .. host", "median ms per step of each stage (host = building the record: host reads, and the "
                           "rest of the step); on a loaded machine they need not add up to total, the median step; "
                           "'-': a stage the shape does not run (AR drafts nothing and builds no tree)"),
-        ("pred", "predicted speedup: tok/fwd gain x step time ratio"),
+        ("pred", "predicted speedup: tok/fwd gain x step time ratio; 'missed': on the other side of 1 from the "
+                 "measured median and outside its IQR"),
         ("meas", "median of the per-unit ratios of tok/s (cycle time); IQR and min beside it; a refilled "
                  "batch's unit is a prompt, its time its share of each cycle it ran in (the cycle's time over its "
                  "rows)"),
