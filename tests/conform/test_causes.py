@@ -120,6 +120,9 @@ def test_a_candidate_named_only_where_every_cycle_tried_matches_and_upstream_fir
                     [sample(Rec(verify_positions=[11 + d for d in DEPTH], tree_parents=PARENTS))], ENV)
     both = {"verify positions": {"named": [found, other], "tried": [found, other], "follows": []}}
     assert other.reproduced and "reproduce it alike" in report_lines(["verify positions"], both, results)[-1]
+    odd = sample(Rec(verify_positions=[1], tree_parents=PARENTS), batch={1: ("1", "a start that is no number")})
+    broken = attempt(cause, result, [odd], ENV)
+    assert broken.tried == 0 and broken.what.startswith("could not run: TypeError")  # never stops the check
 
 
 @pytest.mark.parametrize("cause", [c for c in CAUSES if c.over_facts], ids=lambda c: c.name[:40])

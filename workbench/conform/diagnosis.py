@@ -88,7 +88,12 @@ def attempt(cause: Cause, result, samples: list, env: Env) -> Finding:
         return Finding(cause, matched, tried, what)
     found = Finding(cause)
     for sample in samples:
-        got = cause.reproduce(sample, env)
+        try:
+            got = cause.reproduce(sample, env)
+        except (RuntimeError, ValueError, IndexError, KeyError, AttributeError, TypeError) as e:
+            # a reproduction this pair or record cannot run is not tried; it never stops the check
+            found.what = found.what or f"could not run: {type(e).__name__}: {' '.join(str(e).split())[:80]}"
+            continue
         if got is None:
             continue
         found.tried += 1
@@ -117,7 +122,8 @@ def report_lines(broken: list[str], diagnosis: dict, results: dict) -> list[str]
         if d["named"]:
             continue
         held = [f for f in d["tried"] if f.tried]
-        idle = [f.cause.name for f in d["tried"] if not f.tried]  # no kept cycle could tell (fields, history)
+        idle = [f.cause.name + (f" ({f.what})" if f.what.startswith("could not run") else "")
+                for f in d["tried"] if not f.tried]  # no kept cycle could tell (fields, history), or it cannot run
         if d["tried"]:
             out.append(f"  {name}: no candidate reproduces it (" + "; ".join(
                 [f"{f.cause.name}: {f.matched} of {f.tried}" for f in held] + ([
