@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 import workbench as wb
 from workbench.adapters import vllm_tap
@@ -197,11 +198,13 @@ def test_a_features_fault_inside_vllms_proposer_is_named_under_drafter_features(
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
     original = DFlashQwen3ForCausalLM.combine_hidden_states
-    monkeypatch.setattr(DFlashQwen3ForCausalLM, "combine_hidden_states", lambda self, h: original(self, h.roll(1, 0)))
+    monkeypatch.setattr(DFlashQwen3ForCausalLM, "combine_hidden_states",
+                        lambda self, h: original(self, torch.cat([h[:1], h[:-1]])))  # position p: p - 1's
     vllm_engine.session(PROMPTS[0], max_new_tokens=12, dump=tmp_path / "v.dump").run()
     monkeypatch.undo()
     r = wb.conform(tmp_path / "v.dump", models=ours.models)
-    assert r.broken[0] == "drafter features" and r.results["drafter features"].first["cycle"] == 0, str(r)
+    first = r.results["drafter features"].first
+    assert r.broken[0] == "drafter features" and first["cycle"] == 0 and "off by -1 row" in first["evidence"], str(r)
     assert "drafter context (passed) rests on what the engine intended, not what its forward consumed: " \
         "draft_context_tokens" in str(r)
 
