@@ -477,6 +477,7 @@ def test_vllm_with_shifted_block_positions_is_named_under_the_drafter_context(tm
     r = conform(tmp_path / "v.dump")
     assert r.broken[0] == want, str(r)
     assert "block slot 0 is at position" in r.results[want].first["evidence"]
+    assert [c.name for c in r.causes[want]] == ["the drafter's block at shifted positions (RoPE phase skew)"], str(r)
 
 
 # ------------------------------------------------------------------------------------------ visibility forms
