@@ -175,6 +175,8 @@ class EngineDump:
             # the tree's columns alone where the forward saw the whole prefix (the dump format's m = n)
             f.update(verify_ids=ids[row, :n], verify_positions=pos[row, :n], visibility_form="dense",
                      visibility=seen[:, start:] if bool(seen[:, :start].all()) else seen)
+        elif self.observes:  # the forward ran unseen (another observer held the state): said, not passed off
+            f["notes"] = "verify_ids, verify_positions, visibility: the compiled tree's, not seen at the verify forward"
         committed = self._committed[row]
         f.update(committed_tokens=torch.tensor(committed.tokens[: c.committed], dtype=torch.long),
                  kv_kept_nodes=committed.nodes)
