@@ -3,6 +3,7 @@ policies read (the same log q as the trained module), its examples the slots a t
 in one line before anything loads."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -68,10 +69,51 @@ def test_examples_are_the_slots_a_tree_can_reach():
     assert ex["prev"].tolist() == [99, 1] and ex["bucket"].tolist() == [0, 2]  # the root; a rank-1 parent
 
 
-@pytest.mark.parametrize("args,msg", [(["--steps", "0"], "--steps 0 must be 1 or more"),
-                                      (["--target", "/nowhere"], "needs --draft DIR"),
-                                      (["--out", "/nowhere/x.npz"], "folder /nowhere does not exist")])
-def test_bad_options_are_one_line(args, msg, capfd):
-    argv = ["--out", "x.npz", *args] if "--out" not in args else args
+@pytest.fixture()
+def no_load(monkeypatch):
+    """``load_pair`` refused: a refusal must come before any model loads."""
+    def refuse(*_a, **_k):
+        raise AssertionError("a model loaded before the options were checked")
+    monkeypatch.setattr(ch, "load_pair", refuse)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--steps", "0"], "--steps 0 must be 1 or more"),
+    (["--target", "/nowhere"], "--target /nowhere: a model directory needs --draft DIR"),
+    (["--out", "/nowhere/x.npz"], "--out '/nowhere/x.npz': the folder '/nowhere' does not exist"),
+    (["--out", "{tmp}"], "--out '{tmp}' is a directory"),
+    (["--out", "{tmp}/x.txt"], "--out {tmp}/x.txt: a conditioned head is an .npz file; give a name ending in .npz"),
+    (["--out", "/proc/x.npz"], "--out '/proc/x.npz' cannot be written"),
+    (["--out", "{tmp}/old.npz"], "--out {tmp}/old.npz exists; give --replace to write over it, or another path"),
+])
+def test_bad_options_are_one_line(args, msg, capfd, tmp_path, no_load):
+    (tmp_path / "old.npz").write_bytes(b"old")
+    args = [a.format(tmp=tmp_path) for a in args]
+    argv = ["--out", str(tmp_path / "h.npz"), *args] if "--out" not in args else args
     rc, _, err = run_main(ch.main, capfd, *argv)
-    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    assert rc == 2 and err.startswith("cond_head: " + msg.format(tmp=tmp_path)), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert [p.name for p in tmp_path.iterdir()] == ["old.npz"] and (tmp_path / "old.npz").read_bytes() == b"old"
+
+
+def test_an_existing_head_is_replaced_only_with_replace(capfd, tmp_path, no_load):
+    out = tmp_path / "h.npz"
+    out.write_bytes(b"old")
+    rc, _, err = run_main(ch.main, capfd, "--out", str(out))
+    assert rc == 2 and err.strip() == f"cond_head: --out {out} exists; give --replace to write over it, or another path"
+    with pytest.raises(AssertionError, match="a model loaded"):  # past every check, on to the models
+        ch.main(["--out", str(out), "--replace"])
+    assert out.read_bytes() == b"old"
+
+
+def test_the_head_is_written_to_exactly_path_atomically(tmp_path, monkeypatch):
+    """An untrained head over a 6-token vocabulary (its file's writing, not its training)."""
+    head = ch.HeadModule(torch.randn(6, 4), torch.randn(6, 4), rank=2)
+    pair = {"vocab": 6, "tokenizer": "t", "block_size": 4, "drafter": "d", "target": "t"}
+    path = tmp_path / "head.npz"
+    path.write_bytes(b"old")
+    replaced = []
+    monkeypatch.setattr("workbench.records.files.os.replace", lambda a, b: replaced.append(b) or os.rename(a, b))
+    ch.write_head(path, head, pair, {"note": "test"})
+    assert replaced == [path] and [p.name for p in tmp_path.iterdir()] == ["head.npz"]
+    assert np.load(path)["U"].shape == (6, 2)

@@ -28,6 +28,18 @@ def output_path(path, what: str = "output") -> Path:
     return p
 
 
+def npz_output(path, kind: str, replace: bool, what: str = "--out") -> Path:
+    """``output_path`` for the .npz a command makes (``kind``: what it holds, e.g. 'a pair head'): also refused
+    when the name does not end in .npz, or when the file exists and ``replace`` (the command's --replace) is
+    false, so a made file is never written over by mistake."""
+    p = output_path(path, what)
+    if p.suffix != ".npz":
+        raise ValueError(f"{what} {p}: {kind} is an .npz file; give a name ending in .npz")
+    if p.exists() and not replace:
+        raise ValueError(f"{what} {p} exists; give --replace to write over it, or another path")
+    return p
+
+
 def _probe(parent: Path, p: Path, what: str) -> None:
     """Create and remove a temporary file where ``p`` will be written (as the atomic write will): a folder
     that only looks writable (/proc, a read-only mount, root's view of permissions) is refused now."""

@@ -8,13 +8,14 @@ candidates and "none of them", on every slot whose path from the root lies among
 can reach), one tenth of the sequences kept aside for the report's figures. AdamW, warm-up then cosine; one thread
 takes a few minutes on the embedded pairs (most of it the target's continuations).
 
-    python -m workbench.train.cond_head --target dense --out workbench/assets/cond_head.npz
-    python -m workbench.train.cond_head --target hybrid --out workbench/assets/hybrid/cond_head.npz
+    python -m workbench.train.cond_head --target dense --out workbench/assets/cond_head.npz --replace
+    python -m workbench.train.cond_head --target hybrid --out workbench/assets/hybrid/cond_head.npz --replace
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import math
 import sys
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workbench.engine.policies.cond_head import BUCKETS, FORMAT, VERSION, rank_bucket, scores
+from workbench.records.files import npz_output, write_bytes_atomic
 from workbench.train.cond_data import Blocks
 from workbench.train.progress import log
 
@@ -178,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
                                                      "with --draft")
     p.add_argument("--draft", metavar="DIR", help="the DFlash drafter's directory (with a --target directory)")
     p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--replace", action="store_true", help="write over an existing --out file (refused otherwise)")
     p.add_argument("--prompts", type=int, default=1024, help="training prompts (default 1024)")
     p.add_argument("--new-tokens", type=int, default=48, help="the target's continuation per prompt (default 48)")
     p.add_argument("--anchors", type=int, default=16, help="blocks rooted in each continuation (default 16)")
@@ -199,17 +202,21 @@ def check(args) -> str | None:
         return f"--lr {args.lr} must be positive"
     if args.target not in ("dense", "hybrid") and not args.draft:
         return f"--target {args.target}: a model directory needs --draft DIR (or use dense or hybrid)"
-    if not Path(args.out).parent.is_dir():
-        return f"--out {args.out}: folder {Path(args.out).parent} does not exist"
+    try:
+        npz_output(args.out, "a conditioned head", args.replace)
+    except ValueError as e:
+        return str(e)
     return None
 
 
 def write_head(path, head: HeadModule, pair: dict, made: dict) -> None:
     """The head's file as ``workbench.engine.policies.cond_head.load_head`` reads it, tied to ``pair``
-    (``workbench.models.identity.pair_identity``)."""
+    (``workbench.models.identity.pair_identity``), written to exactly ``path`` and never half-written."""
     meta = {"format": FORMAT, "version": VERSION, "K": K, "rank": int(head.R.shape[1]),
             "pair": {k: pair[k] for k in ("vocab", "tokenizer", "block_size", "drafter", "target")}, "made": made}
-    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **head.export())
+    buf = io.BytesIO()  # built in memory, then written beside ``path`` and renamed over it
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **head.export())
+    write_bytes_atomic(path, buf.getvalue())
 
 
 def load_pair(target: str, draft: str | None):

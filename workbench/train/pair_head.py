@@ -24,7 +24,7 @@ import numpy as np
 
 from workbench.engine.policies.pair_head import FORMAT, VERSION
 from workbench.models.identity import tokenizer_fingerprint
-from workbench.records.files import output_path, write_bytes_atomic
+from workbench.records.files import npz_output, write_bytes_atomic
 from workbench.shipped import ASSETS
 from workbench.train import corpus
 
@@ -86,11 +86,7 @@ def check_args(args) -> tuple[Path, int]:
         raise ValueError(f"--successors {args.successors}: must be 1 or more")
     if not 0.0 < args.smoothing < 1.0:
         raise ValueError(f"--smoothing {args.smoothing}: must be in (0, 1), the weight of the pair counts")
-    out = output_path(args.out, "--out")
-    if out.suffix != ".npz":
-        raise ValueError(f"--out {out}: a pair head is an .npz file; give a name ending in .npz")
-    if out.exists() and not args.replace:
-        raise ValueError(f"--out {out} exists; give --replace to write over it, or another path")
+    npz_output(args.out, "a pair head", args.replace)
     tdir = TARGETS[args.target] if args.target in TARGETS else Path(args.target)
     if not (tdir / "tokenizer.json").is_file() or not (tdir / "config.json").is_file():
         raise ValueError(f"--target {args.target}: neither {' nor '.join(TARGETS)} (an embedded pair) nor a model "
