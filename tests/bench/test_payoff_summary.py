@@ -69,7 +69,9 @@ def test_the_report_opens_with_one_summary_line_per_batch_size():
     assert lines[2].startswith("  at batch 1: fastest DDTree(8), 1.06x the runner-up AR (Wilcoxon p=0.002")
     assert lines[3].startswith("  at batch 8 (refilled batch): fastest AR, 1.16x the runner-up DDTree(8) (")
     assert lines[4] == ""
-    assert json.loads(json.dumps(res.to_dict()))["batches"]["8"]["summary"] == static.summary
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["batches"]["8"]["summary"] == static.summary and d["summary"]["8"] == refilled.summary
+    assert list(d)[0] == "summary"
 
 
 def test_nothing_decides_a_result_that_is_not_separated_and_a_missed_prediction_is_said_to_be_missed():

@@ -61,6 +61,7 @@ class PaysOff:
         """Strict JSON (no NaN or infinity: null, with a sibling '<key>_note' saying why). Gains and speedups
         are ratios (0.126 = +12.6%); ``bias_points`` is in percentage points, as the text prints it."""
         return strict_json({
+            "summary": {str(b): self.headline(b).summary for b in self.batches},  # the answer first, per batch size
             "settings": self.settings,
             "batches": {str(b): verdict_dict(v) for b, v in self.batches.items()},
             "refilled": {str(b): verdict_dict(v) for b, v in self.refilled.items()},
