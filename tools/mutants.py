@@ -47,6 +47,7 @@ TESTS = {
     "serve.store": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
     "serve.app": ["tests/serve/test_serve_isolation.py", "tests/records/test_recorded_settings.py"],
     "payoff": ["tests/bench/test_payoff_summary.py"],
+    "conform": ["tests/conform/test_causes.py", "tests/conform/test_diagnosis.py"],
 }
 
 
@@ -218,6 +219,18 @@ MUTANTS = [
       "        if not separated:", "        if False:", "what decides printed under a result that is not separated"),
     M("payoff.verify_width_from_noise", "workbench/payoff/verdict.py",
       "abs(widths[1] - widths[0]) >= NO_WIDTH", "True", "verify width named between verifies of one width"),
+    # ------------------------------------------------------------------ conform (the differential diagnosis)
+    M("conform.partial_match_named", "workbench/conform/diagnosis.py",
+      "self.tried > 0 and self.matched == self.tried", "self.matched > 0", "a cause named on a partial match"),
+    M("conform.same_step_downstream_blocks", "workbench/conform/diagnosis.py",
+      '(f["step"], f["row"], order[u]) < at', '(f["step"], f["row"]) <= at[:2]',
+      "a contract broken later in the same step keeps its input's candidates from being tried"),
+    M("conform.mask_leaks_forward", "workbench/conform/suspects.py",
+      "prev[torch.arange(1, n), torch.arange(0, n - 1)] = True", "prev[torch.arange(0, n - 1), torch.arange(1, n)] = True",
+      "the suspected mask has each node see the next one, not the one before"),
+    M("conform.outputs_after_the_fault", "workbench/conform/suspects.py",
+      "    if not sample.clean or sample.ctx is None", "    if sample.ctx is None",
+      "outputs compared on cycles whose committed state already carries the fault"),
 ]
 
 
