@@ -92,7 +92,7 @@ def test_a_clean_run_is_lossless_with_the_references_tau_and_a_fault_that_diverg
                                       f"in 1 of 1 request(s) (request 0 at generated token {rc.left_at} of {NEW})")
 
 
-def test_a_sampled_dump_says_in_one_line_why_its_cost_is_not_judged(tmp_path):
+def test_a_sampled_dump_or_a_slice_of_steps_says_in_one_line_why_its_cost_is_not_judged(tmp_path):
     lines = [json.dumps({"format": "ddtree-workbench-dump", "version": 1, "engine": {"name": "x"}, "pair": {},
                          "sampling": {"temperature": 0.7}})]
     (tmp_path / "s.dump").write_text("\n".join(lines) + "\n")
@@ -101,3 +101,9 @@ def test_a_sampled_dump_says_in_one_line_why_its_cost_is_not_judged(tmp_path):
     (line,) = cost.lines()
     assert line.startswith("what it cost: not judged: the run samples (temperature 0.7)") and not cost.requests
     assert cost.to_dict()["judged"] is False
+    from workbench.conform.selection import selection
+
+    head["sampling"] = {"temperature": 0.0}
+    (line,) = fault_cost(tmp_path / "s.dump", head, models=None, sel=selection((2, 5))).lines()
+    assert line == ("what it cost: not judged: this check judged engine steps 2 to 4 only, and the cost is a whole "
+                    "run's: check without cycles= for it")

@@ -241,12 +241,17 @@ def reference_decode(ref, models, prompt: list, engine_out: list, policy, slots:
 
 
 def fault_cost(dump, head: dict, models, sel=None, eos=None) -> FaultCost:
-    """The run's cost (module docstring): greedy dumps only, on the requests the selection ``sel`` judges."""
+    """The run's cost (module docstring): greedy dumps only, on the requests the selection ``sel`` judges (whole;
+    a slice of engine steps is not judged)."""
     from workbench.conform.dump import read_dump
     from workbench.engine.policies import parse_policy
     from workbench.models.drafter_reference import Reference
 
     sampling = head.get("sampling") or {}
+    if sel is not None and (sel.first or sel.stop is not None):
+        return FaultCost(why_not=f"this check judged engine steps {sel.first} to "
+                                 f"{'the end' if sel.stop is None else sel.stop - 1} only, and the cost is a whole "
+                                 "run's: check without cycles= for it")
     _, records = read_dump(dump)
     outs = outputs(records, head, sel)
     sampled = sorted({float(o.temperature) for o in outs.values() if o.temperature})
