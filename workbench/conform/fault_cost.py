@@ -201,12 +201,12 @@ class Trajectory:
         st = self.ref.states(ids)
         self.features = st.drafter_features()  # [len(ids), L * H]
         first = len(self.prompt) + len(self.known) - 1  # the position whose logits give the next known token
-        logits = self.models.target.lm_head(st.hidden[-1][first:]).float()  # [len(guess) + 1, V]
-        top = logits.topk(2, dim=-1)
+        logits = self.models.target.lm_head(st.hidden[-1][first:])  # [len(guess) + 1, V]
+        top = logits.topk(2, dim=-1).values.float()  # the lead of the top-1 over the runner-up
         self.forwards += 1
-        for j, t in enumerate(top.indices[:, 0].tolist()):
+        for j, t in enumerate(logits.argmax(-1).tolist()):  # equal maxima: the lowest token id, as greedy takes it
             self.known.append(t)
-            self.gaps.append(float(top.values[j, 0] - top.values[j, 1]))
+            self.gaps.append(float(top[j, 0] - top[j, 1]))
             if j >= len(guess) or guess[j] != t:
                 break
 
