@@ -197,7 +197,7 @@ MUTANTS = [
     M("serve.store.create_shares_seed", "workbench/serve/store.py",
       "s = self.engine.session(prompt, policy=policy, capture=cap, **kw)",
       "s = self.engine.session(prompt, policy=policy, capture=cap, **{**kw, 'seed': len(self._entries)})",
-      "a served session seeded by the store, not its request"),
+      "a served session seeded by the store, not its request", tests=("tests/serve/test_serve_batching.py",)),
     # ------------------------------------------------------------------ the served app (workbench/serve/app.py, replies.py)
     M("serve.app.patch_temperature_everywhere", "workbench/serve/app.py",
       "                s.temperature = req.temperature",
