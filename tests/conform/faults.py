@@ -423,6 +423,23 @@ def drafter_block_causal(monkeypatch) -> str:
     return "drafter output"
 
 
+def drafter_block_shifted(monkeypatch) -> str:
+    """The drafter's block one position on (its context's positions right), applied where the drafter's forward
+    takes its positions: a writer that records the positions the block was meant to have shows nothing wrong in the
+    block, only in the drafter's output."""
+    from workbench.models import drafter
+
+    original = drafter.run_draft
+
+    def run_draft(draft, target, block_ids, positions, *args, **kwargs):
+        moved = positions.clone()
+        moved[:, -block_ids.shape[1]:] += 1  # [B, context + block]: the block's columns are the last
+        return original(draft, target, block_ids, moved, *args, **kwargs)
+
+    monkeypatch.setattr(drafter, "run_draft", run_draft)
+    return "drafter output"
+
+
 FAULTS = {f.__name__: f for f in (positions_by_index, ancestor_dropped, siblings_dropped, drafter_context_shifted,
                                   kv_out_of_path_order, bonus_missing_from_block, target_layer_off_by_one,
                                   features_off_by_a_row, features_not_compacted, positions_off_by_one,
@@ -450,4 +467,5 @@ CAUSE = {"positions_by_index": "tree positions by flat node index, not depth", "
          "mask_causal": "a causal (chain) mask over the flattened tree",
          "mask_depth": "a mask from depths: every node sees every shallower node",
          "bonus_one_node_early": "the bonus read one node early (it repeats the last accepted token)",
-         "drafter_block_causal": "the drafter's block attending causally"}
+         "drafter_block_causal": "the drafter's block attending causally",
+         "drafter_block_shifted": "the drafter's block at shifted positions (RoPE phase skew)"}

@@ -44,7 +44,7 @@ def planted_run(engine, fault: str, path: Path, monkeypatch, batch: int = 1):
 @pytest.mark.parametrize("fault,batch", [("positions_counting_rejected", 1), ("positions_from_first_row", 2),
                                          ("mask_previous", 1), ("mask_previous", 2), ("mask_causal", 1),
                                          ("mask_depth", 1), ("bonus_one_node_early", 1), ("drafter_block_causal", 1),
-                                         ("drafter_block_causal", 2),
+                                         ("drafter_block_causal", 2), ("drafter_block_shifted", 1),
                                          pytest.param("positions_from_first_row", -2, marks=pytest.mark.slow)])
 def test_a_diagnosed_fault_is_named_first_and_reproduced_by_its_own_cause(fault, batch, engine, hybrid_engine,
                                                                            tmp_path, monkeypatch):
@@ -73,6 +73,24 @@ def test_a_mask_fault_without_its_visibility_in_the_dump_is_reproduced_from_the_
     r = conform(bare, models=engine.models)
     assert r.broken[0] == "target logits", str(r)
     assert [c.name for c in r.causes["target logits"]] == [faults.CAUSE["mask_previous"]], str(r)
+
+
+def test_the_bonus_missing_from_slot_0_without_the_block_in_the_dump_is_reproduced_from_the_drafter(engine,
+                                                                                                   tmp_path,
+                                                                                                   monkeypatch):
+    """A dump without the drafter's block (a writer that records none): the drafter's output breaks first, and the
+    diagnosis names the block whose forward gives the engine's output, the mask token in slot 0."""
+    from test_check import rewrite
+
+    faults.bonus_missing_from_block(monkeypatch)
+    path = tmp_path / "run.dump"
+    engine.session(PROMPTS[0], policy=wb.DDTree(16), max_new_tokens=NEW, record_topk=16, dump=path).run()
+    monkeypatch.undo()
+    bare = rewrite(path, tmp_path / "bare.dump", lambda o: [o.pop(k, None) for k in ("draft_block_tokens",
+                                                                                     "draft_block_positions")])
+    r = conform(bare, models=engine.models)
+    assert r.broken[0] == "drafter output", str(r)
+    assert [c.name for c in r.causes["drafter output"]] == [faults.CAUSE["bonus_missing_from_block"]], str(r)
 
 
 @pytest.mark.parametrize("pair", ["dense", pytest.param("hybrid", marks=pytest.mark.slow)])

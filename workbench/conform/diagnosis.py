@@ -74,6 +74,8 @@ def diagnose(report, replay) -> dict:
         tried = [attempt(c, result, replay.samples[name], env) for c in fit if not clean_before(report, name,
                                                                                                c.upstream)]
         named = sorted([f for f in tried if f.reproduced], key=lambda f: (f.signature, -f.matched))
+        if any(not f.signature for f in named):  # a reproduction explains it: a bare signature adds nothing
+            named = [f for f in named if not f.signature]
         out[name] = {"named": named, "tried": tried, "follows": follows}
     return out
 

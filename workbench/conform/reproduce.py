@@ -8,7 +8,7 @@ engine recorded.
   as a tree verify runs it; attention-only targets: a recurrent layer takes no mask);
 - ``root_after``: the next root's logits after a commit that kept the K/V rows of ``kv_nodes`` and the recurrent
   state of ``state_node`` (any target: the model's own cache, assembled from each node's path cache);
-- ``causal_block_logits``: the drafter's block with each slot seeing only the slots before it;
+- ``block_logits``: the drafter's block as a bug hands it (causal, the mask token in slot 0, shifted positions);
 - ``agreement``: whether an engine's recorded top-k is the reproduction's, and by how much the values sit apart.
 """
 from __future__ import annotations
@@ -112,22 +112,26 @@ def root_after(caches: PathCaches, kv_nodes: list[int], state_node: int, root: i
 
 
 @torch.no_grad()
-def causal_block_logits(models, ids: list[int], k: int, features: Tensor) -> Tensor:
-    """[k, V]: the drafter's logits for slots 1..k of the block [ids[-1], mask x k] after ids[:-1] when each block
-    slot sees the whole context but only the block's slots up to its own (a causal block); ``features``: the
-    context's drafter features [P, L*H]."""
+def block_logits(models, ids: list[int], k: int, features: Tensor, causal: bool = False, root: int | None = None,
+                 shift: int = 0) -> Tensor:
+    """[k, V]: the drafter's logits for slots 1..k of the block [root, mask x k] after ids[:-1] (``root``: ids[-1]
+    unless given, e.g. the mask token), the block at positions P + shift .. (P = len(ids) - 1), each slot seeing the
+    whole context and, with ``causal``, only the block's slots up to its own; ``features``: the context's drafter
+    features [P, L*H]."""
     from workbench.models.config_facts import draft_value
 
     dev, dt = models.device, models.dtype
     P = len(ids) - 1
-    block = torch.tensor([[ids[-1]] + [models.mask_token_id] * k], device=dev)
+    block = torch.tensor([[ids[-1] if root is None else root] + [models.mask_token_id] * k], device=dev)
     noise = models.target.get_input_embeddings()(block) * float(draft_value(models.draft.config,
                                                                              "input_embedding_scale", 1.0))
-    mask = torch.zeros(1, 1, k + 1, P + k + 1, dtype=dt, device=dev)  # additive: context all, block causal
-    mask[0, 0, :, P:].masked_fill_(torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).triu(1),
-                                   torch.finfo(dt).min)
-    hidden = models.draft(position_ids=torch.arange(P + k + 1, device=dev)[None], noise_embedding=noise,
-                          target_hidden=features[None].to(dev, dt), attention_mask=mask, use_cache=False)
+    mask = torch.zeros(1, 1, k + 1, P + k + 1, dtype=dt, device=dev)  # additive: context all, the block all or causal
+    if causal:
+        mask[0, 0, :, P:].masked_fill_(torch.ones(k + 1, k + 1, dtype=torch.bool, device=dev).triu(1),
+                                       torch.finfo(dt).min)
+    positions = torch.cat([torch.arange(P), torch.arange(P + shift, P + shift + k + 1)]).to(dev)[None]
+    hidden = models.draft(position_ids=positions, noise_embedding=noise, target_hidden=features[None].to(dev, dt),
+                          attention_mask=mask, use_cache=False)
     return models.draft.compute_logits(hidden[:, 1:], models.target.lm_head)[0].float().cpu()
 
 

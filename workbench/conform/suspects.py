@@ -262,18 +262,29 @@ def context_rows_late(sample, env) -> Repro | None:
     return Repro(False, "the new context rows start late")
 
 
-def causal_block(sample, env) -> Repro | None:
-    """The drafter's block attending causally: the engine's drafter top-k against the reference drafter's with a
-    causal mask over the block, on the same context and features."""
-    rec, ctx = sample.rec, sample.ctx
-    if ctx is None or not has(rec, "draft_topk_ids", "draft_topk_values"):
-        return None
-    feats = env.ref.states(ctx[:-1]).drafter_features()
-    logits = R.causal_block_logits(env.models, ctx, env.models.block_size - 1, feats)
-    if rec.get("draft_values", "logprobs") == "logprobs":
-        logits = torch.log_softmax(logits, -1)
-    ok, diff = R.agreement(rec["draft_topk_ids"], rec["draft_topk_values"], logits, env.tol)
-    return Repro(ok, "each block slot sees only the slots before it", diff)
+def drafter_block(kind: str):
+    """The drafter's block as a bug hands it (``kind``: "causal" attention over the block, the mask token in
+    "slot0", positions "shifted" by one): the engine's drafter top-k against the reference drafter's so, on the same
+    context and features. (Its own context and features right: the candidate's upstream.)"""
+    what = {"causal": "each block slot sees only the slots before it",
+            "slot0": "block slot 0 = the mask token (the drafter's output from it)",
+            "shifted": "the block one position on (the drafter's output from it)"}[kind]
+
+    def run(sample, env) -> Repro | None:
+        rec, ctx = sample.rec, sample.ctx
+        if ctx is None or not has(rec, "draft_topk_ids", "draft_topk_values"):
+            return None
+        key = ("states", tuple(ctx))
+        if key not in env.memo:
+            env.memo[key] = env.ref.states(ctx[:-1]).drafter_features()
+        logits = R.block_logits(env.models, ctx, env.models.block_size - 1, env.memo[key], causal=kind == "causal",
+                                root=env.models.mask_token_id if kind == "slot0" else None,
+                                shift=1 if kind == "shifted" else 0)
+        if rec.get("draft_values", "logprobs") == "logprobs":
+            logits = torch.log_softmax(logits, -1)
+        ok, diff = R.agreement(rec["draft_topk_ids"], rec["draft_topk_values"], logits, env.tol)
+        return Repro(ok, what, diff)
+    return run
 
 
 def state_parents_flattened(sample, env) -> Repro | None:
