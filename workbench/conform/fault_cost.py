@@ -100,7 +100,11 @@ class FaultCost:
                         for side in ("engine", "reference"))
             out.append(f"  tau (tokens per target forward): engine {self.tau_engine:.2f} ({eng[0]} tokens in "
                        f"{eng[1]} forwards), reference {self.tau_reference:.2f} ({ref[0]} in {ref[1]}) on its "
-                       f"own trajectory: {self.lost_per_100:.0f} tokens lost per 100 target forwards")
+                       f"own trajectory: " + (f"{self.lost_per_100:.0f} tokens lost per 100 target forwards"
+                                               if self.lost_per_100 >= 0 else f"{-self.lost_per_100:.0f} tokens "
+                                               "more per 100 target forwards than the reference's"
+                                               + ("" if self.lossless else ", over an output that is not greedy "
+                                                  "decoding's")))
         out += [f"  request {rid}: cost not judged: {why}" for rid, why in list(self.skipped.items())[:4]]
         return out
 
