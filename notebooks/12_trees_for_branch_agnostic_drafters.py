@@ -223,9 +223,10 @@ for pair in ("dense", "hybrid"):
               f"notebooks/data/{path.name}")
 
 # %% [markdown]
-# **Measured here** (2026-12-05, 12 held-out prompts, 64 tokens, one CPU thread; `docs/pays-off.md`, "The
-# calibrated policies side by side"): no calibrated policy beats the best DDTree budget by 10% on either pair.
-# At the best budget's own size, PairTree(8) is 1.05x DDTree(8) on the dense pair at batch 1 and 8 (not
-# significant after correction): its 1.10x tokens per forward at batch 1 costs +4% per step, and at batch 8
-# most of its larger gain shortens a static batch's cheap tail. On the hybrid pair no policy buys acceptance at
-# 4 nodes, and at batch 8 plain AR is the fastest shape there.
+# **Measured here** (2026-12-07, 12 held-out prompts, 64 tokens, one CPU thread, idle machine; the saved results
+# drawn above; `docs/pays-off.md`, "The conditioned policies against the best budget"): at batch 1 CondTree commits
+# the most tokens per forward of every shape, and on the dense pair's refilled batch of 8 CondTree(8) is 1.23x the
+# best DDTree budget (DDTree(4), Wilcoxon p = 0.0068, separated after correction). At batch 1 CondTree is
+# 1.21x (dense, CondTree(16)) and 1.13x (hybrid, CondTree(8)) the best budget by the median, not separated: its
+# build adds 0.6-0.9 ms a step. On the hybrid at batch 8 a 9-node verify costs more than its 1.03x tokens per
+# forward buy, and plain AR is the fastest shape there.
