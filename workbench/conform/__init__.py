@@ -10,6 +10,8 @@
   checks each contract on a cycle (``replay_reference`` computes what the reference would), ``report`` holds the
   verdicts; ``contracts``: the contracts themselves, pure functions over plain tensors (docs/conformance.md).
 - ``selection``: which cycles a check judges (``cycles=(A, B)``, ``requests=[...]``); ``progress``: its progress lines.
+- ``diagnosis``: which bug did it: the catalogue's candidate causes (``causes``, each with its published source)
+  reproduced in the reference (``suspects``: the suspected input; ``reproduce``: its forward) against the records.
 - ``fault_cost``: what the run lost, beside the reference's own decode of its prompts (lossless or not, tau);
   ``intended``: the fields a writer recorded as meant rather than read at the forward (the header's ``intended``).
 - ``sglang_dump`` / ``vllm_tree_dump``: dump writers to drop into SGLang or a vLLM tree proposer on a GPU host
