@@ -29,15 +29,21 @@ from workbench.shapes.cost import arch, forward_cost, resolve_gpu
 
 
 def conform_cycle_cost(target_config, draft_config=None, gpu="H200", context: int = 1024, nodes: int = 17,
-                       depth: int = 15, dtype: str = "bfloat16") -> dict:
+                       depth: int = 15, dtype: str = "bfloat16", leaves: int | None = None) -> dict:
     """The checker's forwards for one cycle at ``context`` committed tokens before the root, a tree of ``nodes``
-    nodes (the root included) whose deepest node is at ``depth``: {"rows": [{"forward", "flops", "bytes",
-    "seconds"}, ...], "flops", "bytes", "seconds", "broken_extra": {...}}. Without ``draft_config`` the
-    reference drafter's block forward is left out (its target-features forward stays: it is the target's)."""
+    nodes (the root included) whose deepest node is at ``depth`` and which has ``leaves`` leaves (default
+    nodes - depth, the most such a tree has): {"rows": [{"forward", "flops", "bytes", "seconds"}, ...], "flops",
+    "bytes", "seconds", "broken_extra": {...}}. Without ``draft_config`` the reference drafter's block forward is
+    left out (its target-features forward stays: it is the target's)."""
     for name, v, least in (("context", context, 1), ("nodes", nodes, 1), ("depth", depth, 0)):
         families.integer(v, name, least=least)
     if depth >= nodes:
         raise ValueError(f"depth={depth} with nodes={nodes}: a tree's deepest node is at most nodes - 1 deep")
+    leaves = nodes - depth if leaves is None else leaves
+    families.integer(leaves, "leaves", least=1)
+    if leaves > nodes - depth:
+        raise ValueError(f"leaves={leaves} with nodes={nodes} and depth={depth}: such a tree has at most "
+                         f"{nodes - depth} leaves (its deepest path holds depth + 1 nodes)")
     e = families.dtype_bytes(dtype)
     g = resolve_gpu(gpu)
     t = arch(target_config, "target")
@@ -46,15 +52,18 @@ def conform_cycle_cost(target_config, draft_config=None, gpu="H200", context: in
         families.check_pair(t.facts, d.facts)
     hybrid = any(layer.kind == "linear" for layer in t.layers)
     L = context
-    rows = [("path oracle: the context prefilled", forward_cost(t, "EXTEND", 1, L, 0, L, e))]
-    if hybrid:  # linear-attention caches cannot be repeated over rows: every row runs its whole context
-        rows.append((f"path oracle: {nodes} paths, each with its whole context",
-                     forward_cost(t, "EXTEND", nodes, L + depth + 1, 0, 1, e)))
+    # the path oracle: a row per leaf (its root-to-leaf path, padded to depth + 1), the head over each node's one
+    # read position (nodes rows of logits, not leaves x (depth + 1))
+    if hybrid:  # linear-attention caches cannot be repeated over rows: every row runs its whole context, unprefilled
+        c = forward_cost(t, "EXTEND", leaves, L + depth + 1, 0, 1, e)
+        rows = [(f"path oracle: {leaves} paths, each with its whole context", with_logits(c, t, nodes - leaves, e))]
     else:
-        c = forward_cost(t, "TARGET_VERIFY", nodes, depth + 1, L, 1, e)
+        c = forward_cost(t, "TARGET_VERIFY", leaves, depth + 1, L, 1, e)
         # the rows share one row of positions (from the cache), so the rotary table is computed once, not per row
-        c["flops"] -= (nodes - 1) * t.rope_dim * (depth + 1)
-        rows.append((f"path oracle: {nodes} paths of {depth + 1} tokens after the cached context", c))
+        c["flops"] -= (leaves - 1) * t.rope_dim * (depth + 1)
+        rows = [("path oracle: the context prefilled", forward_cost(t, "EXTEND", 1, L, 0, L, e)),
+                (f"path oracle: {leaves} paths of {depth + 1} tokens after the cached context",
+                 with_logits(c, t, nodes - leaves, e))]
     rows.append(("reference drafter: the target's features over the context", forward_cost(t, "EXTEND", 1, L, 0, L, e)))
     if d is not None:
         B = d.draft["block_size"]
@@ -68,6 +77,11 @@ def conform_cycle_cost(target_config, draft_config=None, gpu="H200", context: in
             "nodes": nodes, "depth": depth, "hybrid": hybrid, "rows": out,
             **{k: sum(r[k] for r in out) for k in ("flops", "bytes", "seconds")},
             "broken_extra": {"rows": extra, **{k: sum(r[k] for r in extra) for k in ("flops", "bytes", "seconds")}}}
+
+
+def with_logits(c: dict, a, more: int, e: int) -> dict:
+    """Cost ``c`` with ``more`` rows of logits (the LM head over that many more positions)."""
+    return {**c, "flops": c["flops"] + 2 * more * a.hidden * a.vocab, "bytes": c["bytes"] + more * a.vocab * e}
 
 
 def _times(c: dict, n: int) -> dict:
