@@ -38,7 +38,7 @@ wb.views.tree_figure(t.cycles[1], vllm.tokenizer)
 # ## The comparison report
 #
 # Same pair, same prompts, both engines: tokens, drafts per request, committed tau (tokens per verify,
-# the bonus included), per-position acceptance, tokens/s over repeats; then, at the first cycle whose
+# the bonus included), per-position acceptance, tokens/s (one timed repeat here); then, at the first cycle whose
 # drafts differ, the drafter's inputs and outputs compared per slot, per context-feature chunk (one per
 # target layer the drafter reads) and per drafter layer (the reference layer run on vLLM's own inputs).
 
@@ -49,7 +49,7 @@ from workbench.shipped import eval_prompts
 
 vllm.close()
 PROMPTS = [p["prompt"] for p in eval_prompts()[:4]]      # the first 4 held-out long prompts
-report = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=2, progress=print)   # one line per step
+report = wb.compare(prompts=PROMPTS, max_new_tokens=48, repeats=1, progress=print)   # one line per step
 
 # %%
 for k, v in report.lossless.items():
