@@ -76,10 +76,12 @@ def estimate(gpu: str, contexts: list[int]) -> None:
     from workbench.shapes.conform_cost import conform_cycle_cost
 
     for target, draft in (("qwen3-8b", "qwen3-8b-dflash-b16"), ("qwen3.6-35b-a3b", None)):
-        for label, nodes, depth in (("DFlash (16 nodes, depth 15)", 16, 15), ("DDTree(16) (17 nodes, depth <= 15)",
-                                                                               17, 15)):
+        # a DDTree(16) at depth 7 with 10 leaves (the most 17 nodes at that depth hold): the path oracle runs a row
+        # per leaf, so the bushiest tree of a typical depth (the embedded pair's median is depth 3, 11 leaves)
+        for label, nodes, depth, leaves in (("DFlash (16 nodes, depth 15)", 16, 15, 1),
+                                            ("DDTree(16) (17 nodes, depth 7, 10 leaves)", 17, 7, 10)):
             for L in contexts:
-                c = conform_cycle_cost(target, draft, gpu=gpu, context=L, nodes=nodes, depth=depth)
+                c = conform_cycle_cost(target, draft, gpu=gpu, context=L, nodes=nodes, depth=depth, leaves=leaves)
                 parts = ", ".join(f"{r['forward']} {1e3 * r['seconds']:.1f} ms" for r in c["rows"])
                 print(f"{target} {label}, context {L}: {1e3 * c['seconds']:.0f} ms per cycle on {c['gpu']} "
                       f"({c['flops'] / 1e12:.1f} TFLOP, {c['bytes'] / 1e9:.1f} GB; {parts}); a broken cycle adds "
