@@ -71,23 +71,30 @@ class Decision:
                 f"{signed(100 * self.overhead_share)} of {baseline}'s step time "
                 f"(predicted {self.predicted:.2f}x{seen})")
 
+    def figures(self, baseline: str) -> str:
+        return (f"tokens per forward {self.gain:.2f}x, verify {signed(100 * self.verify_share)}, the rest of the step "
+                f"{signed(100 * self.overhead_share)} of {baseline}'s step time")
+
+    def named(self, measured, separated: bool) -> str | None:
+        """The factor a line names under a measured comparison (``measured``: its PairedRatio, or None): only under
+        a ``separated`` result whose prediction was not missed, and where a term stands; None otherwise."""
+        if not separated or not self.factor or (measured is not None and missed(self.predicted, measured)):
+            return None
+        return self.factor
+
     def explain(self, label: str, baseline: str, measured, separated: bool) -> str:
         """The line under a measured comparison (``measured``: its PairedRatio): a prediction the measurement
         missed is said to be missed (the terms then explain nothing); under a ``separated`` result what decides,
         or that no structural difference does; else ''."""
         if measured is not None and missed(self.predicted, measured):
             return (f"prediction missed: {label} was predicted {self.predicted:.2f}x {baseline} and measured "
-                    f"{measured.median:.2f}x; the stage medians do not explain the outcome (tokens per forward "
-                    f"{self.gain:.2f}x, verify {signed(100 * self.verify_share)}, the rest of the step "
-                    f"{signed(100 * self.overhead_share)} of {baseline}'s step time)")
+                    f"{measured.median:.2f}x; the stage medians do not explain the outcome ({self.figures(baseline)})")
         if not separated:
             return ""
         if not self.factor:
             seen = "" if measured is None else f", measured {measured.median:.2f}x"
-            return (f"no structural difference explains {label} against {baseline} (tokens per forward "
-                    f"{self.gain:.2f}x, verify {signed(100 * self.verify_share)}, the rest of the step "
-                    f"{signed(100 * self.overhead_share)} of {baseline}'s step time; predicted {self.predicted:.2f}x"
-                    f"{seen})")
+            return (f"no structural difference explains {label} against {baseline} ({self.figures(baseline)}; "
+                    f"predicted {self.predicted:.2f}x{seen})")
         return self.sentence(label, baseline, None if measured is None else measured.median)
 
 
@@ -161,9 +168,8 @@ class ShapeRow:
                                             "predicted_vs_chain", "predicted_vs_ar", "queue_vs_chain", "mean_rows")}
         d["measured_vs_chain"] = self.measured_vs_chain.to_dict() if self.measured_vs_chain else None
         d["measured_vs_ar"] = self.measured_vs_ar.to_dict() if self.measured_vs_ar else None
-        m = self.measured_vs_chain  # "decides" as a line would say it: a separated result, a prediction not missed
-        d["decides"] = (self.decision.factor or None) if self.decision and m is not None and m.significant and \
-            not missed(self.decision.predicted, m) else None
+        m = self.measured_vs_chain  # "decides" as a line would say it
+        d["decides"] = self.decision.named(m, m.significant) if self.decision and m is not None else None
         return d
 
 
@@ -373,10 +379,9 @@ class Challenge:
     def to_dict(self) -> dict:
         decision = self.decision.to_dict() if self.decision else dict.fromkeys(
             ("decides", "gain", "verify_share", "overhead_share", "predicted"))
-        if self.decision is not None:  # "decides" as the text says it: a separated outcome, a prediction not missed
+        if self.decision is not None:  # "decides" as the text says it
             decision["prediction_missed"] = missed(self.decision.predicted, self.measured)
-            if self.outcome == "not separated" or decision["prediction_missed"] or not self.decision.factor:
-                decision["decides"] = None
+            decision["decides"] = self.decision.named(self.measured, self.outcome != "not separated")
         return {"label": self.label, "baseline": self.baseline, "measured": self.measured.to_dict(),
                 "rule": self.rule, "outcome": self.outcome, **decision}
 
