@@ -562,3 +562,16 @@ def test_sweep_error_is_prediction_over_measurement():
                        "points": pts, "target_config": t, "draft_config": None}, calibrate=True)
     assert [r["calibration"] for r in cal.rows] == [True, False]
     assert cal.rows[0]["launch_s"] == pytest.approx(100e-6) and cal.median_rel_error == pytest.approx(0.5)
+
+
+def test_weight_bits_scale_the_layer_weights_only():
+    """A quantized target: its layers' matmul weights at weight_bits / 8 bytes, the K/V cache, norms and the
+    (untied) LM head at the dtype's 2 bytes."""
+    plain = wb.shapes.cost("qwen3-8b", gpu="H200", budgets=[16])
+    q = wb.shapes.cost("qwen3-8b", gpu="H200", budgets=[16], weight_bits=4.5)
+    a, b = plain.decode, q.decode
+    assert b["kv_bytes"] == a["kv_bytes"] and b["logits_bytes"] == a["logits_bytes"]
+    layers = sum(L.matmul_params for L in plain.target.layers)
+    assert a["weight_bytes"] - b["weight_bytes"] == pytest.approx(layers * (2 - 4.5 / 8), rel=1e-6)
+    with pytest.raises(ValueError, match=r"weight_bits=0 must be a number of bits per weight from 1 to 32"):
+        wb.shapes.cost("qwen3-8b", weight_bits=0)

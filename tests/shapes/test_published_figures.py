@@ -85,7 +85,7 @@ def test_a_prediction_by_hand():
 def test_overhead_from_a_speedup_over_ar_reproduces_it(preds):
     """Calibrated on the reference arm's published speedup over AR, the model gives that speedup back."""
     fig = next(f for f in figs.FIGURES if f.key == "ddtree-paper")
-    p = next(p for p in preds if p.figure is fig)
+    p = next(p for p in preds if p.figure.key == fig.key)  # the figure with its best-of-sweep budget chosen
     t = wb.shapes.cost(fig.target, gpu=fig.gpu, prompt_len=fig.prompt_len, budgets=[15], draft_config=fig.draft)
     dec = t.decode["seconds"]
     assert fig.ref.tau * (dec + p.overhead_s) / (p.ref_s + p.overhead_s) == pytest.approx(fig.ref_speedup_vs_ar)
@@ -134,3 +134,12 @@ def test_drafter_layers_follow_the_shipped_rule():
     shipped = wb.shapes.families.load_config("qwen3-8b-dflash-b16")["dflash_config"]["target_layer_ids"]
     assert figs.evenly_spaced_layers(36, 5) == shipped
     assert figs.evenly_spaced_layers(40, 1) == [20]
+
+
+def test_best_of_sweep_takes_the_largest_budget_the_roofline_prices_free():
+    dense = next(f for f in figs.FIGURES if f.key == "ddtree-paper-qwen3-8b")
+    t = wb.shapes.cost(dense.target, gpu=dense.gpu, prompt_len=dense.prompt_len, budgets=[16])
+    assert pub.best_of_sweep(dense).tree.budget == max(b for b in dense.sweep if b <= t.free_budget)
+    moe = next(f for f in figs.FIGURES if f.key == "ddtree-paper")  # batch 1 MoE: no swept budget is free
+    assert pub.best_of_sweep(moe).tree.budget == min(moe.sweep)
+    assert pub.best_of_sweep(figs.FIGURES[0]) is figs.FIGURES[0]  # a published budget stays

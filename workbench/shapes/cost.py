@@ -187,13 +187,16 @@ experts_touched = families.uniform_experts  # distinct experts a batch's tokens 
 
 
 def forward_cost(a: Arch, mode: str, batch: int, tokens: int, past: int, logits_rows: int, dtype_bytes: int = 2,
-                 context: int = 0, tree_states: bool = False) -> dict:
+                 context: int = 0, tree_states: bool = False, weight_bytes: float | None = None) -> dict:
     """FLOPs and bytes of one forward of ``batch`` requests x ``tokens`` new tokens after ``past`` cached ones.
 
     ``context``: a DFlash drafter's new target-feature rows (projected by fc, written to its KV).
     ``tree_states``: hybrid verify writes one recurrent state per node (SGLang's tree kernels).
+    ``weight_bytes``: bytes per weight of the layers' matmuls (experts included) for a quantized model (4-bit
+    with its scales: about 0.56); the K/V cache, activations, embedding and LM head stay at ``dtype_bytes``.
     """
     b, n, e = batch, tokens, dtype_bytes
+    wq = e if weight_bytes is None else weight_bytes
     V, H = a.vocab, a.hidden
     kv_new = n + context  # positions whose K/V this forward writes
     keys = past + context + n  # keys each query sees (no mask subtracted)
@@ -210,7 +213,7 @@ def forward_cost(a: Arch, mode: str, batch: int, tokens: int, past: int, logits_
         attn_flops += b * pf * n * keys if L.kv_per_token else 0
         flops += b * L.token_flops * n
         touched = experts_touched(L.experts, L.topk, b * n)
-        w_bytes += (L.matmul_params + L.other_params + touched * L.expert_params) * e
+        w_bytes += (L.matmul_params + touched * L.expert_params) * wq + L.other_params * e
         kv_bytes += b * L.kv_per_token * (past + kv_new) * e  # read the cache, write the new tokens
         if L.state_bytes:
             writes = n if tree_states else 1  # a tree verify keeps every node's state to pick the accepted one
@@ -248,16 +251,17 @@ class CostTable:
         """One row, computed on demand: mode EXTEND, DECODE, TARGET_VERIFY (with ``budget``) or DRAFT."""
         s, a = self.settings, self.target
         b, P, e = s["batch"], s["prompt_len"], s["dtype_bytes"]
+        wb = None if s.get("weight_bits") is None else s["weight_bits"] / 8  # the target's quantized weights
         if mode == "EXTEND":
-            c = forward_cost(a, mode, b, P, 0, 1, e)
+            c = forward_cost(a, mode, b, P, 0, 1, e, weight_bytes=wb)
             n = P
         elif mode == "DECODE":
-            c, n = forward_cost(a, mode, b, 1, P, 1, e), 1
+            c, n = forward_cost(a, mode, b, 1, P, 1, e, weight_bytes=wb), 1
         elif mode == "TARGET_VERIFY":
             if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
                 raise ValueError(f"budget={budget!r} must be a non-negative integer (tree nodes besides the root)")
             n = 1 + budget  # the root (last committed token) + the tree's nodes, every row's logits kept
-            c = forward_cost(a, mode, b, n, P, n, e, tree_states=True)
+            c = forward_cost(a, mode, b, n, P, n, e, tree_states=True, weight_bytes=wb)
         elif mode == "DRAFT":
             if self.draft is None:
                 raise ValueError("no draft_config was given, so there is no drafter forward to cost")
@@ -379,7 +383,8 @@ def _tree_machinery(engine, graph, given):
 def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
          budgets: Sequence[int] = (4, 16, 64, 256), draft_config=None, dtype: str = "bfloat16",
          draft_context: int | None = None, tp: int = 1, interconnect="nvlink", overhead_s: float = 0.0,
-         engine: str | None = None, graph: str | None = None, tree_machinery=None) -> CostTable:
+         engine: str | None = None, graph: str | None = None, tree_machinery=None,
+         weight_bits: float | None = None) -> CostTable:
     """Roofline cost of EXTEND (``prompt_len`` tokens), DECODE, TARGET_VERIFY at each budget (1 + B tokens) and,
     with ``draft_config``, the DFlash drafter's block forward, at ``batch`` requests with ``prompt_len`` cached.
 
@@ -394,6 +399,8 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     ``engine`` and ``graph`` (both or neither): the engine kind ("vllm", "transformers", "ggml", ...) and graph
     mode ("graphs", "eager", "compiled") a tree runs under; a tree's cycle then adds the tree machinery, that
     pair's share of its step (``tree_machinery``, default ``machinery.FITTED``, fitted on the public figures).
+    ``weight_bits``: bits per weight of a quantized target's layers, scales included (AWQ INT4 4.25, NVFP4 4.5,
+    Q4_K_M 4.85, Q5_K 5.5); ``dtype`` then sets the K/V cache, activations, embedding and LM head. None: ``dtype``.
     Rows: dicts with mode, budget, tokens, flops, bytes, intensity, seconds, bound (and the parts; comm_s).
     """
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
@@ -409,6 +416,9 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     link = parallel.resolve_interconnect(interconnect)
     link = link if tp > 1 else None  # TP1 has no collectives: its rows name no link
     overhead_s = _seconds(overhead_s, "overhead_s")
+    if weight_bits is not None and (isinstance(weight_bits, bool) or not isinstance(weight_bits, Real)
+                                    or not 1 <= weight_bits <= 32):
+        raise ValueError(f"weight_bits={weight_bits!r} must be a number of bits per weight from 1 to 32")
     tree_machinery = _tree_machinery(engine, graph, tree_machinery)
     t = arch(target_config, "target")
     d = arch(draft_config, "draft") if draft_config is not None else None
@@ -423,7 +433,8 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     families.integer(draft_context, "draft_context", least=0)
     settings = {"batch": batch, "prompt_len": prompt_len, "dtype": dtype, "dtype_bytes": e,
                 "budgets": budgets, "draft_context": int(draft_context), "tp": tp, "interconnect": link,
-                "overhead_s": overhead_s, "engine": engine, "graph": graph, "machinery": tree_machinery}
+                "overhead_s": overhead_s, "engine": engine, "graph": graph, "machinery": tree_machinery,
+                "weight_bits": weight_bits}
     table = CostTable(t, g, settings, draft=d)
     table.rows = ([table.forward("EXTEND"), table.forward("DECODE")]
                   + [table.forward("TARGET_VERIFY", B) for B in budgets]

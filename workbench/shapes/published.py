@@ -29,7 +29,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from workbench.shapes import machinery
 from workbench.shapes.cost import cost
@@ -75,10 +75,26 @@ def _forwards(table, arm: Arm, budget: int | None = None) -> float:
     return table.cycle_seconds(b, 0.0, tree=False)["cycle_s"]
 
 
+def best_of_sweep(fig: Figure) -> Figure:
+    """``fig`` with its tree budget set where the source publishes only the fastest of a sweep (``fig.sweep``):
+    the largest swept budget whose verify the roofline prices free (``CostTable.free_budget``), else the
+    smallest. Tau grows slowly with the budget while a verify past that knee costs linearly more, so the fastest
+    budget of a sweep sits at or below it. A figure without a sweep is returned as it is."""
+    if not fig.sweep:
+        return fig
+    table = cost(fig.target, gpu=fig.gpu, batch=fig.batch, prompt_len=fig.prompt_len, budgets=[min(fig.sweep)],
+                 dtype=fig.dtype, tp=fig.tp, interconnect=fig.interconnect, weight_bits=fig.weight_bits)
+    free = table.free_budget
+    budget = max((b for b in fig.sweep if b <= free), default=min(fig.sweep))
+    return replace(fig, tree=replace(fig.tree, budget=budget))
+
+
 def price(fig: Figure) -> Priced:
+    fig = best_of_sweep(fig)
     budgets = sorted({b for b in (fig.tree.budget, fig.ref.budget, *fig.alt_budgets) if b is not None})
     table = cost(fig.target, gpu=fig.gpu, batch=fig.batch, prompt_len=fig.prompt_len, budgets=budgets,
-                 draft_config=fig.draft, dtype=fig.dtype, tp=fig.tp, interconnect=fig.interconnect)
+                 draft_config=fig.draft, dtype=fig.dtype, tp=fig.tp, interconnect=fig.interconnect,
+                 weight_bits=fig.weight_bits)
     alts = tuple((b, _forwards(table, fig.tree, b)) for b in fig.alt_budgets)
     return Priced(fig, _forwards(table, fig.tree), _forwards(table, fig.ref), table.decode["seconds"], alts)
 

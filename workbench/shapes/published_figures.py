@@ -77,6 +77,16 @@ def dflash_drafter(target, layers: int, block_size: int, name: str) -> dict:
             "dflash_config": {"block_size": block_size, "target_layer_ids": ids}}
 
 
+# Bits per weight of each quantized format, scales included, for the target's layer matmuls (experts too); the
+# K/V cache, activations, embedding and LM head stay bf16 (AWQ, NVFP4 and the GGUF K-quant mixes keep the head wide).
+AWQ_INT4 = (4.25, "INT4 (AWQ) layer weights costed at 4.25 bits (4 + group-128 scales and zeros), head and K/V bf16")
+NVFP4 = (4.5, "NVFP4 layer weights costed at 4.5 bits (4 + an fp8 scale per 16), head and K/V bf16")
+MQ4 = (4.5, "MQ4 layer weights costed at 4.5 bits (4 + a 16-bit scale per 32 assumed), head and K/V bf16")
+Q4_K_M = (4.85, "Q4_K_M layer weights costed at 4.85 bits (llama.cpp's average for the mix), head and K/V bf16")
+Q5_K = (5.5, "Q5_K_XL layer weights costed at 5.5 bits (Q5_K), head and K/V bf16")
+MLX_4BIT = (4.5, "MLX 4-bit layer weights costed at 4.5 bits (group 64, bf16 scale and bias), head and K/V bf16")
+
+
 DRAFTER_WIDTHS = "drafter widths assumed (Qwen3 layout: heads = hidden/128, 8 K/V heads, intermediate 3 x hidden)"
 
 
@@ -114,6 +124,7 @@ class Figure:
     prompt_len: int  # context tokens at verify
     draft: object = None  # DFlash drafter config, or None when the drafter is not costed
     dtype: str = "bfloat16"
+    weight_bits: float | None = None  # bits per weight of a quantized target's layers, scales included
     tp: int = 1
     interconnect: str = "nvlink"
     ref_step_s: float | None = None  # the reference arm's published seconds per step (calibrates overhead)
@@ -122,6 +133,8 @@ class Figure:
     tree_machinery: str = ""  # tree-only per-step time the source itemizes, as it states it
     assumed: tuple = ()  # each input the source lacks and what stands in for it
     alt_budgets: tuple = ()  # other tree budgets to predict at, where the budget itself is assumed
+    sweep: tuple = ()  # the budgets swept, where the source publishes only the best one's figure (the tree's
+    # budget is then chosen by workbench.shapes.published.best_of_sweep, and tree.budget is a placeholder)
     engine: str = ""  # the engine kind: vllm, transformers, ggml, hipfire, mlx (what the machinery term keys on)
     graph: str = ""  # graphs (CUDA graphs), eager (Python dispatch per op) or compiled (a compiled host loop)
     tree_steps: float = 1.0  # share of steps that build and verify a tree, where the source says fewer do
@@ -176,7 +189,12 @@ HIPFIRE_QWEN36 = ("https://github.com/warpfront/hipfire/blob/889a2d9a6b510415921
 PAPER_TABLE = ("https://github.com/liranringel/ddtree/blob/0037aec6de4d4d7f68828a5073c1ab300913792c/"
                "src/data/results.tex")
 PAPER = "https://arxiv.org/abs/2604.12989"
+AUTOBENCH = "https://github.com/gauravmm/autobench/blob/bcdbc7e1040a34db36435edddad2e20af7441709/_configs/"
 PAPER_ORIGIN = "DDTree paper (arXiv 2604.12989)"
+PAPER_SWEEP = (16, 32, 64, 128, 256, 512, 1024)  # the paper's budgets; each cell reports the fastest
+BEST_OF_SWEEP = ("the best budget per cell is not published: the largest of 16-1024 whose verify the roofline "
+                 "prices free (<= 1.1x DECODE), else 16 (tau grows slowly with the budget, a verify past that "
+                 "knee linearly)")
 
 _QWEN35_4B_DRAFT = dflash_drafter(QWEN35_4B, 6, 16, "Qwen3.5-4B DFlash (6 layers, block 16)")
 _QWEN38_27B_DFLASH2 = dflash_drafter(QWEN35_27B, 5, 8, "Qwen3.8-27B DFlash2 (5 layers, block 8)")
@@ -224,11 +242,11 @@ def _rmagur_27b_superset(siblings: int, budget: int, tau: float, tree_ms: float)
         tree=Arm(f"spine 7 + {siblings} sibling{'s' if siblings > 1 else ''}", budget, tau),
         ref=Arm("DFlash2 chain (7)", 7, 3.200), published=(tau / tree_ms) / (3.200 / 43.35),
         published_as=f"{tau} vs 3.200 tokens/step at {tree_ms} vs 43.35 ms/step (6 prompts x 192 tokens)",
-        target=QWEN35_27B, draft=_QWEN38_27B_DFLASH2, gpu="RTX A6000", prompt_len=200, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN38_27B_DFLASH2, gpu="RTX A6000", prompt_len=200, weight_bits=AWQ_INT4[0],
         ref_step_s=43.35e-3, calibration="chain 43.35 ms/step (published)",
         tree_machinery="above 8 query tokens the fused GDN kernel falls back to a Triton path: +7 ms (§10)"
         if budget > 7 else "",
-        assumed=("INT4 (AWQ) weights costed as int8: weight bytes 2x too high",
+        assumed=(AWQ_INT4[1],
                  "Qwen3.8-27B costed with the Qwen3.5-27B text layout (the same published widths)",
                  "context not published: 200 tokens assumed (6 prompts, 192 generated)", DRAFTER_WIDTHS))
 
@@ -239,13 +257,29 @@ def _paper_humaneval(model: str, target, draft, dflash: tuple, ddtree: tuple) ->
         key=f"ddtree-paper-{model.lower()}", engine="transformers", graph="eager", origin=PAPER_ORIGIN,
         source="DDTree paper (Ringel & Romano), Table 1, HumanEval T=0 (the project site's results.tex)",
         url=PAPER_TABLE, model=f"{model} + DFlash-b16", hardware="1 of 8x H200 (data parallel)", batch=1,
-        mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 256, ddtree[1]),
+        mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 1024, ddtree[1]),
         ref=Arm("DFlash chain (15)", 15, dflash[1]), published=ddtree[0] / dflash[0],
         published_as=f"{ddtree[0]}x vs {dflash[0]}x AR, tau {ddtree[1]} vs {dflash[1]}",
         target=target, draft=draft, gpu="H200", prompt_len=512, ref_speedup_vs_ar=dflash[0],
         calibration=f"DFlash {dflash[0]}x AR with tau {dflash[1]} (published)",
-        assumed=("the best budget per cell is not published: 256 assumed", "context not published: 512 tokens "
-                 "assumed (HumanEval, up to 2048 generated)", *((DRAFTER_WIDTHS,) if isinstance(draft, dict) else ())))
+        sweep=PAPER_SWEEP, assumed=(BEST_OF_SWEEP, "context not published: 512 tokens assumed (HumanEval, up "
+                                    "to 2048 generated)", *((DRAFTER_WIDTHS,) if isinstance(draft, dict) else ())))
+
+
+def _autobench(workload: str, page: str, budget: int, chain: tuple, tree: tuple, prompt_len: int) -> Figure:
+    """gauravmm/autobench's runs of the DDTree paper's own harness on a DGX Spark: Qwen3-Coder-30B-A3B bf16 at
+    batch 1, the DFlash chain and DDTree at budgets 64 and 256 on the same prompts: (decode tok/s, accept-len)."""
+    return Figure(
+        key=f"autobench-{workload.lower()}-b{budget}", engine="transformers", graph="eager",
+        source=f"gauravmm/autobench, _configs/{page}.md ({workload})", url=f"{AUTOBENCH}{page}.md",
+        model="Qwen3-Coder-30B-A3B (MoE) + DFlash", hardware="DGX Spark (GB10)", batch=1,
+        mode="eager (the DDTree paper's harness, SDPA target)", tree=Arm(f"DDTree({budget})", budget, tree[1]),
+        ref=Arm("DFlash chain (15)", 15, chain[1]), published=tree[0] / chain[0],
+        published_as=f"{tree[0]} vs {chain[0]} tok/s, accept-len {tree[1]} vs {chain[1]} ({workload}, 12 prompts)",
+        target="qwen3-coder-30b-a3b", draft="qwen3-coder-30b-a3b-dflash", gpu="DGX Spark (GB10)",
+        prompt_len=prompt_len, ref_step_s=chain[1] / chain[0],
+        calibration=f"chain {chain[1]} / {chain[0]} tok/s = {chain[1] / chain[0] * 1e3:.0f} ms/step (published)",
+        assumed=(f"context not published: {prompt_len} tokens assumed ({workload} prompts, up to 256 generated)",))
 
 
 FIGURES: tuple = (
@@ -295,10 +329,10 @@ FIGURES: tuple = (
         url=RMAGUR, model="Qwen3.8-27B-AWQ-INT4 hybrid + DFlash2", hardware="1 of 2x RTX A6000", batch=1,
         mode="CUDA graphs (vLLM V2)", tree=Arm("DDTree(7)", 7, 3.097), ref=Arm("DFlash2 chain (7)", 7, 3.200),
         published=0.78, published_as="0.78x (63.55 ms/step less the 9.77 ms fixed, vs 43.34; tau 3.097 vs 3.200)",
-        target=QWEN35_27B, draft=_QWEN38_27B_DFLASH2, gpu="RTX A6000", prompt_len=200, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN38_27B_DFLASH2, gpu="RTX A6000", prompt_len=200, weight_bits=AWQ_INT4[0],
         ref_step_s=43.34e-3, calibration="chain 43.34 ms/step (published)",
         tree_machinery="9.93 ms: 17.99 integration - 9.77 fixed + 1.71 mask (§4); the tree shape itself 0.51",
-        assumed=("INT4 (AWQ) weights costed as int8, the model's smallest dtype: weight bytes 2x too high",
+        assumed=(AWQ_INT4[1],
                  "Qwen3.8-27B costed with the Qwen3.5-27B text layout (the same published widths)",
                  "context not published: 200 tokens assumed (6 prompts, 192 generated)", DRAFTER_WIDTHS)),
     Figure(
@@ -320,10 +354,10 @@ FIGURES: tuple = (
         model="Qwen3.6-35B-A3B-NVFP4 (MoE hybrid) + DFlash", hardware="Jetson AGX Thor", batch=1,
         mode="CUDA graphs (vLLM fork)", tree=Arm("DDTree W=2, 13 nodes with the root", 12, 5.70), ref=Arm("DFlash chain (12)", 12, 5.75),
         published=56.23 / 78.0, published_as="56.23 vs 78.0 tok/s, tau 5.70 vs 5.75 (0.72x)",
-        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, dtype="fp8",
+        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, weight_bits=NVFP4[0],
         ref_step_s=5.75 / 78.0, calibration="chain 5.75 / 78.0 tok/s = 73.7 ms/step (published)",
         tree_machinery="~20% per step: per-branch GDN, eager attention, host tree ops (staged-optimization-final.md)",
-        assumed=("NVFP4 weights costed as fp8 (1 byte), the model's smallest dtype: weight bytes 2x too high",
+        assumed=(NVFP4[1],
                  "context not published: 128 tokens assumed (5 coding prompts, 128 generated)",
                  "drafter: 5 layers and block 16 assumed (num_speculative_tokens=12 verified)", DRAFTER_WIDTHS)),
     Figure(
@@ -333,9 +367,9 @@ FIGURES: tuple = (
         batch=1, mode="eager (vLLM fork)", tree=Arm("spine 12 + ~4 branches, 17 nodes", 16, 4.26),
         ref=Arm("chain, spine 16", 16, 5.82), published=17.45 / 40.42,
         published_as="17.45 vs 40.42 tok/s, tau 4.26 vs 5.82 at the same budget",
-        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, dtype="fp8",
+        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, weight_bits=NVFP4[0],
         ref_step_s=5.82 / 40.42, calibration="chain 5.82 / 40.42 tok/s = 144 ms/step (published)",
-        assumed=("NVFP4 weights costed as fp8 (1 byte): weight bytes 2x too high",
+        assumed=(NVFP4[1],
                  "context not published: 128 tokens assumed (5 prompts x 128 tokens)", DRAFTER_WIDTHS)),
     Figure(
         key="hipfire-code", engine="hipfire", graph="compiled",
@@ -344,9 +378,9 @@ FIGURES: tuple = (
         mode="HIP, own engine (graph capture not stated)", tree=Arm("Path C, budget 12, top-2", 12, 8.69),
         ref=Arm("DFlash chain (15)", 15, 8.85), published=138.64 / 153.75,
         published_as="138.64 vs 153.75 tok/s, tau 8.69 vs 8.85 (-10%, code)",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon RX 7900 XT", prompt_len=384, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon RX 7900 XT", prompt_len=384, weight_bits=MQ4[0],
         ref_step_s=8.85 / 153.75, calibration="chain 8.85 / 153.75 tok/s = 57.6 ms/step (published)",
-        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+        assumed=(MQ4[1],
                  "context not published: 384 tokens assumed (an LRU-cache prompt, 120 generated)",
                  "Path C phase 1 verifies the main path first (the source): costed as one verify of 1 + 12",
                  DRAFTER_WIDTHS)),
@@ -357,9 +391,9 @@ FIGURES: tuple = (
         mode="HIP, own engine (graph capture not stated)", tree=Arm("Path C, budget 12, top-2", 12, 11.08),
         ref=Arm("DFlash chain (15)", 15, 13.27), published=177.55 / 228.99,
         published_as="177.55 vs 228.99 tok/s, tau 11.08 vs 13.27 (-22%, prose)",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon RX 7900 XT", prompt_len=384, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon RX 7900 XT", prompt_len=384, weight_bits=MQ4[0],
         ref_step_s=13.27 / 228.99, calibration="chain 13.27 / 228.99 tok/s = 58.0 ms/step (published)",
-        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+        assumed=(MQ4[1],
                  "context not published: 384 tokens assumed (a merge-sort prompt, 256 generated)",
                  "Path C phase 1 verifies the main path first (the source): costed as one verify of 1 + 12",
                  DRAFTER_WIDTHS)),
@@ -370,10 +404,10 @@ FIGURES: tuple = (
         mode="llama.cpp CUDA (graph capture not stated)", tree=Arm("top-4, depth 2, 12 nodes", 11, 2.72),
         ref=Arm("linear, depth 2", 2, 2.46), published=74.22 / 91.64,
         published_as="74.22 vs 91.64 tok/s, accepted/step 2.72 vs 2.46 (best tree of 10 shapes)",
-        target=QWEN3_32B, gpu="B200", prompt_len=96, dtype="int8", ref_step_s=2.46 * 10.93e-3,
+        target=QWEN3_32B, gpu="B200", prompt_len=96, weight_bits=Q4_K_M[0], ref_step_s=2.46 * 10.93e-3,
         calibration="chain 10.93 ms/token x 2.46 tokens/step = 26.9 ms/step (published)",
         tree_machinery="verify of 12 nodes 22.4 ms vs 13.1 ms for one token; wider draft batches (README)",
-        assumed=("Q4_K_M weights costed as int8: weight bytes 1.8x too high",
+        assumed=(Q4_K_M[1],
                  "the separate Qwen3-0.6B draft model is not costed: its 2 forwards per step sit in the overhead "
                  "set from the chain (the tree's are wider)",
                  "nodes counted with the root (3 nodes = depth 2 linear): tree budget 11",
@@ -384,11 +418,11 @@ FIGURES: tuple = (
         model="Qwen3.5-27B 4-bit hybrid + DFlash", hardware="Apple M3 Ultra", batch=1,
         mode="MLX (no graph capture)", tree=Arm("DDTree (budget not published)", 16, 4.2), ref=Arm("AR", None, 1.0),
         published=42.3 / 27.9, published_as="42.3 vs 27.9 tok/s (1.52x AR); DFlash 38.6 tok/s, so 1.10x DFlash",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Apple M3 Ultra", prompt_len=4096, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Apple M3 Ultra", prompt_len=4096, weight_bits=MLX_4BIT[0],
         ref_step_s=1 / 27.9, calibration="AR 1 / 27.9 tok/s = 35.8 ms/step (published)",
         assumed=("compared with AR: the DFlash arm's tau is not published ('85%' is an acceptance rate), so the "
                  "headline 1.10x over DFlash cannot be predicted",
-                 "tree budget not published: 16 assumed", "4-bit weights costed as int8: weight bytes 2x too high",
+                 "tree budget not published: 16 assumed", MLX_4BIT[1],
                  "context: up to 8K generated; 4096 tokens assumed", DRAFTER_WIDTHS),
         alt_budgets=(32, 64)),
     Figure(
@@ -398,10 +432,10 @@ FIGURES: tuple = (
         mode="own C++/ggml engine (graph capture not stated)", tree=Arm("DDTree(22)", 22, 7.25),
         ref=Arm("DFlash chain (15)", 15, 4.99), published=211.20 / 174.45,
         published_as="211.20 vs 174.45 tok/s, AL 7.25 vs 4.99 (budget 22 best of 15-64; budget 15 is the chain)",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="RTX 5090", prompt_len=256, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="RTX 5090", prompt_len=256, weight_bits=Q5_K[0],
         ref_step_s=4.99 / 174.45, calibration="chain 4.99 / 174.45 tok/s = 28.6 ms/step (published)",
         assumed=("the chain is the sweep's budget 15, run on the source's fast K=1 path",
-                 "Q5_K_XL weights costed as int8: weight bytes 1.5x too high",
+                 Q5_K[1],
                  "context not published: 256 tokens assumed (HumanEval prompts, 128 generated)", DRAFTER_WIDTHS)),
     Figure(
         key="lucebox-b64", engine="ggml", graph="compiled",
@@ -410,10 +444,10 @@ FIGURES: tuple = (
         mode="own C++/ggml engine (graph capture not stated)", tree=Arm("DDTree(64)", 64, 7.14),
         ref=Arm("DDTree(16)", 16, 5.76, tree=True), published=148.12 / 176.98,
         published_as="148.12 vs 176.98 tok/s, AL 7.14 vs 5.76",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="RTX 5090", prompt_len=256, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="RTX 5090", prompt_len=256, weight_bits=Q5_K[0],
         ref_step_s=5.76 / 176.98, calibration="DDTree(16) 5.76 / 176.98 tok/s = 32.5 ms/step (published)",
         assumed=("a tree against a tree: budget 16 is the reference, as the source compares them (row 15 has the chain)",
-                 "Q5_K_XL weights costed as int8: weight bytes 1.5x too high",
+                 Q5_K[1],
                  "context not published: 256 tokens assumed", DRAFTER_WIDTHS)),
     Figure(
         key="hxri-ddtree-vs-ar", engine="transformers", graph="eager",
@@ -440,14 +474,14 @@ FIGURES: tuple = (
         key="ddtree-paper", engine="transformers", graph="eager", origin=PAPER_ORIGIN,
         source="DDTree paper (Ringel & Romano), Table 1, HumanEval T=0; Appendix B", url=PAPER,
         model="Qwen3-Coder-30B-A3B (MoE) + DFlash", hardware="1 of 8x H200 (data parallel)", batch=1,
-        mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 256, 10.72),
+        mode="eager (HF transformers, SDPA target)", tree=Arm("DDTree (best of 16-1024)", 1024, 10.72),
         ref=Arm("DFlash chain (15)", 15, 8.02), published=8.22 / 6.09,
         published_as="8.22x vs 6.09x AR, tau 10.72 vs 8.02",
         target="qwen3-coder-30b-a3b", draft="qwen3-coder-30b-a3b-dflash", gpu="H200", prompt_len=512,
         ref_speedup_vs_ar=6.09, calibration="DFlash 6.09x AR with tau 8.02 (published)",
-        assumed=("the best budget per cell is not published: 256 assumed (the paper's Qwen3-8B MATH-500 peak is "
-                 "256-512)", "context not published: 512 tokens assumed (HumanEval, up to 2048 generated)"),
-        alt_budgets=(64, 1024)),
+        sweep=PAPER_SWEEP, assumed=(BEST_OF_SWEEP, "context not published: 512 tokens assumed (HumanEval, up to "
+                                    "2048 generated)"),
+        alt_budgets=(64, 256)),
     _rmagur_27b_superset(1, 8, 3.200, 60.77),
     _rmagur_27b_superset(2, 9, 3.329, 62.04),
     _rmagur_27b_superset(5, 12, 3.273, 61.98),
@@ -460,10 +494,10 @@ FIGURES: tuple = (
         batch=1, mode="CUDA graphs (vLLM fork), T=0.3", tree=Arm("tree + typical acceptance, B=13", 12, 6.35),
         ref=Arm("linear + typical acceptance (12)", 12, 6.84), published=66.1 / 90.71,
         published_as="66.1 vs 90.71 tok/s, tau 6.35 vs 6.84 (typical acceptance in both arms)",
-        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, dtype="fp8",
+        target="qwen3.6-35b-a3b", draft=_QWEN36_A3B_DRAFT, gpu="Jetson AGX Thor", prompt_len=128, weight_bits=NVFP4[0],
         ref_step_s=6.84 / 90.71, calibration="linear 6.84 / 90.71 tok/s = 75.4 ms/step (published)",
         tree_machinery="the tree's per-step overhead: per-branch GDN, eager attention, host tree ops (the source)",
-        assumed=("NVFP4 weights costed as fp8 (1 byte): weight bytes 2x too high",
+        assumed=(NVFP4[1],
                  "context not published: 128 tokens assumed (5 coding prompts x 128 tokens)",
                  "drafter: 5 layers and block 16 assumed (num_spec=12)", DRAFTER_WIDTHS)),
     Figure(
@@ -474,9 +508,9 @@ FIGURES: tuple = (
         tree=Arm("Path C phase 1, budget 12, top-2", 12, 5.722),
         ref=Arm("DFlash chain (15)", 15, 5.737), published=34.51 / 36.73,
         published_as="34.51 vs 36.73 tok/s, tau 5.722 vs 5.737 (-6.0%, code)",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, weight_bits=MQ4[0],
         ref_step_s=5.737 / 36.73, calibration="chain 5.737 / 36.73 tok/s = 156 ms/step (published)",
-        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+        assumed=(MQ4[1],
                  "context not published: 384 tokens assumed (an LRU-cache prompt, 120 generated)",
                  "Qwen3.6-27B costed with the Qwen3.5-27B text layout", DRAFTER_WIDTHS)),
     Figure(
@@ -487,13 +521,17 @@ FIGURES: tuple = (
         tree=Arm("Path C phase 1, budget 12, top-2", 12, 9.500),
         ref=Arm("DFlash chain (15)", 15, 9.500), published=65.20 / 69.36,
         published_as="65.20 vs 69.36 tok/s, tau 9.500 in both (-6.0%, prose)",
-        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, dtype="int8",
+        target=QWEN35_27B, draft=_QWEN35_27B_DRAFT, gpu="Radeon 8060S", prompt_len=384, weight_bits=MQ4[0],
         ref_step_s=9.5 / 69.36, calibration="chain 9.500 / 69.36 tok/s = 137 ms/step (published)",
-        assumed=("4-bit (MQ4) weights costed as int8: weight bytes 2x too high",
+        assumed=(MQ4[1],
                  "context not published: 384 tokens assumed (a merge-sort prompt, 169 generated)",
                  "Qwen3.6-27B costed with the Qwen3.5-27B text layout", DRAFTER_WIDTHS)),
     _paper_humaneval("Qwen3-4B", QWEN3_4B, _QWEN3_4B_DRAFT, (4.81, 6.62), (6.81, 9.44)),
     _paper_humaneval("Qwen3-8B", "qwen3-8b", "qwen3-8b-dflash-b16", (4.84, 6.61), (6.90, 9.67)),
+    _autobench("HumanEval", "qwen3-coder-30b-a3b-ddtree-humaneval", 64, (47.87, 7.96), (49.34, 9.74), 256),
+    _autobench("HumanEval", "qwen3-coder-30b-a3b-ddtree-humaneval", 256, (47.87, 7.96), (41.30, 10.50), 256),
+    _autobench("MT-Bench", "qwen3-coder-30b-a3b-ddtree", 64, (16.95, 2.25), (20.75, 3.22), 512),
+    _autobench("MT-Bench", "qwen3-coder-30b-a3b-ddtree", 256, (16.95, 2.25), (17.32, 3.69), 512),
     Figure(
         key="users-8x-rtx-pro-6000", engine="not published", graph="not published",
         source="our users' report of a standalone DDTree service (not public; the "
