@@ -8,12 +8,12 @@ index ascending, then the candidate's position among its siblings, siblings by i
 increments by rank ascending).
 
 Per-depth beams, as DDTree's ``build_tree_vectorized``: every shape follows from (D, k, budget), nothing is read
-back from the device (static shapes, CUDA graphs), and no Python runs per node. Only candidates that can make the
-tree are formed. A node at slot d (depth d + 1) whose parent is entry p of slot d - 1's beam and which is the
-j-th of that parent's children (sibling order) comes after the p + 1 beam entries up to its parent, its j better
-siblings and its d - 1 other ancestors, so it is in the best ``budget`` only if p + j + d + 1 <= budget; likewise
-slot d's beam keeps at most budget - d entries. So a depth forms fewer than budget x k candidates, and the loop
-stops at depth ``budget``.
+back from the device (static shapes, CUDA graphs), and no Python runs per node. A parent's children are formed in
+rank order, all k of them, and never sorted: one stable sort per depth orders the candidates by score, then by
+the parent's beam position, then by rank, which is the tie rule (equal scores among siblings are equal increments,
+and those go by rank). Only parents that can have a child in the tree are expanded: a child of entry p of slot
+d - 1's beam comes after the p + 1 beam entries up to its parent and its parent's d - 1 ancestors, so p + d + 1 <=
+budget; likewise slot d's beam keeps at most budget - d entries, and the loop stops at depth ``budget``.
 """
 from __future__ import annotations
 
@@ -27,54 +27,35 @@ from ddtree_kernels.tree_build import Tree, top_desc, tree_from_beams
 
 @lru_cache(maxsize=512)
 def plan(D: int, k: int, budget: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(beam sizes per slot, candidate pairs formed per slot), from the shapes alone. Slot 0's beam: its best
-    min(k, budget) candidates; slot d's: at most budget - d entries, from the pairs p + j + d + 1 <= budget."""
-    sizes, pairs = [min(k, budget)], [min(k, budget)]
+    """(beam sizes per slot, parents expanded per slot; slot 0's one parent is the root), from the shapes alone.
+    Slot 0's beam: its best min(k, budget) candidates; slot d's: at most budget - d entries, from the k children
+    of each of slot d - 1's first budget - d entries."""
+    sizes, parents = [min(k, budget)], [1]
     for d in range(1, min(D, budget)):
-        n = sum(min(k, budget - d - p) for p in range(sizes[-1]) if budget - d - p > 0)
-        if n == 0:
-            break
-        pairs.append(n)
-        sizes.append(min(budget - d, n))
-    return tuple(sizes), tuple(pairs)
-
-
-@lru_cache(maxsize=512)
-def pair_table(m: int, k: int, budget: int, d: int, offset: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """(parent beam position p, p + ``offset`` (its entry among all depths'), sibling position j) of every candidate
-    slot d forms, parent-major: row p holds j < min(k, budget - d - p). Made on the device from host shapes (no
-    copy, no wait)."""
-    counts = (budget - d - torch.arange(m, device=device)).clamp(min=0, max=k)  # [m]
-    total = sum(min(k, max(0, budget - d - p)) for p in range(m))
-    p = torch.repeat_interleave(torch.arange(m, device=device), counts, output_size=total)  # [total]
-    starts = counts.cumsum(0) - counts
-    return p, p + offset, torch.arange(total, device=device) - starts[p]
+        parents.append(min(sizes[-1], budget - d))
+        sizes.append(min(budget - d, parents[-1] * k))
+    return tuple(sizes), tuple(parents)
 
 
 def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int) -> Tree:
     """The ``budget`` best prefixes under rank-conditioned increments, as a Tree (root first, then nodes in the
     tie rule's order). inc [bs, D, k, k] (<= 0, float64 sums); topi [bs, D, k]; root_tokens [bs]."""
     bs, D, k, _ = inc.shape
-    dev = inc.device
-    # Siblings in the order a parent of class c meets them: [bs, D, c, position] increments and their ranks; a rank
-    # is kept times k, the offset of the row its children read (class c's row starts at c * k).
-    sinc, order = torch.sort(inc.permute(0, 1, 3, 2).double(), dim=-1, descending=True, stable=True)
-    sinc, row_of = sinc.reshape(bs, D, k * k), (order * k).reshape(bs, D, k * k)  # [bs, D, class * k + position]
-    sizes, _ = plan(D, k, budget)
-    beam = sinc[:, 0, : sizes[0]]  # [bs, m0]: the root's class is 0
-    row = row_of[:, 0, : sizes[0]]  # [bs, m0]: each entry's rank times k, where its children's increments start
-    scores, parents, rows = [beam], [torch.full_like(row, -1)], [row]
+    by_class = inc.transpose(2, 3).double()  # [bs, D, c, j]: a parent of class c's children, in rank order
+    sizes, expanded = plan(D, k, budget)
+    rank = top_desc(by_class[:, 0, 0], sizes[0])  # [bs, m0]: the root's class is 0
+    beam = by_class[:, 0, 0].gather(1, rank)  # [bs, m0]
+    scores, parents, ranks = [beam], [torch.full_like(rank, -1)], [rank]
     offset = 0
     for d in range(1, len(sizes)):
-        p, entry, j = pair_table(sizes[d - 1], k, budget, d, offset, dev)  # [n] each
-        at = row[:, p] + j  # [bs, n]: where each candidate's increment and rank sit in slot d's row
-        cand = beam[:, p] + sinc[:, d].gather(1, at)  # [bs, n]
+        m = expanded[d]
+        children = by_class[:, d].gather(1, rank[:, :m, None].expand(bs, m, k))  # [bs, m, k]: each parent's row
+        cand = (beam[:, :m, None] + children).reshape(bs, m * k)  # [bs, m * k]: parent-major, rank order
         pick = top_desc(cand, sizes[d])  # [bs, m_d]
         beam = cand.gather(1, pick)
-        row = row_of[:, d].gather(1, at.gather(1, pick))
+        rank = pick % k
         scores.append(beam)
-        parents.append(entry[pick])
-        rows.append(row)
+        parents.append(pick // k + offset)
+        ranks.append(rank)
         offset += sizes[d - 1]
-    ranks = [r // k for r in rows]  # [bs, m_d] each: a row offset's rank in its slot
     return tree_from_beams(root_tokens, topi, sizes, scores, parents, ranks, budget)

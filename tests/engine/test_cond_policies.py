@@ -170,3 +170,20 @@ def test_the_chain_has_the_most_expected_accepted_tokens():
     # the Viterbi chain (the likeliest to be accepted whole) is another: 0.95 then 0.3 beats 0.5 then 0.99
     two = torch.log(torch.tensor([[[[0.95, 0.95], [0.5, 0.5]], [[0.3, 0.99], [0.01, 0.01]]]], dtype=torch.float64))
     assert longest_chain(two)[0].tolist() == [[0, 0]] and best_chain(two)[0].tolist() == [[1, 0]]
+
+
+def test_the_host_scoring_is_the_heads_formula():
+    """NumPy's increments (a CPU draft's host build) equal the tensor ones, row for row, on random states."""
+    from workbench.engine.policies.cond_head import host_increments
+
+    head = load_head("hybrid")
+    g = torch.Generator().manual_seed(1)
+    bs, D, K = 3, 6, head.K
+    hidden = torch.randn(bs, D, head.arrays["P"].shape[1], generator=g)
+    topv = torch.sort(torch.log_softmax(torch.randn(bs, D, 64, generator=g) * 2, -1), dim=-1, descending=True).values
+    topv, topi = topv[..., :K], torch.randint(0, 4096, (bs, D, K), generator=g)
+    roots = torch.tensor([5, 6, 7])
+    for k in (1, 5, K):
+        want = conditioned_increments(head, hidden, topv, topi, roots, k)
+        got = host_increments(head, hidden.numpy(), topv.numpy(), topi.numpy(), roots.numpy(), k)
+        assert got.shape == want.shape and np.allclose(got, want.numpy(), atol=2e-5), k

@@ -1,6 +1,6 @@
 """The conditioned tree's vectorised build equals the simple reference build (the host heap of ``path_tree`` with
 rank classes) on random inputs, ties included, over the batch; it reads nothing back from the device (every shape
-from D, k and the budget) and forms no candidate that cannot make the tree."""
+from D, k and the budget) and expands no parent that cannot have a child in the tree."""
 from __future__ import annotations
 
 import pytest
@@ -63,10 +63,10 @@ def test_the_last_node_the_bound_allows_is_kept(d, p, j):
     assert got.depth[0, -1] == d + 1 and got.rank[0, -1] == j and got.tokens[0, -1] == d * k + j
 
 
-def test_only_candidates_that_can_make_the_tree_are_formed():
-    sizes, pairs = plan(15, 16, 16)
+def test_only_parents_that_can_have_a_child_in_the_tree_are_expanded():
+    sizes, parents = plan(15, 16, 16)
     assert sizes[0] == 16 and all(m <= 16 - d for d, m in enumerate(sizes))
-    assert max(pairs) < 16 * 16 and len(sizes) <= 15
+    assert all(p <= 16 - d for d, p in enumerate(parents) if d) and len(sizes) <= 15
     assert plan(15, 16, 1) == ((1,), (1,))  # one node: slot 0's best
 
 

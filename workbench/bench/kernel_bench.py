@@ -207,14 +207,14 @@ def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: in
     """The conditioned tree's build beside DDTree's at each budget and batch rows (``COND_ROWS``), each from the
     drafted log-probs [rows, depth, vocab]: DDTree's build on this device (``build_tree``: a host heap on a CPU),
     DDTree's vectorised build alone, CondTree's stage as a cycle runs it (a new draft's top-K, the head's
-    increments, the build for this device), the increments alone, and its two builds alone (the vectorised
-    ``ddtree_kernels.cond_tree`` and the host heap)."""
+    increments, the build for this device), the increments alone (as the stage scores them: NumPy on a CPU), and
+    its two builds alone (the vectorised ``ddtree_kernels.cond_tree`` and the host heap)."""
     from ddtree_kernels import build_tree
     from ddtree_kernels.cond_tree import build_cond_tree
     from ddtree_kernels.path_tree import path_tree_heap, rank_class
     from ddtree_kernels.tree_build import build_tree_vectorized, sorted_slots, top_slots
     from workbench.engine.policies import CondTree
-    from workbench.engine.policies.cond_head import conditioned_increments
+    from workbench.engine.policies.cond_head import conditioned_increments, host_increments
     from workbench.engine.stages.draft import Draft
 
     g = torch.Generator().manual_seed(seed + 1)
@@ -235,7 +235,9 @@ def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: in
             _timed(row, "ddtree_vectorized_build", lambda: build_tree_vectorized(dv, di, root, b), repeats, dev)
             cond = _timed(row, "cond", lambda: policy.build_tree(Draft(lp, None, hidden=h), root, dev.type != "cpu"),
                           repeats, dev)
-            _timed(row, "cond_head", lambda: conditioned_increments(head, h, topv, topi, root, min(b, K)), repeats, dev)
+            host = (h.numpy(), topv.numpy(), topi.numpy(), root.numpy()) if dev.type == "cpu" else None
+            _timed(row, "cond_head", lambda: conditioned_increments(head, h, topv, topi, root, min(b, K))
+                   if host is None else host_increments(head, *host, min(b, K)), repeats, dev)
             _timed(row, "cond_build", lambda: build_cond_tree(inc, topi[..., : min(b, K)], root, b), repeats, dev)
             _timed(row, "cond_heap", lambda: path_tree_heap(inc, topi[..., : min(b, K)], root, b, rank_class, 0),
                    repeats, dev)
@@ -300,7 +302,7 @@ def kernel_table(res: dict) -> str:
         ("conditioned build", "per batch of rows, from the drafted log-probs [rows, 15, V]: ddtree = DDTree's "
                               "build_tree (its stage: top-k and build), ddtree vec = its vectorised build alone "
                               "from the top-k, cond = CondTree's stage (top-16, a random head's increments, the "
-                              "build this device runs), cond head = the increments alone, cond vec = the "
-                              "vectorised conditioned build alone, cond heap = its host heap alone, vec/vec = "
-                              "cond vec / ddtree vec")])]
+                              "build this device runs), cond head = the head's increments alone (NumPy on a "
+                              "CPU), cond vec = the vectorised conditioned build alone, cond heap = its host "
+                              "heap alone, vec/vec = cond vec / ddtree vec")])]
     return "\n".join(lines)

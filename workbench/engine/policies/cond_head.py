@@ -88,6 +88,14 @@ class CondHead:
                                           for k, v in self.arrays.items()}
         return t
 
+    def host(self) -> dict:
+        """The arrays as float32 NumPy (``P`` also transposed, contiguous), made once: the host scoring's."""
+        h = self.on_device.get("host")
+        if h is None:
+            h = self.on_device["host"] = {k: v.astype(np.float32) for k, v in self.arrays.items()}
+            h["PT"] = np.ascontiguousarray(h["P"].T)
+        return h
+
     def log_q(self, hidden: Tensor, topv: Tensor, topi: Tensor, prev: Tensor, bucket: Tensor) -> Tensor:
         """log q of each candidate under each parent. hidden [..., H]; topv, topi [..., K] (rank order, the
         head's K); prev, bucket [..., C]: C parents' tokens and rank buckets -> float32 [..., C, K]."""
@@ -182,3 +190,37 @@ def conditioned_increments(head: CondHead, hidden: Tensor, topv: Tensor, topi: T
     bucket = rank_bucket(torch.where(torch.arange(D, device=dev)[None, :, None] == 0, -1, rank))  # [bs, D, k]
     q = head.log_q(hidden, topv, topi, prev.clamp(min=0), bucket)  # [bs, D, class, K]
     return q[..., :k].transpose(2, 3).double()  # [bs, D, k, class]
+
+
+def host_increments(head: CondHead, hidden: np.ndarray, topv: np.ndarray, topi: np.ndarray, roots: np.ndarray,
+                    k: int) -> np.ndarray:
+    """``conditioned_increments`` on the host, in NumPy: the same formula (``scores``) and layout, float32 [bs, D,
+    k, k]. On a CPU a few dozen tensor ops on arrays this small cost several times their NumPy twins, and the host
+    tree build reads NumPy anyway. hidden [bs, D, H]; topv, topi [bs, D, K]; roots [bs]."""
+    a = head.host()
+    bs, D, K = topi.shape
+    r = a["p0"].shape[0]
+    left = (hidden.reshape(bs * D, -1) @ a["PT"] + a["p0"]).reshape(bs, D, 1, r)  # [bs, D, 1, r]
+    prev = np.empty((bs, D, k), dtype=np.int64)  # [bs, D, class]: each parent class's token
+    prev[:, 0] = np.asarray(roots).reshape(bs, 1)
+    prev[:, 1:] = topi[:, :-1, :k]
+    g = left * (a["E"][prev] + bucket_rows(a, D, k))  # [bs, D, k, r]
+    s = g @ a["U"][topi].transpose(0, 1, 3, 2) + a["scalars"][0] * topv[:, :, None, :]  # [bs, D, k, K]
+    # exp's arguments are kept >= -80: below that a float32 result is subnormal (x86 computes those about 100x
+    # slower) and adds less than 1e-34 to a sum that holds a 1.
+    mass = np.log(np.exp(np.maximum(topv, -80.0)).sum(-1))  # [bs, D]: log of the top-K's probability
+    rest = np.log(-np.expm1(np.minimum(mass, -1e-6)))  # [bs, D]: log(1 - mass)
+    s_out = g @ a["u_out"] + (rest + a["scalars"][1])[:, :, None]  # [bs, D, k]
+    top = np.maximum(s.max(-1), s_out)  # [bs, D, k]
+    tail = np.exp(np.maximum(s - top[..., None], -80.0)).sum(-1) + np.exp(np.maximum(s_out - top, -80.0))
+    lse = top + np.log(tail)  # [bs, D, k]
+    return (s[..., :k] - lse[..., None]).transpose(0, 1, 3, 2)  # [bs, D, j, class]
+
+
+def bucket_rows(a: dict, D: int, k: int) -> np.ndarray:
+    """R's row for each (slot, parent class) of ``conditioned_increments``'s layout, [D, k, r] (cached in ``a``)."""
+    rows = a.get(("R", D, k))
+    if rows is None:
+        bucket = rank_bucket(torch.where(torch.arange(D)[:, None] == 0, -1, torch.arange(k).expand(D, k)))
+        rows = a[("R", D, k)] = a["R"][bucket.numpy()]
+    return rows

@@ -18,7 +18,8 @@ class CondTree(Conditioned):
     state at slot d and the parent's token. The tree holds the ``budget`` prefixes with the highest product of q
     (``PairTree``'s tree: ``path_tree`` with rank classes). Built as DDTree's is: under static shapes and off the
     CPU by the vectorised build (``ddtree_kernels.cond_tree``: over the batch, no Python per node, nothing read
-    back from the device), on a CPU otherwise by the host heap, cheaper there; the two give the same tree.
+    back from the device); on a CPU otherwise by the head scored in NumPy and the host heap, cheaper there. The
+    two builds give the same tree from the same scores; the two scorings agree to float32 rounding.
     ``head``: 'dense', 'hybrid', a file, or None for the one shipped for the pair; a head trained on another pair
     is refused in one line before any decode."""
 
@@ -37,7 +38,8 @@ class CondTree(Conditioned):
         return self.budget + 1
 
     def build_tree(self, drafted, roots, sync_free):
-        inc, topi = self.increments(drafted, roots, self.budget, sync_free)  # [bs, D, k, k], [bs, D, k]
-        if sync_free or inc.device.type != "cpu":
+        if sync_free or drafted.logprobs.device.type != "cpu":
+            inc, topi = self.increments(drafted, roots, self.budget, sync_free)  # [bs, D, k, k], [bs, D, k]
             return build_cond_tree(inc, topi, roots, self.budget)
+        inc, topi = self.host_increments(drafted, roots, self.budget)  # NumPy [bs, D, k, k], [bs, D, k]
         return path_tree_heap(inc, topi, roots, self.budget, rank_class, 0)

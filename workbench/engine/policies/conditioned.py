@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from torch import Tensor
 
 from workbench.engine.policies.calibrated import Calibrated
 from workbench.engine.policies.cond_head import (MAKE, SHIPPED, CondHead, CondHeadError, conditioned_increments,
-                                                 load_head, shipped_for)
+                                                 host_increments, load_head, shipped_for)
 
 
 def check_head_field(who: str, value) -> None:
@@ -70,3 +71,13 @@ class Conditioned(Calibrated):
         topv, topi = sorted_slots(lp, K) if sync_free else drafted.top(K)  # [bs, D, K]
         k = min(k, K)
         return conditioned_increments(head, drafted.hidden, topv, topi, roots, k), topi[..., :k]
+
+    def host_increments(self, drafted, roots: Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``increments`` scored on the host in NumPy (a CPU draft), for the host tree build."""
+        head = self.head_data()
+        if drafted.hidden is None:
+            raise CondHeadError(f"{self.short} reads the drafter's hidden states, and this drafter keeps none")
+        topv, topi = drafted.top(min(head.K, drafted.logprobs.shape[-1]))  # [bs, D, K]
+        k = min(k, topi.shape[-1])
+        ids = topi.numpy()
+        return host_increments(head, drafted.hidden.numpy(), topv.numpy(), ids, roots.numpy(), k), ids[..., :k]
