@@ -45,8 +45,7 @@ def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int)
     sizes, expanded = plan(D, k, budget)
     rank = top_desc(by_class[:, 0, 0], sizes[0])  # [bs, m0]: the root's class is 0
     beam = by_class[:, 0, 0].gather(1, rank)  # [bs, m0]
-    scores, parents, ranks = [beam], [torch.full_like(rank, -1)], [rank]
-    offset = 0
+    scores, picks, ranks = [beam], [], [rank]
     for d in range(1, len(sizes)):
         m = expanded[d]
         children = by_class[:, d].gather(1, rank[:, :m, None].expand(bs, m, k))  # [bs, m, k]: each parent's row
@@ -55,7 +54,17 @@ def build_cond_tree(inc: Tensor, topi: Tensor, root_tokens: Tensor, budget: int)
         beam = cand.gather(1, pick)
         rank = pick % k
         scores.append(beam)
-        parents.append(pick // k + offset)
+        picks.append(pick)
         ranks.append(rank)
-        offset += sizes[d - 1]
+    # Each pick's parent entry among all depths' (slot 0's: -1, the root), in one op after the loop.
+    parents = [torch.full_like(ranks[0], -1)]
+    if picks:
+        parents.append(torch.cat(picks, dim=1) // k + entry_offsets(sizes, inc.device))
     return tree_from_beams(root_tokens, topi, sizes, scores, parents, ranks, budget)
+
+
+@lru_cache(maxsize=512)
+def entry_offsets(sizes: tuple, device: torch.device) -> Tensor:
+    """[sum(sizes[1:])]: for every entry of slots 1.., where its parent slot's entries start among all slots'."""
+    starts = [sum(sizes[:d - 1]) for d in range(1, len(sizes))]
+    return torch.cat([torch.full((m,), s, dtype=torch.long, device=device) for m, s in zip(sizes[1:], starts)])

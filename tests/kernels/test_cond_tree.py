@@ -80,3 +80,25 @@ def test_the_build_never_waits_for_the_device():
         build_cond_tree(inc, topi, roots, 16)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("budget", [8, 16, 32])
+def test_with_its_head_the_build_dispatches_fewer_kernels_than_ddtrees(budget):
+    """Under CUDA graphs a build this small costs about a launch per kernel: CondTree's (the head's increments and
+    the vectorised build) dispatches fewer than DDTree's vectorised build from its top-k, at every batch size."""
+    from ddtree_kernels.tree_build import build_tree_vectorized, sorted_slots
+    from workbench.bench.kernel_bench import kernels, random_head
+    from workbench.engine.policies.cond_head import conditioned_increments
+
+    head = random_head(64, 32, 0)
+    for bs in (1, 8):
+        g = torch.Generator().manual_seed(budget + bs)
+        lp = torch.log_softmax(torch.randn(bs, 15, 64, generator=g), -1)
+        hidden, roots = torch.randn(bs, 15, 32, generator=g), torch.arange(bs)
+        topv, topi = sorted_slots(lp, head.K)
+        k = min(budget, head.K)
+        dv, di = sorted_slots(lp, budget)
+        cond = kernels(lambda: build_cond_tree(conditioned_increments(head, hidden, topv, topi, roots, k),
+                                               topi[..., :k], roots, budget))
+        ddtree = kernels(lambda: build_tree_vectorized(dv, di, roots, budget))
+        assert cond < ddtree, (bs, cond, ddtree)

@@ -6,6 +6,7 @@ import statistics
 
 import torch
 
+from workbench.bench.opcount import OpCounter
 from workbench.bench.versions import versions
 from workbench.engine.core import clock
 from workbench.engine.policies import MAX_BUDGET
@@ -242,8 +243,19 @@ def cond_build_rows(budgets, repeats: int, dev, depth: int, vocab: int, seed: in
             _timed(row, "cond_heap", lambda: path_tree_heap(inc, topi[..., : min(b, K)], root, b, rank_class, 0),
                    repeats, dev)
             row["cond_over_ddtree"] = cond / ddtree
+            row["ddtree_vec_kernels"] = kernels(lambda: build_tree_vectorized(dv, di, root, b))
+            row["cond_vec_kernels"] = kernels(lambda: build_cond_tree(conditioned_increments(
+                head, h, topv, topi, root, min(b, K)), topi[..., : min(b, K)], root, b))
             out.append(row)
     return out
+
+
+def kernels(fn) -> int:
+    """Kernels ``fn()`` dispatches (``workbench.bench.opcount``): under CUDA graphs a build this small costs about
+    a launch each, whatever its tensors' sizes."""
+    with OpCounter() as c:
+        fn()
+    return c.kernels
 
 
 def cond_table(rows: list[dict]) -> str:
@@ -252,9 +264,10 @@ def cond_table(rows: list[dict]) -> str:
 
     body = [["", str(r["budget"]), str(r["rows"]), us(r["ddtree_s"]), us(r["ddtree_vectorized_build_s"]),
              us(r["cond_s"]), us(r["cond_head_s"]), us(r["cond_build_s"]), us(r["cond_heap_s"]),
-             f"{r['cond_over_ddtree']:.2f}", f"{r['cond_build_s'] / r['ddtree_vectorized_build_s']:.2f}"] for r in rows]
+             f"{r['cond_over_ddtree']:.2f}", f"{r['cond_build_s'] / r['ddtree_vectorized_build_s']:.2f}",
+             f"{r['ddtree_vec_kernels']} / {r['cond_vec_kernels']}"] for r in rows]
     return text_table(["conditioned build", "budget", "rows", "ddtree", "ddtree vec", "cond", "cond head",
-                       "cond vec", "cond heap", "cond/ddtree", "vec/vec"], body)
+                       "cond vec", "cond heap", "cond/ddtree", "vec/vec", "kernels"], body)
 
 
 def kernel_table(res: dict) -> str:
@@ -304,5 +317,6 @@ def kernel_table(res: dict) -> str:
                               "from the top-k, cond = CondTree's stage (top-16, a random head's increments, the "
                               "build this device runs), cond head = the head's increments alone (NumPy on a "
                               "CPU), cond vec = the vectorised conditioned build alone, cond heap = its host "
-                              "heap alone, vec/vec = cond vec / ddtree vec")])]
+                              "heap alone, vec/vec = cond vec / ddtree vec, kernels = kernels dispatched by "
+                              "ddtree vec / by cond vec with its head (a launch each on a GPU)")])]
     return "\n".join(lines)

@@ -109,5 +109,5 @@ FITTED = TreeMachinery(
     fitted_on=31,
 )
 
-__all__ = ["FITTED", "GRAPH_MODES", "KNOWN_HOST_MODES", "LEVELS", "NOT_PUBLISHED", "SHARE_GRID", "TreeMachinery", "fit", "fit_share",
-           "log_error"]
+__all__ = ["FITTED", "GRAPH_MODES", "KNOWN_HOST_MODES", "LEVELS", "NOT_PUBLISHED", "SHARE_GRID", "TreeMachinery", "fit",
+           "fit_share", "log_error"]

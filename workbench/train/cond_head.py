@@ -62,7 +62,7 @@ class HeadModule(nn.Module):
         """One parent per example: hidden [n, H], topv/topi [n, K], prev/bucket [n] -> log q [n, K + 1]."""
         e_prev = self.Q(self.emb[prev])[:, None, :]  # [n, 1, r]
         u_cand = (self.lm @ self.A)[topi]  # [n, K, r]: all of U once (V rows) is cheaper than n * K rows
-        return scores(self.arrays(), hidden, topv, e_prev, u_cand, bucket[:, None])[:, 0]
+        return scores(self.arrays(), hidden, topv, e_prev + self.R[bucket[:, None]], u_cand)[:, 0]
 
     def export(self) -> dict:
         """The arrays the policies read (``cond_head.ARRAYS``): the tables E and U made once, stored half."""

@@ -100,16 +100,15 @@ class CondHead:
         """log q of each candidate under each parent. hidden [..., H]; topv, topi [..., K] (rank order, the
         head's K); prev, bucket [..., C]: C parents' tokens and rank buckets -> float32 [..., C, K]."""
         a = self.tensors(hidden.device)
-        return scores(a, hidden, topv, a["E"][prev], a["U"][topi], bucket)[..., :-1]
+        return scores(a, hidden, topv, a["E"][prev] + a["R"][bucket], a["U"][topi])[..., :-1]
 
 
-def scores(a: dict, hidden: Tensor, topv: Tensor, e_prev: Tensor, u_cand: Tensor, bucket: Tensor) -> Tensor:
+def scores(a: dict, hidden: Tensor, topv: Tensor, parent: Tensor, u_cand: Tensor) -> Tensor:
     """The head's formula (the module docstring's), shared by the policies and the training. a: P [r, H], p0 [r],
-    R [5, r], u_out [r], scalars [2]; hidden [..., H]; topv [..., K]; e_prev [..., C, r] the parents' rows of E;
-    u_cand [..., K, r] the candidates' rows of U; bucket [..., C] -> log q [..., C, K + 1]: the K candidates, then
-    "none of them"."""
+    u_out [r], scalars [2]; hidden [..., H]; topv [..., K]; parent [..., C, r] each parent's E[p] + R[bucket(c)];
+    u_cand [..., K, r] the candidates' rows of U -> log q [..., C, K + 1]: the K candidates, then "none of them"."""
     left = hidden.float() @ a["P"].T + a["p0"]  # [..., r]
-    g = left[..., None, :] * (e_prev + a["R"][bucket])  # [..., C, r]
+    g = left[..., None, :] * parent  # [..., C, r]
     s = a["scalars"][0] * topv[..., None, :] + g @ u_cand.transpose(-1, -2)  # [..., C, K]
     rest = torch.log(-torch.expm1(torch.logsumexp(topv, dim=-1).clamp(max=-1e-6)))  # [...]: log(1 - mass)
     s_out = rest[..., None] + g @ a["u_out"] + a["scalars"][1]  # [..., C]
@@ -184,11 +183,10 @@ def conditioned_increments(head: CondHead, hidden: Tensor, topv: Tensor, topi: T
     under the parent that is candidate c of slot d - 1 (slot 0: under the root, the same for every c). The parent
     classes of ``ddtree_kernels.path_tree.rank_class``, as ``pair_head.conditioned_increments`` gives them."""
     bs, D, K = topi.shape
-    dev = topi.device
+    a = head.tensors(hidden.device)
     prev = torch.cat([roots.reshape(bs, 1, 1).expand(bs, 1, k), topi[:, :-1, :k]], dim=1)  # [bs, D, k] class -> token
-    rank = torch.arange(k, device=dev).expand(bs, D, k)
-    bucket = rank_bucket(torch.where(torch.arange(D, device=dev)[None, :, None] == 0, -1, rank))  # [bs, D, k]
-    q = head.log_q(hidden, topv, topi, prev.clamp(min=0), bucket)  # [bs, D, class, K]
+    parent = a["E"][prev.clamp(min=0)] + bucket_rows(a, D, k)  # [bs, D, class, r]
+    q = scores(a, hidden, topv, parent, a["U"][topi])  # [bs, D, class, K + 1]
     return q[..., :k].transpose(2, 3).double()  # [bs, D, k, class]
 
 
@@ -217,10 +215,14 @@ def host_increments(head: CondHead, hidden: np.ndarray, topv: np.ndarray, topi: 
     return (s[..., :k] - lse[..., None]).transpose(0, 1, 3, 2)  # [bs, D, j, class]
 
 
-def bucket_rows(a: dict, D: int, k: int) -> np.ndarray:
-    """R's row for each (slot, parent class) of ``conditioned_increments``'s layout, [D, k, r] (cached in ``a``)."""
+def bucket_rows(a: dict, D: int, k: int):
+    """R's row for each (slot, parent class) of ``conditioned_increments``'s layout, [D, k, r], from the tensor
+    or the NumPy tables ``a`` (cached there: a static table, made without a host-to-device copy)."""
     rows = a.get(("R", D, k))
     if rows is None:
-        bucket = rank_bucket(torch.where(torch.arange(D)[:, None] == 0, -1, torch.arange(k).expand(D, k)))
-        rows = a[("R", D, k)] = a["R"][bucket.numpy()]
+        R = a["R"]
+        dev = R.device if isinstance(R, Tensor) else "cpu"
+        slot, rank = torch.arange(D, device=dev)[:, None], torch.arange(k, device=dev).expand(D, k)
+        bucket = rank_bucket(torch.where(slot == 0, -1, rank))  # [D, k]
+        rows = a[("R", D, k)] = R[bucket] if isinstance(R, Tensor) else R[bucket.numpy()]
     return rows
