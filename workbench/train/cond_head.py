@@ -1,15 +1,18 @@
-"""``python -m workbench.train.cond_head``: train the learned conditioned head the CondTree / CondChain policies read.
+r"""``python -m workbench.train.cond_head``: train the learned conditioned head the CondTree / CondChain policies read.
 
 Data (``cond_data``): prompts cut from the drafters' training files (never a held-out file, a file an evaluation
 prompt came from, or a text overlapping one), the target's greedy continuations of them, and blocks rooted in those
 continuations through the drafter: every slot's final hidden state and top-K beside the target's token there and
 before it. Training: the head's formula (``workbench.engine.policies.cond_head.scores``) by cross-entropy over the K
 candidates and "none of them", on every slot whose path from the root lies among the candidates (the slots a tree
-can reach), one tenth of the sequences kept aside for the report's figures. AdamW, warm-up then cosine; one thread
-takes a few minutes on the embedded pairs (most of it the target's continuations).
+can reach), one tenth of the sequences kept aside for the report's figures. AdamW, warm-up then cosine. The shipped
+heads: 4096 prompts and 1500 steps, 6-8 CPU minutes per pair on one thread, most of it the data (the defaults take
+under 2 minutes and score 2-5 points lower after a sibling on the kept-aside tenth; more steps alone overfit them).
 
-    python -m workbench.train.cond_head --target dense --out workbench/assets/cond_head.npz --replace
-    python -m workbench.train.cond_head --target hybrid --out workbench/assets/hybrid/cond_head.npz --replace
+    python -m workbench.train.cond_head --target dense --out workbench/assets/cond_head.npz \
+        --prompts 4096 --steps 1500 --replace
+    python -m workbench.train.cond_head --target hybrid --out workbench/assets/hybrid/cond_head.npz \
+        --prompts 4096 --steps 1500 --replace
 """
 from __future__ import annotations
 
