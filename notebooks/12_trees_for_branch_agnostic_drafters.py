@@ -224,9 +224,8 @@ for pair in ("dense", "hybrid"):
 
 # %% [markdown]
 # **Measured here** (2026-12-07, 12 held-out prompts, 64 tokens, one CPU thread, idle machine; the saved results
-# drawn above; `docs/pays-off.md`, "The conditioned policies against the best budget"): at batch 1 CondTree commits
-# the most tokens per forward of every shape, and on the dense pair's refilled batch of 8 CondTree(8) is 1.23x the
-# best DDTree budget (DDTree(4), Wilcoxon p = 0.0068, separated after correction). At batch 1 CondTree is
-# 1.21x (dense, CondTree(16)) and 1.13x (hybrid, CondTree(8)) the best budget by the median, not separated: its
-# build adds 0.6-0.9 ms a step. On the hybrid at batch 8 a 9-node verify costs more than its 1.03x tokens per
-# forward buy, and plain AR is the fastest shape there.
+# drawn above; `docs/pays-off.md`, "The conditioned policies against the best budget"): CondTree beats the best
+# DDTree budget, separated after correction, in four of six cells: dense batch 1 (CondTree(16) 1.32x DDTree(8)),
+# dense batch 8 static and refilled (CondTree(8) 1.12x DDTree(8), 1.20x DDTree(4)) and hybrid batch 1 (CondTree(8)
+# 1.19x DDTree(4)). On the hybrid at batch 8 each verified node costs compute on this CPU, the head buys 8% of tau
+# at 4 nodes, and plain AR is the fastest shape there.
