@@ -187,3 +187,15 @@ def test_the_host_scoring_is_the_heads_formula():
         want = conditioned_increments(head, hidden, topv, topi, roots, k)
         got = host_increments(head, hidden.numpy(), topv.numpy(), topi.numpy(), roots.numpy(), k)
         assert got.shape == want.shape and np.allclose(got, want.numpy(), atol=2e-5), k
+
+
+def test_a_cpu_build_reads_a_bfloat16_drafters_states_as_the_device_build_does():
+    from workbench.engine.stages.draft import Draft
+
+    policy = CondTree(8).bound_to(load_head("dense"))
+    g = torch.Generator().manual_seed(2)
+    lp = torch.log_softmax(torch.randn(2, 15, 4096, generator=g) * 2, -1)
+    hidden = torch.randn(2, 15, 256, generator=g).bfloat16()
+    host = policy.build_tree(Draft(lp, None, hidden=hidden), torch.tensor([3, 4]), False)
+    device = policy.build_tree(Draft(lp, None, hidden=hidden), torch.tensor([3, 4]), True)
+    assert torch.equal(host.tokens, device.tokens) and torch.equal(host.parents, device.parents)

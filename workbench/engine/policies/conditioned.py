@@ -80,4 +80,5 @@ class Conditioned(Calibrated):
         topv, topi = drafted.top(min(head.K, drafted.logprobs.shape[-1]))  # [bs, D, K]
         k = min(k, topi.shape[-1])
         ids = topi.numpy()
-        return host_increments(head, drafted.hidden.numpy(), topv.numpy(), ids, roots.numpy(), k), ids[..., :k]
+        hidden = drafted.hidden.float().numpy()  # [bs, D, H]: a bfloat16 drafter's too (NumPy has no bfloat16)
+        return host_increments(head, hidden, topv.numpy(), ids, roots.numpy(), k), ids[..., :k]
