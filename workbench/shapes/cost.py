@@ -380,6 +380,26 @@ def _tree_machinery(engine, graph, given):
     return machinery.FITTED if given is None else given
 
 
+FAMILY_NOTES = {
+    "mla": "MLA: DECODE/TARGET_VERIFY in the absorbed form over the cached latent (kv_lora_rank + qk_rope_head_dim "
+           "per token per layer), EXTEND decompressed",
+    "hybrid": "hybrid: GatedDeltaNet state in float32 read once and written once per forward; a tree verify writes "
+              "one intermediate state (and conv window) per node",
+}
+
+
+def checked_inputs(budgets, weight_bits) -> list:
+    """``cost``'s budgets as a list, each a non-negative int, and ``weight_bits`` None or 1 to 32 (ValueError)."""
+    budgets = list(budgets)
+    bad = [B for B in budgets if isinstance(B, bool) or not isinstance(B, int) or B < 0]
+    if bad:
+        raise ValueError(f"budgets {bad} must be non-negative integers")
+    if weight_bits is not None and (isinstance(weight_bits, bool) or not isinstance(weight_bits, Real)
+                                    or not 1 <= weight_bits <= 32):
+        raise ValueError(f"weight_bits={weight_bits!r} must be a number of bits per weight from 1 to 32")
+    return budgets
+
+
 def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
          budgets: Sequence[int] = (4, 16, 64, 256), draft_config=None, dtype: str = "bfloat16",
          draft_context: int | None = None, tp: int = 1, interconnect="nvlink", overhead_s: float = 0.0,
@@ -406,19 +426,13 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
     for name, v in (("batch", batch), ("prompt_len", prompt_len)):
         families.integer(v, name)
     e = families.dtype_bytes(dtype)
-    budgets = list(budgets)
-    bad = [B for B in budgets if isinstance(B, bool) or not isinstance(B, int) or B < 0]
-    if bad:
-        raise ValueError(f"budgets {bad} must be non-negative integers")
+    budgets = checked_inputs(budgets, weight_bits)
     g = resolve_gpu(gpu)
     parallel.check_tp(tp)
     # resolved at any TP: a misspelt link at tp=1 would otherwise pass, then fail once tp changes
     link = parallel.resolve_interconnect(interconnect)
     link = link if tp > 1 else None  # TP1 has no collectives: its rows name no link
     overhead_s = _seconds(overhead_s, "overhead_s")
-    if weight_bits is not None and (isinstance(weight_bits, bool) or not isinstance(weight_bits, Real)
-                                    or not 1 <= weight_bits <= 32):
-        raise ValueError(f"weight_bits={weight_bits!r} must be a number of bits per weight from 1 to 32")
     tree_machinery = _tree_machinery(engine, graph, tree_machinery)
     t = arch(target_config, "target")
     d = arch(draft_config, "draft") if draft_config is not None else None
@@ -452,12 +466,8 @@ def cost(target_config, gpu="H200", batch: int = 1, prompt_len: int = 512,
         table.notes.append(f"TP{tp} over {link.name} ({link.bandwidth / 1e9:.0f} GB/s bus, {link.latency * 1e6:.1f} us per "
                            "ring step): per-GPU time = roofline of 1/TP of FLOPs and weights (K/V by heads) + two "
                            "ring all-reduces of the hidden states per layer + the logits' all-gather")
-    if t.family == "mla":
-        table.notes.append("MLA: DECODE/TARGET_VERIFY in the absorbed form over the cached latent "
-                           "(kv_lora_rank + qk_rope_head_dim per token per layer), EXTEND decompressed")
-    if t.family == "hybrid":
-        table.notes.append("hybrid: GatedDeltaNet state in float32 read once and written once per forward; a tree "
-                           "verify writes one intermediate state (and conv window) per node")
+    if t.family in FAMILY_NOTES:
+        table.notes.append(FAMILY_NOTES[t.family])
     if engine is not None:
         share, level = tree_machinery.share(engine, graph)
         table.notes.append(f"tree machinery ({engine}, {graph}): {share:.3f} of a tree cycle's step, from the {level} "

@@ -58,14 +58,19 @@ class Conditioned(Calibrated):
                                 "(engine.session / batch_session), or name a head (head='dense')")
         return load_head(self.head)
 
+    def head_reading(self, drafted) -> CondHead:
+        """The head, once the draft is known to carry the hidden states it reads (CondHeadError otherwise)."""
+        head = self.head_data()
+        if drafted.hidden is None:
+            raise CondHeadError(f"{self.short} reads the drafter's hidden states, and this drafter keeps none")
+        return head
+
     def increments(self, drafted, roots: Tensor, k: int, sync_free: bool) -> tuple[Tensor, Tensor]:
         """(log q [bs, D, k, k] of each slot's first ``k`` candidates under each parent candidate, their ids
         [bs, D, k]) from the drafter's hidden states and top-K (the head's K)."""
         from ddtree_kernels.tree_build import sorted_slots
 
-        head = self.head_data()
-        if drafted.hidden is None:
-            raise CondHeadError(f"{self.short} reads the drafter's hidden states, and this drafter keeps none")
+        head = self.head_reading(drafted)
         lp = drafted.logprobs  # [bs, D, V]
         K = min(head.K, lp.shape[-1])
         topv, topi = sorted_slots(lp, K) if sync_free else drafted.top(K)  # [bs, D, K]
@@ -74,9 +79,7 @@ class Conditioned(Calibrated):
 
     def host_increments(self, drafted, roots: Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``increments`` scored on the host in NumPy (a CPU draft), for the host tree build."""
-        head = self.head_data()
-        if drafted.hidden is None:
-            raise CondHeadError(f"{self.short} reads the drafter's hidden states, and this drafter keeps none")
+        head = self.head_reading(drafted)
         topv, topi = drafted.top(min(head.K, drafted.logprobs.shape[-1]))  # [bs, D, K]
         k = min(k, topi.shape[-1])
         ids = topi.numpy()
